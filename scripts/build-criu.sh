@@ -1,0 +1,42 @@
+#!/bin/sh
+# Builds CRIU 4.1.1 from Debian's upstream tarball into /var/cache/berth/bin/criu.
+# Debian bookworm's criu 3.17 fails on 6.x kernels ("vdso: Unexpected rt vDSO area
+# bounds"), so runc memory checkpoints need a newer CRIU. See shared/notes/checkpoint.md.
+# Idempotent: exits at once when the binary exists and `criu check` passes.
+set -eu
+
+VERSION=4.1.1
+DEST=${CRIU_DEST:-/var/cache/berth/bin/criu}
+WORK=${CRIU_WORK:-/var/cache/berth/src}
+URL=http://deb.debian.org/debian/pool/main/c/criu/criu_${VERSION}.orig.tar.xz
+
+if [ -x "$DEST" ] && "$DEST" check >/dev/null 2>&1; then
+	echo "criu: $DEST already built and 'criu check' passes"
+	exit 0
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y --no-install-recommends \
+	gcc make pkgconf xz-utils curl ca-certificates \
+	libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev \
+	libnl-3-dev libnet1-dev libcap-dev libbsd-dev libnftables-dev \
+	uuid-dev libgnutls28-dev python3 >/dev/null
+
+mkdir -p "$WORK" "$(dirname "$DEST")"
+cd "$WORK"
+if [ ! -f "criu_${VERSION}.orig.tar.xz" ]; then
+	curl -fsSL -o "criu_${VERSION}.orig.tar.xz.part" "$URL"
+	mv "criu_${VERSION}.orig.tar.xz.part" "criu_${VERSION}.orig.tar.xz"
+fi
+rm -rf "criu-${VERSION}"
+tar -xJf "criu_${VERSION}.orig.tar.xz"
+cd "criu-${VERSION}"
+# Without the nftables default the network lock calls ip6tables-restore,
+# which is not installed, and every dump fails.
+make -j2 criu NETWORK_LOCK_DEFAULT=NETWORK_LOCK_NFTABLES >build.log 2>&1 || {
+	tail -n 40 build.log >&2
+	exit 1
+}
+install -m 0755 criu/criu "$DEST.tmp"
+mv "$DEST.tmp" "$DEST"
+"$DEST" check
