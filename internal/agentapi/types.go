@@ -1,0 +1,166 @@
+// Package agentapi is the wire contract between the berth daemon and
+// berth-agent (PID 1 inside every sandbox). Transport: HTTP/1.1 over the unix
+// socket /run/berth/agent.sock inside the sandbox, which is a bind mount of
+// the host directory sandboxes/<id>/run/. JSON bodies; streams are
+// newline-delimited JSON (one Event per line), flushed per event.
+//
+// Routes (all paths absolute in the sandbox; relative paths resolve against
+// the user's home; "~" expands to it):
+//
+//	GET  /health                         -> 200 Health
+//	GET  /activity                       -> 200 Activity
+//	POST /exec            ExecRequest    -> 200 NDJSON stream of Event (first is "start")
+//	GET  /processes                      -> 200 []ProcessInfo
+//	POST /processes/{pid}/attach         -> 200 NDJSON stream of Event (start, then new output only, then exit)
+//	POST /processes/{pid}/input  (raw body bytes: stdin, or pty input for a PTY process) -> 204
+//	POST /processes/{pid}/close-stdin    -> 204
+//	POST /processes/{pid}/signal SignalRequest -> 204
+//	POST /processes/{pid}/resize ResizeRequest -> 204
+//	GET  /files?path=P&user=U            -> 200 raw bytes (Content-Length set)
+//	PUT  /files?path=P&user=U[&mode=0644][&append=1] raw body -> 200 EntryInfo (parents created, owned by user, fsync'd)
+//	POST /fs/stat   PathRequest          -> 200 EntryInfo
+//	POST /fs/list   ListRequest          -> 200 []EntryInfo
+//	POST /fs/mkdir  PathRequest          -> 200 EntryInfo (409 already_exists if it exists)
+//	POST /fs/move   MoveRequest          -> 200 EntryInfo (destination)
+//	POST /fs/remove PathRequest          -> 204 (missing path is not an error)
+//	POST /fs/watch  WatchRequest         -> 200 NDJSON stream of FSEvent (first {"type":"start"})
+//	POST /restored  RestoredRequest      -> 204 (host tells the agent it was restored from memory)
+//
+// Errors: non-2xx with Error JSON {"code": "<errs kind name>", "message": "..."}.
+// The agent quiesces on SIGUSR1 (closes its listener and all connections so a
+// checkpoint can be taken) and listens again on SIGUSR2.
+package agentapi
+
+import "time"
+
+// SocketDir is where the host's run directory is mounted inside the sandbox.
+const SocketDir = "/run/berth"
+
+// SocketName is the agent socket's file name inside SocketDir.
+const SocketName = "agent.sock"
+
+// Error is the body of every non-2xx agent response. Code is an errs.Kind name.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+type Health struct {
+	OK           bool      `json:"ok"`
+	Version      string    `json:"version"`
+	BootTime     time.Time `json:"boot_time"`
+	RestoreCount int       `json:"restore_count"`
+}
+
+// Activity feeds the reaper: what happened last inside the sandbox.
+type Activity struct {
+	LastExec      time.Time `json:"last_exec,omitzero"`
+	LastFileWrite time.Time `json:"last_file_write,omitzero"`
+	Running       int       `json:"running"`         // live processes started through the agent
+	OpenStreams   int       `json:"open_streams"`    // exec/attach/watch streams currently open
+}
+
+type ExecRequest struct {
+	// Argv is the command. If Shell is set, Argv is ignored and the command runs as
+	// ["/bin/sh", "-c", Shell] (or bash -l -c when Login is set and /bin/bash exists).
+	Argv  []string          `json:"argv,omitempty"`
+	Shell string            `json:"shell,omitempty"`
+	Login bool              `json:"login,omitempty"`
+	Env   map[string]string `json:"env,omitempty"`   // merged over HOME/USER/LOGNAME/PATH defaults
+	Cwd   string            `json:"cwd,omitempty"`   // default: user's home
+	User  string            `json:"user,omitempty"`  // default: "user" if it exists, else root
+	Stdin bool              `json:"stdin,omitempty"` // keep a stdin pipe open (else /dev/null)
+	TTY   *TTYSize          `json:"tty,omitempty"`   // run under a PTY of this size
+	Tag   string            `json:"tag,omitempty"`
+	// TimeoutMs bounds the process lifetime (killed with SIGKILL at expiry); 0 = none.
+	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+}
+
+type TTYSize struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+// Event is one line of an exec/attach stream. Exactly one "start" first and
+// exactly one "exit" last (unless the stream is cut). Data is raw bytes
+// (base64 in JSON).
+type Event struct {
+	Type string `json:"type"` // start | stdout | stderr | pty | exit | keepalive | error
+	Pid  int    `json:"pid,omitempty"`
+	Data []byte `json:"data,omitempty"`
+	// exit fields
+	ExitCode int    `json:"exit_code"`
+	Signal   string `json:"signal,omitempty"` // e.g. "killed" when terminated by SIGKILL
+	Exited   bool   `json:"exited,omitempty"` // true if the process exited normally
+	Status   string `json:"status,omitempty"` // os/exec style: "exit status 3", "signal: killed"
+	Error    string `json:"error,omitempty"`  // set for type "error" and for timeouts
+}
+
+type ProcessInfo struct {
+	Pid   int               `json:"pid"`
+	Tag   string            `json:"tag,omitempty"`
+	Argv  []string          `json:"argv"`
+	Env   map[string]string `json:"env,omitempty"`
+	Cwd   string            `json:"cwd,omitempty"`
+	User  string            `json:"user,omitempty"`
+	TTY   bool              `json:"tty,omitempty"`
+	Start time.Time         `json:"start"`
+}
+
+type SignalRequest struct {
+	Signal int `json:"signal"` // numeric, e.g. 9, 15
+}
+
+type ResizeRequest struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+type PathRequest struct {
+	Path string `json:"path"`
+	User string `json:"user,omitempty"`
+}
+
+type ListRequest struct {
+	Path  string `json:"path"`
+	Depth int    `json:"depth,omitempty"` // 0 means 1
+	User  string `json:"user,omitempty"`
+}
+
+type MoveRequest struct {
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
+	User        string `json:"user,omitempty"`
+}
+
+type WatchRequest struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive,omitempty"`
+	User      string `json:"user,omitempty"`
+}
+
+// EntryInfo describes a file. Type is "file", "dir", "symlink" or "" (unknown/dangling).
+// For a symlink, Type is the target's type and SymlinkTarget is set.
+type EntryInfo struct {
+	Name          string    `json:"name"`
+	Type          string    `json:"type"`
+	Path          string    `json:"path"`
+	Size          int64     `json:"size"`
+	Mode          uint32    `json:"mode"`        // permission bits only
+	Permissions   string    `json:"permissions"` // ls style, e.g. -rw-r--r--
+	Owner         string    `json:"owner"`
+	Group         string    `json:"group"`
+	ModTime       time.Time `json:"mod_time"`
+	SymlinkTarget string    `json:"symlink_target,omitempty"`
+}
+
+// FSEvent is one line of a watch stream.
+type FSEvent struct {
+	Type string `json:"type"` // start | create | write | remove | rename | chmod | keepalive
+	Name string `json:"name,omitempty"` // relative to the watched directory
+}
+
+type RestoredRequest struct {
+	RestoreCount int       `json:"restore_count"`
+	HostTime     time.Time `json:"host_time"`
+}
