@@ -1,0 +1,108 @@
+package rootfs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// attachLoop binds image to a free loop device with LOOP_CONFIGURE (one
+// ioctl instead of losetup's SET_FD+SET_STATUS) and returns the open device.
+// The device is autoclear: it detaches itself when the last user (the ext4
+// mount) goes away, so Teardown only has to unmount.
+func attachLoop(image string) (*os.File, error) {
+	img, err := os.OpenFile(image, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, errs.Wrap(errs.Internal, err, "open disk image")
+	}
+	defer img.Close()
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, errs.Wrap(errs.Unavailable, err, "open /dev/loop-control")
+	}
+	defer ctl.Close()
+
+	// Another process may take the free device between GET_FREE and
+	// CONFIGURE; that shows as EBUSY and we ask again.
+	for attempt := 0; attempt < 16; attempt++ {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return nil, errs.Wrap(errs.ResourceExhausted, err, "find free loop device")
+		}
+		dev, err := openLoopDev(n)
+		if err != nil {
+			return nil, err
+		}
+		cfg := unix.LoopConfig{Fd: uint32(img.Fd()), Size: 4096}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
+		copy(cfg.Info.File_name[:], filepath.Base(image))
+		err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+		if errors.Is(err, unix.EINVAL) {
+			// Backing file system without O_DIRECT: fall back to buffered I/O.
+			cfg.Info.Flags &^= unix.LO_FLAGS_DIRECT_IO
+			cfg.Size = 0
+			err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
+		}
+		if errors.Is(err, unix.EBUSY) {
+			dev.Close()
+			continue
+		}
+		if err != nil {
+			dev.Close()
+			return nil, errs.Wrap(errs.Internal, err, "configure %s for %s", dev.Name(), image)
+		}
+		return dev, nil
+	}
+	return nil, errs.E(errs.Unavailable, "no loop device could be configured for %s (busy)", image)
+}
+
+func openLoopDev(n int) (*os.File, error) {
+	path := fmt.Sprintf("/dev/loop%d", n)
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		// /dev without devtmpfs: make the node ourselves.
+		if err := unix.Mknod(path, unix.S_IFBLK|0o660, int(unix.Mkdev(7, uint32(n)))); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, errs.Wrap(errs.Internal, err, "mknod %s", path)
+		}
+		f, err = os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return nil, errs.Wrap(errs.Internal, err, "open %s", path)
+	}
+	return f, nil
+}
+
+// detachLoops clears every loop device still backed by image. Normally there
+// is none (autoclear); this catches devices left by a crash between attach
+// and mount, or attached by hand.
+func detachLoops(image string) error {
+	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var all []error
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		if strings.TrimSuffix(string(b), "\n") != image {
+			continue
+		}
+		name := filepath.Base(filepath.Dir(filepath.Dir(m)))
+		f, err := os.OpenFile("/dev/"+name, os.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			all = append(all, errs.Wrap(errs.Internal, err, "open /dev/%s", name))
+			continue
+		}
+		err = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.ENXIO) {
+			all = append(all, errs.Wrap(errs.Internal, err, "detach /dev/%s from %s", name, image))
+		}
+	}
+	return errors.Join(all...)
+}

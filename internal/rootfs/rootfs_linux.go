@@ -1,0 +1,265 @@
+package rootfs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// MinDiskMiB is the smallest workspace image Prepare accepts (ext4 with a
+// journal needs a few MiB of metadata).
+const MinDiskMiB = 8
+
+// Prepare creates the sandbox filesystem in dir: a sparse ext4 image of
+// diskMiB, loop-mounted at dir/ws, and an overlay of lowers (first = top)
+// under ws/upper mounted at dir/rootfs, whose path it returns. On error
+// nothing stays mounted and the image is removed.
+func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64) (string, error) {
+	if diskMiB < MinDiskMiB {
+		return "", errs.Field("disk_mib", "must be at least %d, got %d", MinDiskMiB, diskMiB)
+	}
+	l := LayoutOf(dir)
+	data, err := overlayData(l, lowers)
+	if err != nil {
+		return "", err
+	}
+	if err := ctx.Err(); err != nil {
+		return "", errs.Wrap(errs.Unavailable, err, "prepare %s", dir)
+	}
+	if err := os.MkdirAll(l.WS, 0o755); err != nil {
+		return "", errs.Wrap(errs.Internal, err, "create sandbox dir")
+	}
+	var undo []func() error
+	fail := func(err error) (string, error) {
+		var all []error
+		for i := len(undo) - 1; i >= 0; i-- {
+			all = append(all, undo[i]())
+		}
+		return "", errors.Join(append([]error{err}, all...)...)
+	}
+
+	f, err := os.OpenFile(l.Image, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return "", errs.E(errs.AlreadyExists, "%s already exists (use Remount)", l.Image)
+	}
+	if err != nil {
+		return "", errs.Wrap(errs.Internal, err, "create disk image")
+	}
+	undo = append(undo, func() error { return ignoreNotExist(os.Remove(l.Image)) })
+	err = f.Truncate(diskMiB << 20)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fail(errs.Wrap(errs.Internal, err, "size disk image to %d MiB", diskMiB))
+	}
+	if err := run(ctx, "mkfs.ext4", mkfsArgs(l.Image)...); err != nil {
+		return fail(err)
+	}
+	if err := mountWS(l); err != nil {
+		return fail(err)
+	}
+	undo = append(undo, func() error { return unmount(l.WS) })
+	for _, d := range []string{l.Upper, l.Work, l.RootFS} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fail(errs.Wrap(errs.Internal, err, "create %s", d))
+		}
+	}
+	if err := unix.Mount("overlay", l.RootFS, "overlay", 0, data); err != nil {
+		return fail(errs.Wrap(errs.Internal, err, "mount overlay at %s (%s)", l.RootFS, data))
+	}
+	return l.RootFS, nil
+}
+
+// Remount brings back the mounts of a prepared dir whose image survived but
+// whose mounts did not (host reboot). Mounts already present are kept.
+func Remount(ctx context.Context, dir string, lowers []string) (string, error) {
+	l := LayoutOf(dir)
+	data, err := overlayData(l, lowers)
+	if err != nil {
+		return "", err
+	}
+	if err := ctx.Err(); err != nil {
+		return "", errs.Wrap(errs.Unavailable, err, "remount %s", dir)
+	}
+	if _, err := os.Stat(l.Image); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", errs.E(errs.NotFound, "no disk image at %s", l.Image)
+		}
+		return "", errs.Wrap(errs.Internal, err, "stat disk image")
+	}
+	wsMounted := isMountPoint(l.WS)
+	if !wsMounted {
+		if err := os.MkdirAll(l.WS, 0o755); err != nil {
+			return "", errs.Wrap(errs.Internal, err, "create %s", l.WS)
+		}
+		if err := mountWS(l); err != nil {
+			return "", err
+		}
+	}
+	if isMountPoint(l.RootFS) {
+		return l.RootFS, nil
+	}
+	for _, d := range []string{l.Upper, l.Work, l.RootFS} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", errs.Wrap(errs.Internal, err, "create %s", d)
+		}
+	}
+	if err := unix.Mount("overlay", l.RootFS, "overlay", 0, data); err != nil {
+		err = errs.Wrap(errs.Internal, err, "mount overlay at %s", l.RootFS)
+		if !wsMounted {
+			err = errors.Join(err, unmount(l.WS))
+		}
+		return "", err
+	}
+	return l.RootFS, nil
+}
+
+// Teardown unmounts the overlay and the workspace image and detaches the
+// loop device. It keeps disk.img (the workspace), is idempotent, and joins
+// the errors of every step.
+func Teardown(ctx context.Context, dir string) error {
+	l := LayoutOf(dir)
+	var all []error
+	if err := unmount(l.RootFS); err != nil {
+		all = append(all, err)
+	}
+	if err := unmount(l.WS); err != nil {
+		all = append(all, err)
+	}
+	if err := detachLoops(l.Image); err != nil {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
+// Mounted reports whether dir's overlay root is mounted.
+func Mounted(dir string) bool { return isMountPoint(LayoutOf(dir).RootFS) }
+
+func mountWS(l Layout) error {
+	dev, err := attachLoop(l.Image)
+	if err != nil {
+		return err
+	}
+	// Closing our descriptor after the mount leaves the mount as the only
+	// user; autoclear then detaches the device at unmount.
+	defer dev.Close()
+	if err := unix.Mount(dev.Name(), l.WS, "ext4", unix.MS_NOATIME, wsMountData); err != nil {
+		return errs.Wrap(errs.Internal, err, "mount %s (%s) at %s", dev.Name(), l.Image, l.WS)
+	}
+	return nil
+}
+
+// unmount unmounts path, treating "not mounted" and "missing" as done. A
+// busy mount is retried briefly: a container that just died may still hold
+// it for a few milliseconds.
+func unmount(path string) error {
+	var err error
+	for i := 0; i < 50; i++ {
+		err = unix.Unmount(path, unix.UMOUNT_NOFOLLOW)
+		switch {
+		case err == nil:
+			if !isMountPoint(path) {
+				return nil
+			}
+			continue // stacked mounts: unmount the next one too
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil
+		case errors.Is(err, unix.EBUSY):
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		break
+	}
+	kind := errs.Internal
+	if errors.Is(err, unix.EBUSY) {
+		kind = errs.Conflict
+	}
+	return errs.Wrap(kind, err, "unmount %s", path)
+}
+
+// isMountPoint reports whether path is a mount point in this mount namespace.
+func isMountPoint(path string) bool {
+	path = filepath.Clean(path)
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && unescapeMountinfo(fields[4]) == path {
+			return true
+		}
+	}
+	return false
+}
+
+// unescapeMountinfo undoes the kernel's octal escaping of space, tab,
+// newline and backslash in mountinfo paths.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			ok := true
+			for _, c := range []byte(s[i+1 : i+4]) {
+				if c < '0' || c > '7' {
+					ok = false
+					break
+				}
+				v = v*8 + (c - '0')
+			}
+			if ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		kind := errs.Internal
+		if errors.Is(err, exec.ErrNotFound) {
+			kind = errs.Unavailable
+		}
+		return errs.Wrap(kind, err, "%s %s: %s", name, strings.Join(args, " "), tail(out.String(), 2048))
+	}
+	return nil
+}
+
+func tail(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+func ignoreNotExist(err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
