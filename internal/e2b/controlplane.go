@@ -1,0 +1,231 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// controlPlane is the E2B REST API (§3). Every route is authenticated by
+// X-API-KEY; every error is {code, message}.
+func (s *Server) controlPlane() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /sandboxes", s.authed(s.handleCreate(false)))
+	mux.HandleFunc("POST /v2/sandboxes", s.authed(s.handleCreate(true)))
+	mux.HandleFunc("GET /v2/sandboxes", s.authed(s.handleList))
+	mux.HandleFunc("GET /sandboxes", s.authed(s.handleListV1))
+	mux.HandleFunc("GET /sandboxes/{id}", s.authed(s.handleGetInfo))
+	mux.HandleFunc("DELETE /sandboxes/{id}", s.authed(s.handleKill))
+	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.authed(s.handleTimeout))
+	mux.HandleFunc("POST /sandboxes/{id}/pause", s.authed(s.handlePause))
+	mux.HandleFunc("POST /sandboxes/{id}/connect", s.authed(s.handleConnect))
+	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.authed(s.handleConnect))
+	mux.HandleFunc("POST /sandboxes/{id}/resume", s.authed(s.handleConnect))
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.authed(s.handleMetrics))
+	// Optional endpoints berth does not serve (§10): 501 JSON.
+	for _, p := range []string{
+		"PUT /sandboxes/{id}/network", "POST /sandboxes/{id}/snapshots", "POST /sandboxes/{id}/fork",
+		"POST /sandboxes/{id}/refreshes", "GET /sandboxes/{id}/logs", "GET /v2/sandboxes/{id}/logs",
+		"GET /sandboxes/metrics", "/snapshots", "/snapshots/", "/templates", "/templates/",
+		"/v2/templates", "/v2/templates/", "/v3/templates", "/v3/templates/",
+	} {
+		mux.HandleFunc(p, s.authed(notImplemented))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeStatus(w, http.StatusNotFound, "no E2B route "+r.Method+" "+r.URL.Path)
+	})
+	return mux
+}
+
+func notImplemented(w http.ResponseWriter, r *http.Request) {
+	writeStatus(w, http.StatusNotImplemented, r.Method+" "+r.URL.Path+" is not implemented by berth")
+}
+
+type ownerKey struct{}
+
+func ownerFrom(ctx context.Context) string {
+	o, _ := ctx.Value(ownerKey{}).(string)
+	return o
+}
+
+// authed resolves X-API-KEY to an owner.
+func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get(headerAPIKey)
+		if key == "" {
+			writeStatus(w, http.StatusUnauthorized, "missing X-API-KEY header")
+			return
+		}
+		owner, err := s.d.Authenticate(r.Context(), key)
+		if err != nil {
+			s.writeAPIError(w, r, err)
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, owner)))
+	}
+}
+
+// decodeBody decodes an optional JSON body into v; an empty body leaves v as is.
+func decodeBody(r *http.Request, v any) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		return errs.Wrap(errs.InvalidArgument, err, "read request body")
+	}
+	if len(strings.TrimSpace(string(body))) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return errs.Field(te.Field, "must be a %s", te.Type)
+		}
+		return errs.Wrap(errs.InvalidArgument, err, "request body is not valid JSON")
+	}
+	return nil
+}
+
+// timeoutSeconds converts an E2B timeout (integer seconds) to a duration,
+// treating negatives as 0 and capping at MaxTimeout.
+func (s *Server) timeoutSeconds(sec int64) time.Duration {
+	d := time.Duration(max(sec, 0)) * time.Second
+	return min(d, s.opts.MaxTimeout)
+}
+
+// e2bState is the state E2B shows: only running and paused exist there.
+// Other states (stopped, failed, deleted) are invisible, as if killed.
+func e2bState(st sandbox.State) (string, bool) {
+	switch st {
+	case sandbox.Running, sandbox.Resuming, sandbox.Creating:
+		return "running", true
+	case sandbox.Paused, sandbox.Pausing:
+		return "paused", true
+	}
+	return "", false
+}
+
+// e2bTemplate is the template ID shown to E2B clients.
+func (s *Server) e2bTemplate(sb *sandbox.Sandbox) string {
+	if sb.Template == s.opts.BaseTemplate {
+		return "base"
+	}
+	return sb.Template
+}
+
+// sandboxJSON is E2B's Sandbox (create/connect answers).
+type sandboxJSON struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+	Alias              string  `json:"alias,omitempty"`
+}
+
+type lifecycleJSON struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
+}
+
+// detailJSON is E2B's SandboxDetail and, without the detail-only fields,
+// ListedSandbox. PauseMode/PauseRequested are berth's own additions (E2B has
+// no such field; the SDK ignores extra fields).
+type detailJSON struct {
+	SandboxID       string            `json:"sandboxID"`
+	TemplateID      string            `json:"templateID"`
+	ClientID        string            `json:"clientID"`
+	Alias           string            `json:"alias,omitempty"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	Domain          *string           `json:"domain,omitempty"`
+	StartedAt       time.Time         `json:"startedAt"`
+	EndAt           time.Time         `json:"endAt"`
+	State           string            `json:"state"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int64             `json:"memoryMB"`
+	DiskSizeMB      int64             `json:"diskSizeMB"`
+	Metadata        map[string]string `json:"metadata"`
+	Lifecycle       *lifecycleJSON    `json:"lifecycle,omitempty"`
+	PauseMode       string            `json:"pause_mode,omitempty"`
+	PauseRequested  string            `json:"pause_mode_requested,omitempty"`
+}
+
+func (s *Server) domain() *string {
+	if s.opts.Domain == "" {
+		return nil
+	}
+	d := s.opts.Domain
+	return &d
+}
+
+func (s *Server) toSandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
+	return sandboxJSON{
+		SandboxID:       sb.ID,
+		TemplateID:      s.e2bTemplate(sb),
+		ClientID:        clientID,
+		EnvdVersion:     EnvdVersion,
+		EnvdAccessToken: sb.AccessToken,
+		Domain:          s.domain(),
+	}
+}
+
+// toDetailJSON renders SandboxDetail (detail=true) or ListedSandbox.
+func (s *Server) toDetailJSON(sb *sandbox.Sandbox, state string, detail bool) detailJSON {
+	started := sb.StartedAt
+	if started.IsZero() {
+		started = sb.CreatedAt
+	}
+	cpus := (sb.Resources.CPUMillis + 999) / 1000
+	out := detailJSON{
+		SandboxID:   sb.ID,
+		TemplateID:  s.e2bTemplate(sb),
+		ClientID:    clientID,
+		EnvdVersion: EnvdVersion,
+		StartedAt:   started.UTC(),
+		EndAt:       sb.ExpiresAt.UTC(),
+		State:       state,
+		CPUCount:    cpus,
+		MemoryMB:    sb.Resources.MemoryMiB,
+		DiskSizeMB:  sb.Resources.DiskMiB,
+		Metadata:    sb.Labels,
+	}
+	if out.Metadata == nil {
+		out.Metadata = map[string]string{}
+	}
+	if state == "paused" {
+		out.PauseMode = string(sb.PauseActual)
+		out.PauseRequested = string(sb.PauseRequested)
+	}
+	if detail {
+		out.EnvdAccessToken = sb.AccessToken
+		out.Domain = s.domain()
+		onTimeout := "kill"
+		if sb.ExpiryAction == sandbox.ExpirePause {
+			onTimeout = "pause"
+		}
+		out.Lifecycle = &lifecycleJSON{OnTimeout: onTimeout, AutoResume: sb.AutoResume}
+	}
+	return out
+}
+
+// visible fetches a sandbox the owner can see in E2B terms: a stopped or
+// failed berth sandbox is reported as not found, like a killed E2B one.
+func (s *Server) visible(ctx context.Context, id string) (*sandbox.Sandbox, string, error) {
+	sb, err := s.d.Get(ctx, ownerFrom(ctx), id)
+	if err != nil {
+		return nil, "", err
+	}
+	state, ok := e2bState(sb.State)
+	if !ok {
+		return nil, "", errs.E(errs.NotFound, "sandbox %q is %s", id, sb.State)
+	}
+	return sb, state, nil
+}

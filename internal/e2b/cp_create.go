@@ -1,0 +1,109 @@
+package e2b
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// newSandboxJSON is E2B's NewSandbox body (§3.3). Extras E2B accepts but
+// berth does not act on (iam, mcp) are ignored; settings that would weaken
+// or change isolation and cannot be honoured are rejected.
+type newSandboxJSON struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AutoPause           bool              `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
+	AutoResume          *autoResumeJSON   `json:"autoResume"`
+	Secure              *bool             `json:"secure"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             json.RawMessage   `json:"network"`
+	VolumeMounts        []json.RawMessage `json:"volumeMounts"`
+}
+
+type autoResumeJSON struct {
+	Enabled bool `json:"enabled"`
+}
+
+// Default create timeouts when the body has none (§3.3).
+const (
+	defaultTimeoutV1 = 15 * time.Second
+	defaultTimeoutV2 = 300 * time.Second
+)
+
+// createRequest translates a NewSandbox body into a daemon request.
+func (s *Server) createRequest(owner string, body newSandboxJSON, v2 bool) (daemon.CreateRequest, error) {
+	if body.TemplateID == "" {
+		return daemon.CreateRequest{}, errs.Field("templateID", "is required (E2B's default is \"base\")")
+	}
+	if len(body.VolumeMounts) > 0 {
+		return daemon.CreateRequest{}, errs.Field("volumeMounts", "volumes are not supported by berth")
+	}
+	if len(body.Network) > 0 && string(body.Network) != "null" && string(body.Network) != "{}" {
+		return daemon.CreateRequest{}, errs.Field("network", "E2B network rules are not supported by berth; use berth's /v1 network policy")
+	}
+	ttl := defaultTimeoutV2
+	if !v2 {
+		ttl = defaultTimeoutV1
+	}
+	if body.Timeout != nil {
+		ttl = s.timeoutSeconds(*body.Timeout)
+	}
+	ttl = min(ttl, s.opts.MaxTimeout)
+	tmpl := body.TemplateID
+	if tmpl == "base" {
+		tmpl = s.opts.BaseTemplate
+	}
+	req := daemon.CreateRequest{
+		Owner:        owner,
+		Actor:        "e2b",
+		Template:     tmpl,
+		TTL:          ttl,
+		ExpiryAction: sandbox.ExpireDelete,
+		Labels:       body.Metadata,
+		Env:          body.EnvVars,
+	}
+	if body.AutoPause {
+		req.ExpiryAction = sandbox.ExpirePause
+		if body.AutoPauseMemory != nil && !*body.AutoPauseMemory {
+			req.Extra = map[string]string{"e2b_auto_pause_memory": "false"}
+		}
+	}
+	if body.AutoResume != nil && body.AutoResume.Enabled {
+		req.AutoResume = true
+	}
+	return req, nil
+}
+
+// handleCreate serves POST /sandboxes (v1) and POST /v2/sandboxes.
+func (s *Server) handleCreate(v2 bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body newSandboxJSON
+		if err := decodeBody(r, &body); err != nil {
+			s.writeAPIError(w, r, err)
+			return
+		}
+		req, err := s.createRequest(ownerFrom(r.Context()), body, v2)
+		if err != nil {
+			s.writeAPIError(w, r, err)
+			return
+		}
+		sb, err := s.d.Create(r.Context(), req)
+		if err != nil {
+			if errs.Is(err, errs.NotFound) && errs.FieldOf(err) == "" {
+				// The only thing create can fail to find is the template.
+				err = errs.Wrap(errs.InvalidArgument, err, "templateID: unknown template %q", body.TemplateID)
+			}
+			s.writeAPIError(w, r, err)
+			return
+		}
+		s.log.Info("e2b sandbox created", "sandbox_id", sb.ID, "template", sb.Template, "owner", sb.Owner)
+		writeJSON(w, http.StatusCreated, s.toSandboxJSON(sb))
+	}
+}

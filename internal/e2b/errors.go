@@ -1,0 +1,151 @@
+package e2b
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// This file is the one place where berth error kinds become E2B statuses:
+// controlPlaneStatus for the control-plane REST API, filesStatus for envd's
+// REST routes (/files), connectCode for envd's Connect RPCs.
+
+// controlPlaneStatus maps an error kind to the control plane's HTTP status.
+// The SDK branches on the numeric body code: 404 and 409 carry per-endpoint
+// meaning (kill → false, pause → false), 401 → AuthenticationError,
+// 429 → RateLimitError, 503 → ServiceBusyError.
+func controlPlaneStatus(k errs.Kind) int {
+	switch k {
+	case errs.NotFound:
+		return http.StatusNotFound
+	case errs.AlreadyExists, errs.Conflict, errs.FailedPrecondition:
+		return http.StatusConflict
+	case errs.InvalidArgument:
+		return http.StatusBadRequest
+	case errs.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case errs.PermissionDenied:
+		return http.StatusForbidden
+	case errs.Unauthenticated:
+		return http.StatusUnauthorized
+	case errs.Unavailable:
+		return http.StatusServiceUnavailable
+	case errs.NotImplemented:
+		return http.StatusNotImplemented
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// filesStatus maps an error kind to envd's REST status (§8): a missing file is
+// 404 (FileNotFoundError), a directory or bad path 400, an unknown user 401,
+// a full disk 507 (NotEnoughSpaceError), a stopped agent 502 (TimeoutError).
+func filesStatus(k errs.Kind) int {
+	switch k {
+	case errs.NotFound:
+		return http.StatusNotFound
+	case errs.InvalidArgument, errs.FailedPrecondition:
+		return http.StatusBadRequest
+	case errs.AlreadyExists, errs.Conflict:
+		return http.StatusConflict
+	case errs.ResourceExhausted:
+		return http.StatusInsufficientStorage
+	case errs.PermissionDenied:
+		return http.StatusForbidden
+	case errs.Unauthenticated:
+		return http.StatusUnauthorized
+	case errs.Unavailable:
+		return http.StatusBadGateway
+	case errs.NotImplemented:
+		return http.StatusNotImplemented
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// connectCode maps an error kind to a Connect code. The SDK turns
+// not_found/already_exists into per-call results (exists → false, makeDir →
+// false, kill → false) and unavailable into TimeoutError.
+func connectCode(k errs.Kind) connect.Code {
+	switch k {
+	case errs.NotFound:
+		return connect.CodeNotFound
+	case errs.AlreadyExists:
+		return connect.CodeAlreadyExists
+	case errs.InvalidArgument:
+		return connect.CodeInvalidArgument
+	case errs.FailedPrecondition:
+		return connect.CodeFailedPrecondition
+	case errs.Conflict:
+		return connect.CodeAborted
+	case errs.ResourceExhausted:
+		return connect.CodeResourceExhausted
+	case errs.PermissionDenied:
+		return connect.CodePermissionDenied
+	case errs.Unauthenticated:
+		return connect.CodeUnauthenticated
+	case errs.Unavailable:
+		return connect.CodeUnavailable
+	case errs.NotImplemented:
+		return connect.CodeUnimplemented
+	default:
+		return connect.CodeInternal
+	}
+}
+
+// connectError converts err for a Connect handler, keeping its message.
+func connectError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	return connect.NewError(connectCode(errs.KindOf(err)), err)
+}
+
+// apiError is the body of every non-2xx E2B REST answer.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// writeJSON writes v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeStatus writes an E2B error body {code, message} with status.
+func writeStatus(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, apiError{Code: status, Message: msg})
+}
+
+// writeAPIError answers a control-plane error.
+func (s *Server) writeAPIError(w http.ResponseWriter, r *http.Request, err error) {
+	status := controlPlaneStatus(errs.KindOf(err))
+	s.logFailure(r, status, err)
+	writeStatus(w, status, err.Error())
+}
+
+// writeFilesError answers an envd REST error.
+func (s *Server) writeFilesError(w http.ResponseWriter, r *http.Request, err error) {
+	status := filesStatus(errs.KindOf(err))
+	s.logFailure(r, status, err)
+	writeStatus(w, status, err.Error())
+}
+
+func (s *Server) logFailure(r *http.Request, status int, err error) {
+	lvl := slog.LevelDebug
+	if status >= 500 && status != http.StatusNotImplemented && status != http.StatusBadGateway {
+		lvl = slog.LevelError
+	}
+	s.log.Log(r.Context(), lvl, "e2b request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+}

@@ -1,0 +1,105 @@
+// Package e2b serves the E2B-compatible surface of berth: the control-plane
+// REST API (create, list, timeout, pause, connect, kill) and envd, the
+// per-sandbox process and filesystem API (Connect RPCs plus REST /files and
+// /health), so the unmodified E2B SDKs work against a berth server. The
+// protocol reference is e2b-protocol.md; this package translates it onto
+// the daemon and the in-sandbox agent.
+package e2b
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// EnvdVersion is the envd version berth reports. 0.5.7 enables raw
+// (octet-stream, gzip) uploads and closeStdin in the SDK and keeps it away
+// from metadata headers (0.6.2) and watch includeEntry (0.6.3).
+const EnvdVersion = "0.5.7"
+
+// clientID is the deprecated, required Sandbox.clientID; E2B always sends this.
+const clientID = "6532622b"
+
+// Backend is the subset of *daemon.Daemon the E2B surface uses.
+type Backend interface {
+	Create(ctx context.Context, req daemon.CreateRequest) (*sandbox.Sandbox, error)
+	Get(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	List(ctx context.Context, f daemon.ListFilter) ([]*sandbox.Sandbox, string, error)
+	Delete(ctx context.Context, owner, id string) error
+	SetExpiry(ctx context.Context, owner, id string, at time.Time) (*sandbox.Sandbox, error)
+	Pause(ctx context.Context, owner, id string, mode sandbox.PauseMode) (*sandbox.Sandbox, error)
+	Resume(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	Agent(ctx context.Context, owner, id string) (*agentapi.Client, error)
+	SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error)
+	Authenticate(ctx context.Context, apiKey string) (string, error)
+	MemoryPauseSupported(runtimeName string) bool
+}
+
+// Options configure the E2B surface. Zero values are usable.
+type Options struct {
+	// Domain is returned as the sandbox domain; "" returns null, so SDKs use
+	// E2B_SANDBOX_URL or their own E2B_DOMAIN.
+	Domain string
+	// BaseTemplate is the berth template that serves E2B's "base" template.
+	// Default "default".
+	BaseTemplate string
+	// MaxTimeout caps sandbox timeouts (create, connect, setTimeout).
+	// Default 24h.
+	MaxTimeout time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Server is the E2B surface. Create it with New and mount Handler.
+type Server struct {
+	d    Backend
+	log  *slog.Logger
+	opts Options
+	cp   http.Handler
+	envd http.Handler
+}
+
+// New builds the E2B surface over d.
+func New(d Backend, log *slog.Logger, opts Options) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.BaseTemplate == "" {
+		opts.BaseTemplate = "default"
+	}
+	if opts.MaxTimeout <= 0 {
+		opts.MaxTimeout = 24 * time.Hour
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Server{d: d, log: log.With("component", "e2b"), opts: opts}
+	s.cp = s.controlPlane()
+	s.envd = s.envdMux()
+	return s
+}
+
+// Handler routes E2B traffic and hands everything else to next (berth's own
+// /v1 API): requests addressed to a sandbox (E2b-Sandbox-Id, Host
+// "49983-<id>.<domain>", or an X-Access-Token without an API key) go to
+// envd, E2B control-plane paths to the control plane.
+func (s *Server) Handler(next http.Handler) http.Handler {
+	if next == nil {
+		next = http.NotFoundHandler()
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch rt := decideRoute(r); rt.Dest {
+		case toEnvd:
+			s.serveEnvd(w, r, rt.SandboxID)
+		case toControlPlane:
+			s.cp.ServeHTTP(w, r)
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
