@@ -1,0 +1,180 @@
+package oci
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/runtime"
+)
+
+// Capabilities reports what this backend can do here. runc checkpoints
+// only with a CRIU that passes `criu check` (Debian's 3.17 does not work on
+// 6.x kernels); the probe runs once.
+func (o *OCI) Capabilities(ctx context.Context) runtime.Capabilities {
+	o.capsOnce.Do(func() {
+		o.caps = runtime.Capabilities{Freeze: freezerAvailable(o.cfg.CgroupRoot)}
+		if !o.caps.Freeze {
+			o.caps.CheckpointReason = "no cgroup freezer"
+		}
+		switch {
+		case o.name == Runsc:
+			o.caps.Checkpoint = true
+		case o.cfg.CRIU == "":
+			o.caps.CheckpointReason = "no criu configured for runc"
+		default:
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(cctx, o.cfg.CRIU, "check").CombinedOutput()
+			if err != nil {
+				o.caps.CheckpointReason = "criu check failed: " + tail(strings.TrimSpace(string(out)), 512)
+			} else {
+				o.caps.Checkpoint = true
+			}
+		}
+		o.log.Info("runtime capabilities", "checkpoint", o.caps.Checkpoint, "reason", o.caps.CheckpointReason, "freeze", o.caps.Freeze)
+	})
+	return o.caps
+}
+
+func freezerAvailable(cgroupRoot string) bool {
+	for _, p := range []string{filepath.Join(cgroupRoot, "freezer"), filepath.Join(cgroupRoot, "cgroup.freeze"), filepath.Join(cgroupRoot, "cgroup.controllers")} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Checkpoint writes the container's memory image to imageDir, stops and
+// removes the container, and syncs the image before returning.
+func (o *OCI) Checkpoint(ctx context.Context, id, imageDir string) error {
+	if !idPattern.MatchString(id) {
+		return errs.Field("id", "%q is not a valid id", id)
+	}
+	if !filepath.IsAbs(imageDir) {
+		return errs.Field("image_dir", "must be an absolute path, got %q", imageDir)
+	}
+	if c := o.Capabilities(ctx); !c.Checkpoint {
+		return errs.E(errs.FailedPrecondition, "%s cannot checkpoint on this host: %s", o.name, c.CheckpointReason)
+	}
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		return errs.Wrap(errs.Internal, err, "create image dir")
+	}
+	switch o.name {
+	case Runc:
+		work := imageDir + ".work"
+		defer os.RemoveAll(work)
+		if err := os.MkdirAll(work, 0o700); err != nil {
+			return errs.Wrap(errs.Internal, err, "create criu work dir")
+		}
+		_, err := o.exec(ctx, false, "checkpoint", id, "--criu", o.cfg.CRIU,
+			"checkpoint", "--image-path", imageDir, "--work-path", work, id)
+		if err != nil {
+			return withCRIULog(err, filepath.Join(work, "dump.log"))
+		}
+	case Runsc:
+		if _, err := o.exec(ctx, false, "checkpoint", id,
+			"checkpoint", "--direct", "--image-path", imageDir, id); err != nil {
+			return err
+		}
+	}
+	// runc destroys a checkpointed container; runsc may still list it.
+	if err := o.Delete(ctx, id); err != nil {
+		return err
+	}
+	return syncTree(imageDir)
+}
+
+// Restore starts container spec.ID from imageDir. The spec must match the
+// checkpointed one apart from ID, BundleDir and RootFS; restoring one image
+// several times forks it.
+func (o *OCI) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
+	if !filepath.IsAbs(imageDir) {
+		return errs.Field("image_dir", "must be an absolute path, got %q", imageDir)
+	}
+	if c := o.Capabilities(ctx); !c.Checkpoint {
+		return errs.E(errs.FailedPrecondition, "%s cannot restore on this host: %s", o.name, c.CheckpointReason)
+	}
+	if _, err := os.Stat(imageDir); err != nil {
+		return errs.Wrap(errs.NotFound, err, "memory image")
+	}
+	if err := o.writeBundle(spec); err != nil {
+		return err
+	}
+	var err error
+	switch o.name {
+	case Runc:
+		work := filepath.Join(spec.BundleDir, "criu-restore")
+		if err = os.MkdirAll(work, 0o700); err != nil {
+			return errs.Wrap(errs.Internal, err, "create criu work dir")
+		}
+		err = o.execDetached(ctx, false, "restore", spec.ID, logPath(spec), "--criu", o.cfg.CRIU,
+			"restore", "--detach", "--image-path", imageDir, "--work-path", work,
+			"--bundle", spec.BundleDir, spec.ID)
+		if err != nil {
+			err = withCRIULog(err, filepath.Join(work, "restore.log"))
+		} else {
+			os.RemoveAll(work)
+		}
+	case Runsc:
+		err = o.execDetached(ctx, spec.NetNSPath != "", "restore", spec.ID, logPath(spec),
+			"restore", "--direct", "--detach", "--image-path", imageDir,
+			"--bundle", spec.BundleDir, spec.ID)
+	}
+	if err != nil {
+		return o.undoStart(spec.ID, err)
+	}
+	return nil
+}
+
+// withCRIULog appends the tail of CRIU's log to err: runc itself only says
+// "criu failed".
+func withCRIULog(err error, logFile string) error {
+	b, rerr := os.ReadFile(logFile)
+	if rerr != nil {
+		return err
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return errs.Wrap(errs.KindOf(err), err, "criu log %s:\n%s\n", logFile, strings.Join(lines, "\n"))
+}
+
+// syncTree fsyncs every file and directory under dir, so an image is
+// durable when Checkpoint returns.
+func syncTree(dir string) error {
+	var all []error
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && !d.Type().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			all = append(all, err)
+			return nil
+		}
+		if err := f.Sync(); err != nil {
+			all = append(all, err)
+		}
+		f.Close()
+		return nil
+	})
+	if err := errors.Join(append(all, err)...); err != nil {
+		return errs.Wrap(errs.Internal, err, "sync memory image %s", dir)
+	}
+	if d, err := os.Open(filepath.Dir(dir)); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}

@@ -1,0 +1,75 @@
+package oci
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/runtime"
+)
+
+// Stats reads cgroup v1 accounting of the container's cgroup (CgroupPath).
+// runc puts the container's processes there, runsc its sandbox (Sentry and
+// gofer), so for runsc the numbers are the whole sandbox's host cost.
+func (o *OCI) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	if _, err := o.state(ctx, id); err != nil {
+		return runtime.Stats{}, err
+	}
+	root, cg := o.cfg.CgroupRoot, CgroupPath(id)
+	mem := filepath.Join(root, "memory", cg)
+	if _, err := os.Stat(mem); err != nil {
+		return runtime.Stats{}, errs.Wrap(errs.Unavailable, err, "cgroup v1 memory controller for %s", id)
+	}
+	var s runtime.Stats
+	var all []error
+	read := func(dst *uint64, path string) {
+		v, err := readUint(path)
+		if err != nil {
+			all = append(all, err)
+		}
+		*dst = v
+	}
+	read(&s.CPUUsageNanos, filepath.Join(root, "cpuacct", cg, "cpuacct.usage"))
+	read(&s.MemoryBytes, filepath.Join(mem, "memory.usage_in_bytes"))
+	read(&s.MemoryPeak, filepath.Join(mem, "memory.max_usage_in_bytes"))
+	read(&s.Pids, filepath.Join(root, "pids", cg, "pids.current"))
+	oom, err := readKeyed(filepath.Join(mem, "memory.oom_control"), "oom_kill")
+	if err != nil {
+		all = append(all, err)
+	}
+	s.OOMKills = oom
+	if err := errors.Join(all...); err != nil {
+		return s, errs.Wrap(errs.Internal, err, "read cgroup stats of %s", id)
+	}
+	return s, nil
+}
+
+func readUint(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// readKeyed reads "key value" lines (memory.oom_control, cpu.stat).
+func readKeyed(path, key string) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if ok && k == key {
+			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, sc.Err()
+}
