@@ -1,0 +1,92 @@
+package store
+
+// migrations is the schema history: migrations[i] takes the database from
+// PRAGMA user_version i to i+1. Append a new entry to change the schema
+// (new tables for snapshots, pools, secrets, egress log, usage, ...); never
+// edit an entry that has shipped.
+var migrations = []string{
+	// 1: sandboxes, events, api keys, templates, settings.
+	`
+CREATE TABLE sandboxes (
+	id              TEXT PRIMARY KEY,
+	owner           TEXT NOT NULL,
+	template        TEXT NOT NULL,
+	template_id     TEXT NOT NULL,
+	runtime         TEXT NOT NULL,
+	state           TEXT NOT NULL,
+	reason          TEXT NOT NULL,
+	message         TEXT NOT NULL,
+	labels          TEXT,            -- JSON object or NULL
+	env             TEXT,            -- JSON object or NULL
+	cpu_millis      INTEGER NOT NULL,
+	memory_mib      INTEGER NOT NULL,
+	disk_mib        INTEGER NOT NULL,
+	pids            INTEGER NOT NULL,
+	created_at      INTEGER NOT NULL, -- unix nanoseconds, 0 = zero time
+	started_at      INTEGER NOT NULL,
+	expires_at      INTEGER NOT NULL,
+	expiry_action   TEXT NOT NULL,
+	access_token    TEXT NOT NULL,
+	pause_requested TEXT NOT NULL,
+	pause_actual    TEXT NOT NULL,
+	resumed_from    TEXT NOT NULL,
+	restore_count   INTEGER NOT NULL,
+	auto_resume     INTEGER NOT NULL,
+	extra           TEXT,            -- JSON object or NULL
+	version         INTEGER NOT NULL
+) STRICT;
+CREATE INDEX sandboxes_created ON sandboxes (created_at, id);
+CREATE INDEX sandboxes_owner_created ON sandboxes (owner, created_at, id);
+CREATE INDEX sandboxes_state ON sandboxes (state);
+
+CREATE TABLE events (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	sandbox_id TEXT NOT NULL,
+	owner      TEXT NOT NULL,
+	time       INTEGER NOT NULL,
+	actor      TEXT NOT NULL,
+	type       TEXT NOT NULL,
+	from_state TEXT NOT NULL,
+	to_state   TEXT NOT NULL,
+	reason     TEXT NOT NULL,
+	message    TEXT NOT NULL,
+	data       TEXT             -- JSON object or NULL
+) STRICT;
+CREATE INDEX events_sandbox ON events (sandbox_id, seq);
+CREATE INDEX events_owner ON events (owner, seq);
+
+CREATE TABLE api_keys (
+	id         TEXT PRIMARY KEY,
+	owner      TEXT NOT NULL,
+	hash       BLOB NOT NULL UNIQUE,
+	admin      INTEGER NOT NULL,
+	created_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX api_keys_owner ON api_keys (owner, id);
+
+CREATE TABLE templates (
+	name        TEXT PRIMARY KEY,
+	fingerprint TEXT NOT NULL,
+	layers      TEXT,            -- JSON array or NULL
+	start_cmd   TEXT,            -- JSON array or NULL
+	env         TEXT,            -- JSON object or NULL
+	workdir     TEXT NOT NULL,
+	user        TEXT NOT NULL,
+	cpu_millis  INTEGER NOT NULL,
+	memory_mib  INTEGER NOT NULL,
+	disk_mib    INTEGER NOT NULL,
+	pids        INTEGER NOT NULL,
+	state       TEXT NOT NULL,
+	progress    TEXT NOT NULL,
+	error       TEXT NOT NULL,
+	source      TEXT NOT NULL,
+	created_at  INTEGER NOT NULL,
+	updated_at  INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE settings (
+	key   TEXT PRIMARY KEY,
+	value TEXT NOT NULL
+) STRICT;
+`,
+}

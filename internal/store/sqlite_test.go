@@ -1,0 +1,288 @@
+package store
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(crashChildEnv) != "" {
+		crashChild(os.Getenv(crashChildEnv))
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func openTemp(t *testing.T) *SQLite {
+	t.Helper()
+	s, err := OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatalf("OpenSQLite: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+func TestSQLite(t *testing.T) {
+	TestStore(t, func(t *testing.T) Store { return openTemp(t) })
+}
+
+func TestSQLitePragmas(t *testing.T) {
+	s := openTemp(t)
+	for _, tc := range []struct {
+		db     *sql.DB
+		pragma string
+		want   string
+	}{
+		{s.w, "journal_mode", "wal"},
+		{s.w, "synchronous", "2"}, // FULL
+		{s.w, "foreign_keys", "1"},
+		{s.w, "busy_timeout", "10000"},
+		{s.w, "user_version", fmt.Sprint(len(migrations))},
+		{s.r, "journal_mode", "wal"},
+		{s.r, "synchronous", "2"},
+		{s.r, "query_only", "1"},
+	} {
+		t.Run(tc.pragma, func(t *testing.T) {
+			var got string
+			if err := tc.db.QueryRow("PRAGMA " + tc.pragma).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("PRAGMA %s = %q, want %q", tc.pragma, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestOpenSQLiteBadPath(t *testing.T) {
+	for _, p := range []string{"", "/tmp/a?b", filepath.Join(t.TempDir(), "no", "such", "dir", "berth.db")} {
+		t.Run(p, func(t *testing.T) {
+			s, err := OpenSQLite(p)
+			if err == nil {
+				s.Close()
+				t.Fatal("OpenSQLite succeeded, want an error")
+			}
+		})
+	}
+}
+
+func TestMigrate(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "berth.db")
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	version := func() int {
+		var v int
+		if err := s.w.QueryRow("PRAGMA user_version").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	t.Run("idempotent", func(t *testing.T) {
+		if err := migrate(ctx, s.w, migrations); err != nil {
+			t.Fatal(err)
+		}
+		if got := version(); got != len(migrations) {
+			t.Errorf("user_version = %d, want %d", got, len(migrations))
+		}
+	})
+	t.Run("appended migration applies", func(t *testing.T) {
+		next := append(migrations[:len(migrations):len(migrations)],
+			`CREATE TABLE snapshots_test (id TEXT PRIMARY KEY) STRICT`)
+		if err := migrate(ctx, s.w, next); err != nil {
+			t.Fatal(err)
+		}
+		if got := version(); got != len(next) {
+			t.Errorf("user_version = %d, want %d", got, len(next))
+		}
+		if _, err := s.w.Exec(`INSERT INTO snapshots_test VALUES ('x')`); err != nil {
+			t.Errorf("new table unusable: %v", err)
+		}
+	})
+	t.Run("failing migration leaves version unchanged", func(t *testing.T) {
+		before := version()
+		bad := append(migrations[:len(migrations):len(migrations)], `CREATE TABLE snapshots_test (id TEXT)`, `SELEC nonsense`)
+		if err := migrate(ctx, s.w, bad); err == nil {
+			t.Fatal("migrate succeeded, want an error")
+		}
+		if got := version(); got != before {
+			t.Errorf("user_version = %d, want %d", got, before)
+		}
+	})
+	t.Run("newer database refused", func(t *testing.T) {
+		s.Close()
+		if _, err := OpenSQLite(path); !errs.Is(err, errs.FailedPrecondition) {
+			t.Errorf("OpenSQLite of a newer schema: err = %v, want FailedPrecondition", err)
+		}
+	})
+}
+
+// TestSQLiteReopen writes every kind of entity, closes the store, opens the
+// file again and finds everything.
+func TestSQLiteReopen(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "berth.db")
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := suiteSandbox("sb1", "alice", suiteEpoch)
+	sb.Env, sb.Extra, sb.AccessToken = map[string]string{"A": "b"}, map[string]string{"n": "1"}, "secret"
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	running, err := s.Transition(ctx, "sb1", sandbox.Running, sandbox.Event{Time: suiteEpoch, Actor: "t"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := s.ListEvents(ctx, EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := APIKey{ID: "k", Owner: "alice", Hash: []byte("hash"), Admin: true, CreatedAt: suiteEpoch}
+	if err := s.CreateAPIKey(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := s.PutTemplate(ctx, Template{Name: "t", Layers: []string{"l1"}, State: TemplateReady, CreatedAt: suiteEpoch, UpdatedAt: suiteEpoch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutSetting(ctx, "admin_owner", "root"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = OpenSQLite(path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer s.Close()
+	gotSB, err := s.GetSandbox(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotEvs, err := s.ListEvents(ctx, EventFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotKey, err := s.LookupAPIKey(ctx, []byte("hash"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotTmpl, err := s.GetTemplate(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotSetting, err := s.GetSetting(ctx, "admin_owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		want, got any
+	}{
+		{"sandbox", running, gotSB},
+		{"events", evs, gotEvs},
+		{"api key", key, gotKey},
+		{"template", tmpl, gotTmpl},
+		{"setting", "root", gotSetting},
+	} {
+		if diff := cmp.Diff(c.want, c.got); diff != "" {
+			t.Errorf("%s after reopen (-want +got):\n%s", c.name, diff)
+		}
+	}
+}
+
+const crashChildEnv = "BERTH_STORE_CRASH_CHILD"
+
+// crashChild creates sandboxes forever, printing each id after its commit
+// returns; the parent SIGKILLs it.
+func crashChild(path string) {
+	s, err := OpenSQLite(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	for i := 0; ; i++ {
+		id := fmt.Sprintf("sb%d", i)
+		if err := s.CreateSandbox(context.Background(), suiteSandbox(id, "alice", suiteEpoch)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		fmt.Println(id)
+	}
+}
+
+// TestSQLiteSurvivesSIGKILL kills a writing process and checks that every
+// write it reported committed is in the file.
+func TestSQLiteSurvivesSIGKILL(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "berth.db")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashChildEnv+"="+path)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var committed []string
+	sc := bufio.NewScanner(out)
+	for len(committed) < 50 && sc.Scan() {
+		committed = append(committed, strings.TrimSpace(sc.Text()))
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for sc.Scan() { // ids committed between our last read and the kill
+		committed = append(committed, strings.TrimSpace(sc.Text()))
+	}
+	_ = cmd.Wait()
+	if len(committed) < 50 {
+		t.Fatalf("child reported only %d commits before exiting", len(committed))
+	}
+
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatalf("open after SIGKILL: %v", err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var missing []string
+	for _, id := range committed {
+		if _, err := s.GetSandbox(ctx, id); err != nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("%d of %d committed sandboxes missing after SIGKILL: %v", len(missing), len(committed), missing)
+	}
+}

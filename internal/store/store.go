@@ -1,0 +1,130 @@
+// Package store holds all of berth's persistent state and all of its SQL.
+//
+// Store is the seam between the daemon and its state backend: the embedded
+// SQLite backend (*SQLite) implements it for one host, and a cluster backend
+// (e.g. on the Kubernetes API) can implement it later. Every backend must
+// pass TestStore, the conformance suite in store_suite.go.
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// Store is everything berth persists. Errors carry internal/errs kinds:
+// NotFound for a missing entity, AlreadyExists for a duplicate key,
+// InvalidArgument (naming the field) for bad input, Conflict for a lost
+// optimistic-concurrency race. Errors returned by caller callbacks and by
+// sandbox.Transition are returned unwrapped.
+type Store interface {
+	// CreateSandbox inserts sb and sets sb.Version to 1 (and sb.CreatedAt to
+	// now when zero).
+	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error
+	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	// ListSandboxes returns one page of matching sandboxes and the cursor of
+	// the next page ("" on the last page); pass it as SandboxFilter.After.
+	ListSandboxes(ctx context.Context, f SandboxFilter) (items []*sandbox.Sandbox, next string, err error)
+	// UpdateSandbox loads the sandbox, lets fn modify it and writes it back,
+	// all in one transaction, incrementing Version. If fn returns an error
+	// nothing is written and that error is returned as is. fn may run more
+	// than once in backends that retry on conflict, so it must be free of
+	// side effects.
+	UpdateSandbox(ctx context.Context, id string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
+	// DeleteSandbox removes the sandbox's row; its events stay.
+	DeleteSandbox(ctx context.Context, id string) error
+	// Transition moves the sandbox to state `to` and appends ev (with
+	// SandboxID, Owner, From and To filled in) in one transaction. An illegal
+	// move returns sandbox.Transition's *TransitionError untouched and writes
+	// nothing. fn (may be nil) runs before the state is set.
+	Transition(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
+
+	// AppendEvent stores ev (Time defaults to now) and returns its sequence
+	// number; sequence numbers increase and are never reused.
+	AppendEvent(ctx context.Context, ev sandbox.Event) (int64, error)
+	// ListEvents returns matching events in ascending Seq order.
+	ListEvents(ctx context.Context, f EventFilter) ([]sandbox.Event, error)
+
+	CreateAPIKey(ctx context.Context, k APIKey) error
+	LookupAPIKey(ctx context.Context, hash []byte) (APIKey, error)
+	// ListAPIKeys lists the keys of owner, or every key when owner is "",
+	// ordered by id.
+	ListAPIKeys(ctx context.Context, owner string) ([]APIKey, error)
+	DeleteAPIKey(ctx context.Context, id string) error
+
+	// PutTemplate inserts or replaces the template named t.Name and returns
+	// what was stored: CreatedAt is kept from an existing row (or set to now
+	// when zero on insert); UpdatedAt is set to now when zero.
+	PutTemplate(ctx context.Context, t Template) (Template, error)
+	GetTemplate(ctx context.Context, name string) (Template, error)
+	// ListTemplates returns every template ordered by name.
+	ListTemplates(ctx context.Context) ([]Template, error)
+	DeleteTemplate(ctx context.Context, name string) error
+
+	// GetSetting returns a NotFound error for a key never put.
+	GetSetting(ctx context.Context, key string) (string, error)
+	PutSetting(ctx context.Context, key, val string) error
+
+	Close() error
+}
+
+// Sort orders for SandboxFilter.Order (by creation time, then id).
+const (
+	OrderAsc  = "asc"
+	OrderDesc = "desc"
+)
+
+// SandboxFilter selects sandboxes; zero fields match everything.
+type SandboxFilter struct {
+	Owner        string
+	States       []sandbox.State
+	Labels       map[string]string // every pair must match
+	Template     string
+	CreatedAfter time.Time
+	Order        string // OrderAsc (default) or OrderDesc
+	Limit        int    // page size; 0 means no limit
+	After        string // opaque cursor returned by the previous page
+}
+
+// EventFilter selects events; zero fields match everything.
+type EventFilter struct {
+	SandboxID string
+	Owner     string
+	AfterSeq  int64
+	Limit     int // 0 means no limit
+}
+
+// APIKey maps the hash of a secret key to an owner.
+type APIKey struct {
+	ID        string
+	Owner     string
+	Hash      []byte // sha256 of the key; the key itself is never stored
+	Admin     bool
+	CreatedAt time.Time
+}
+
+// Template build states.
+const (
+	TemplateBuilding = "building"
+	TemplateReady    = "ready"
+	TemplateFailed   = "failed"
+)
+
+// Template is a stored environment definition and its build status.
+type Template struct {
+	Name        string
+	Fingerprint string
+	Layers      []string // layer digests, top first
+	StartCmd    []string
+	Env         map[string]string
+	Workdir     string
+	User        string
+	Resources   sandbox.Resources
+	State       string // TemplateBuilding, TemplateReady or TemplateFailed
+	Progress    string
+	Error       string
+	Source      string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
