@@ -1,0 +1,344 @@
+package agentapi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// Client talks to one berth-agent over its unix socket.
+type Client struct {
+	socket string
+	http   *http.Client
+}
+
+// NewClient returns a client for the agent listening on socketPath.
+func NewClient(socketPath string) *Client {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", socketPath)
+		},
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+	return &Client{socket: socketPath, http: &http.Client{Transport: tr}}
+}
+
+// kindByName decodes the agent's error code; unknown codes are Internal.
+func kindByName(code string) errs.Kind {
+	for _, k := range errs.Kinds() {
+		if k.String() == code {
+			return k
+		}
+	}
+	return errs.Internal
+}
+
+// transportError classifies a failure to reach the agent: a missing socket
+// or refused connection means the agent is not (yet, or no longer) there.
+func (c *Client) transportError(err error, route string) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return errs.Wrap(errs.Unavailable, err, "agent %s: %s", c.socket, route)
+	}
+	return errs.Wrap(errs.Internal, err, "agent %s: %s", c.socket, route)
+}
+
+// do sends one request and returns the response when it is 2xx; otherwise
+// it decodes the agent's Error body into an *errs.Error.
+func (c *Client) do(ctx context.Context, method, route string, q url.Values, body io.Reader, contentType string) (*http.Response, error) {
+	u := "http://agent" + route
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, err, "build request %s", route)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, c.transportError(err, route)
+	}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e Error
+	if err := json.Unmarshal(b, &e); err != nil || e.Code == "" {
+		return nil, errs.E(errs.Internal, "agent %s: %s: HTTP %d: %s", c.socket, route, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	return nil, &errs.Error{Kind: kindByName(e.Code), Message: e.Message}
+}
+
+func (c *Client) doJSON(ctx context.Context, method, route string, in, out any) error {
+	var body io.Reader
+	ct := ""
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return errs.Wrap(errs.InvalidArgument, err, "encode %s request", route)
+		}
+		body, ct = bytes.NewReader(b), "application/json"
+	}
+	resp, err := c.do(ctx, method, route, nil, body, ct)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return c.transportError(err, route)
+	}
+	return nil
+}
+
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	var h Health
+	err := c.doJSON(ctx, http.MethodGet, "/health", nil, &h)
+	return h, err
+}
+
+func (c *Client) Activity(ctx context.Context) (Activity, error) {
+	var a Activity
+	err := c.doJSON(ctx, http.MethodGet, "/activity", nil, &a)
+	return a, err
+}
+
+// Stream is an exec or attach event stream.
+type Stream struct {
+	body io.ReadCloser
+	dec  *json.Decoder
+	done bool
+}
+
+// Next returns the next event; io.EOF after the exit event. A stream cut
+// before its exit event returns an errs.Unavailable error.
+func (s *Stream) Next() (Event, error) {
+	if s.done {
+		return Event{}, io.EOF
+	}
+	var ev Event
+	if err := s.dec.Decode(&ev); err != nil {
+		s.done = true
+		return Event{}, errs.Wrap(errs.Unavailable, err, "agent stream ended before exit")
+	}
+	if ev.Type == "exit" {
+		s.done = true
+	}
+	return ev, nil
+}
+
+// Close ends the stream; the process keeps running.
+func (s *Stream) Close() error { return s.body.Close() }
+
+func keepaliveQuery(sec int) url.Values {
+	if sec <= 0 {
+		return nil
+	}
+	return url.Values{"keepalive": {strconv.Itoa(sec)}}
+}
+
+func newStream(resp *http.Response) *Stream {
+	return &Stream{body: resp.Body, dec: json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))}
+}
+
+// Exec starts a process and streams its events, "start" first. Closing the
+// stream does not stop the process.
+func (c *Client) Exec(ctx context.Context, req ExecRequest, keepaliveSec int) (*Stream, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, err, "encode exec request")
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/exec", keepaliveQuery(keepaliveSec), bytes.NewReader(b), "application/json")
+	if err != nil {
+		return nil, err
+	}
+	return newStream(resp), nil
+}
+
+// Attach streams a process's new output and its exit.
+func (c *Client) Attach(ctx context.Context, pid int, keepaliveSec int) (*Stream, error) {
+	resp, err := c.do(ctx, http.MethodPost, fmt.Sprintf("/processes/%d/attach", pid), keepaliveQuery(keepaliveSec), nil, "")
+	if err != nil {
+		return nil, err
+	}
+	return newStream(resp), nil
+}
+
+func (c *Client) Processes(ctx context.Context) ([]ProcessInfo, error) {
+	var list []ProcessInfo
+	err := c.doJSON(ctx, http.MethodGet, "/processes", nil, &list)
+	return list, err
+}
+
+func (c *Client) Input(ctx context.Context, pid int, data []byte) error {
+	resp, err := c.do(ctx, http.MethodPost, fmt.Sprintf("/processes/%d/input", pid), nil, bytes.NewReader(data), "application/octet-stream")
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
+
+func (c *Client) CloseStdin(ctx context.Context, pid int) error {
+	return c.doJSON(ctx, http.MethodPost, fmt.Sprintf("/processes/%d/close-stdin", pid), nil, nil)
+}
+
+func (c *Client) Signal(ctx context.Context, pid, sig int) error {
+	return c.doJSON(ctx, http.MethodPost, fmt.Sprintf("/processes/%d/signal", pid), SignalRequest{Signal: sig}, nil)
+}
+
+func (c *Client) Resize(ctx context.Context, pid int, cols, rows uint16) error {
+	return c.doJSON(ctx, http.MethodPost, fmt.Sprintf("/processes/%d/resize", pid), ResizeRequest{Cols: cols, Rows: rows}, nil)
+}
+
+// ReadFile streams a file; the size is its Content-Length.
+func (c *Client) ReadFile(ctx context.Context, path, user string) (io.ReadCloser, int64, error) {
+	q := url.Values{"path": {path}}
+	if user != "" {
+		q.Set("user", user)
+	}
+	resp, err := c.do(ctx, http.MethodGet, "/files", q, nil, "")
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp.Body, resp.ContentLength, nil
+}
+
+// WriteFile streams r into path (created or replaced); mode 0 keeps the
+// agent's default.
+func (c *Client) WriteFile(ctx context.Context, path, user string, mode os.FileMode, r io.Reader) (EntryInfo, error) {
+	q := url.Values{"path": {path}}
+	if user != "" {
+		q.Set("user", user)
+	}
+	if mode != 0 {
+		q.Set("mode", strconv.FormatUint(uint64(mode.Perm()), 8))
+	}
+	if r == nil {
+		r = http.NoBody
+	}
+	resp, err := c.do(ctx, http.MethodPut, "/files", q, r, "application/octet-stream")
+	if err != nil {
+		return EntryInfo{}, err
+	}
+	defer resp.Body.Close()
+	var info EntryInfo
+	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
+		return EntryInfo{}, c.transportError(err, "/files")
+	}
+	return info, nil
+}
+
+func (c *Client) Stat(ctx context.Context, req PathRequest) (EntryInfo, error) {
+	var info EntryInfo
+	err := c.doJSON(ctx, http.MethodPost, "/fs/stat", req, &info)
+	return info, err
+}
+
+func (c *Client) Mkdir(ctx context.Context, req PathRequest) (EntryInfo, error) {
+	var info EntryInfo
+	err := c.doJSON(ctx, http.MethodPost, "/fs/mkdir", req, &info)
+	return info, err
+}
+
+func (c *Client) Remove(ctx context.Context, req PathRequest) error {
+	return c.doJSON(ctx, http.MethodPost, "/fs/remove", req, nil)
+}
+
+func (c *Client) List(ctx context.Context, req ListRequest) ([]EntryInfo, error) {
+	var list []EntryInfo
+	err := c.doJSON(ctx, http.MethodPost, "/fs/list", req, &list)
+	return list, err
+}
+
+func (c *Client) Move(ctx context.Context, req MoveRequest) (EntryInfo, error) {
+	var info EntryInfo
+	err := c.doJSON(ctx, http.MethodPost, "/fs/move", req, &info)
+	return info, err
+}
+
+// WatchStream is a stream of filesystem events, {"type":"start"} first.
+type WatchStream struct {
+	body io.ReadCloser
+	dec  *json.Decoder
+}
+
+// Next returns the next event. The stream has no natural end: it ends when
+// the context or Close ends it (an errs.Unavailable error).
+func (s *WatchStream) Next() (FSEvent, error) {
+	var ev FSEvent
+	if err := s.dec.Decode(&ev); err != nil {
+		return FSEvent{}, errs.Wrap(errs.Unavailable, err, "agent watch stream ended")
+	}
+	return ev, nil
+}
+
+func (s *WatchStream) Close() error { return s.body.Close() }
+
+func (c *Client) Watch(ctx context.Context, req WatchRequest, keepaliveSec int) (*WatchStream, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, err, "encode watch request")
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/fs/watch", keepaliveQuery(keepaliveSec), bytes.NewReader(b), "application/json")
+	if err != nil {
+		return nil, err
+	}
+	return &WatchStream{body: resp.Body, dec: json.NewDecoder(resp.Body)}, nil
+}
+
+func (c *Client) Restored(ctx context.Context, req RestoredRequest) error {
+	return c.doJSON(ctx, http.MethodPost, "/restored", req, nil)
+}
+
+// WaitReady polls /health until the agent answers, starting at 1 ms and
+// backing off to interval; it returns the context's error if that ends first.
+func (c *Client) WaitReady(ctx context.Context, interval time.Duration) (Health, error) {
+	delay := time.Millisecond
+	if interval <= 0 {
+		interval = 100 * time.Millisecond
+	}
+	for {
+		h, err := c.Health(ctx)
+		if err == nil {
+			return h, nil
+		}
+		if ctx.Err() != nil {
+			return Health{}, errs.Wrap(errs.Unavailable, err, "agent not ready")
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Health{}, errs.Wrap(errs.Unavailable, err, "agent not ready")
+		case <-t.C:
+		}
+		delay = min(delay*2, interval)
+	}
+}

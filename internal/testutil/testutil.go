@@ -1,0 +1,116 @@
+// Package testutil holds helpers shared by berth's tests: build the real
+// binaries once per test process, and require prerequisites — a missing
+// prerequisite fails the test under CI=true and skips it otherwise, so the
+// CI suite can never pass having run nothing.
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// CI reports whether the tests run in CI (env CI=true).
+func CI() bool { return os.Getenv("CI") == "true" }
+
+// Missing fails the test in CI and skips it elsewhere.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if CI() {
+		t.Fatalf("prerequisite missing (CI=true): "+format, args...)
+	}
+	t.Skipf("prerequisite missing: "+format, args...)
+}
+
+// RequireRoot needs euid 0.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Missing(t, "test needs root")
+	}
+}
+
+// RequireTool needs an executable on PATH and returns its path.
+func RequireTool(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		Missing(t, "tool %q not on PATH", name)
+	}
+	return p
+}
+
+// RepoRoot is the module root (the directory holding go.mod).
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func repoRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", os.ErrNotExist
+	}
+	dir := filepath.Dir(file)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", os.ErrNotExist
+		}
+		dir = parent
+	}
+}
+
+var build struct {
+	once sync.Once
+	dir  string
+	err  error
+	out  []byte
+}
+
+// BuildBinaries builds ./cmd/berth-agent (static, CGO_ENABLED=0) and
+// ./cmd/berth (if present) once per test process and returns the directory
+// holding them. The directory outlives single tests on purpose (os.MkdirTemp,
+// not t.TempDir); it lives in the OS temp dir.
+func BuildBinaries(t testing.TB) string {
+	t.Helper()
+	build.once.Do(func() {
+		root, err := repoRoot()
+		if err != nil {
+			build.err = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "berth-bin-")
+		if err != nil {
+			build.err = err
+			return
+		}
+		build.dir = dir
+		for _, pkg := range []string{"berth-agent", "berth"} {
+			if _, err := os.Stat(filepath.Join(root, "cmd", pkg)); err != nil {
+				continue
+			}
+			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, pkg), "./cmd/"+pkg)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				build.err, build.out = err, out
+				return
+			}
+		}
+	})
+	if build.err != nil {
+		t.Fatalf("build binaries: %v\n%s", build.err, build.out)
+	}
+	return build.dir
+}
