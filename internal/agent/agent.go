@@ -284,4 +284,3 @@ func unixNanoTime(n int64) time.Time {
 	}
 	return time.Unix(0, n).UTC()
 }
-

@@ -127,4 +127,3 @@ func (s *ndjson) stop() {
 		s.timer.Stop()
 	}
 }
-

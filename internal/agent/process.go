@@ -268,4 +268,3 @@ func (p *process) resize(cols, rows uint16) error {
 }
 
 var errNoTTY = errors.New("process has no terminal")
-
