@@ -89,4 +89,6 @@ CREATE TABLE settings (
 	value TEXT NOT NULL
 ) STRICT;
 `,
+	// 2: look up sandboxes by their envd access token (E2B's old-SDK routing).
+	`CREATE INDEX sandboxes_access_token ON sandboxes (access_token);`,
 }

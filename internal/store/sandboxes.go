@@ -110,6 +110,17 @@ func (s *SQLite) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, e
 	return getSandbox(ctx, s.r, id)
 }
 
+func (s *SQLite) SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error) {
+	if token == "" {
+		return nil, errs.E(errs.NotFound, "no sandbox has an empty access token")
+	}
+	sb, err := scanSandbox(s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE access_token = ?`, token))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errs.E(errs.NotFound, "no sandbox with this access token")
+	}
+	return sb, err
+}
+
 type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }

@@ -100,6 +100,15 @@ func suiteSandboxCRUD(t *testing.T, s Store) {
 	if diff := cmp.Diff(in, got, suiteOpts); diff != "" {
 		t.Errorf("GetSandbox after create (-want +got):\n%s", diff)
 	}
+	byTok, err := s.SandboxByToken(ctx, "tok")
+	if err != nil || byTok.ID != "sb1" {
+		t.Errorf("SandboxByToken(tok) = %v, %v; want sb1", byTok, err)
+	}
+	for _, tok := range []string{"", "other"} {
+		if _, err := s.SandboxByToken(ctx, tok); !errs.Is(err, errs.NotFound) {
+			t.Errorf("SandboxByToken(%q) error = %v, want NotFound", tok, err)
+		}
+	}
 
 	upd, err := s.UpdateSandbox(ctx, "sb1", func(sb *sandbox.Sandbox) error {
 		sb.Message = "changed"
