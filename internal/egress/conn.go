@@ -1,0 +1,276 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// handle decides one redirected sandbox connection and proxies it.
+func (p *Proxy) handle(ctx context.Context, c *net.TCPConn) {
+	start := time.Now()
+	src := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
+	st, pol, ok := p.snapshot(src)
+	if !ok {
+		_ = c.SetLinger(0)
+		c.Close()
+		return
+	}
+	dst, err := originalDst(c)
+	if err != nil {
+		p.log.Warn("egress original destination", "sandbox_id", st.id, "err", err)
+		c.Close()
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
+	isTLS, host, head := peek(c)
+	_ = c.SetReadDeadline(time.Time{})
+
+	q := Query{IP: dst.Addr(), Port: dst.Port(), Host: host}
+	v := Decide(pol, q)
+	d := Decision{Time: start, SandboxID: st.id, Proto: "tcp", DstIP: q.IP, DstPort: q.Port,
+		Host: normalizeHost(host), Rule: v.Rule, Verdict: "deny"}
+	deny := func(reason string) {
+		d.Verdict, d.Reason, d.Duration = "deny", reason, time.Since(start)
+		_ = c.SetLinger(0)
+		c.Close()
+		p.emit(d)
+	}
+	if !v.Allow {
+		deny("")
+		return
+	}
+	grants := []Grant(nil)
+	if isTLS && d.Host != "" {
+		grants = p.grantsFor(st, d.Host)
+	}
+	var up *net.TCPConn
+	if d.Host != "" && (v.ByName || len(grants) > 0) {
+		// Never trust the sandbox's choice of IP for a name-based decision.
+		up, err = p.dialName(ctx, pol, d.Host, q.Port)
+	} else if !p.dialable(pol, q.IP, q.Port) {
+		deny("blocked-address")
+		return
+	} else {
+		up, err = p.dialAddr(ctx, netip.AddrPortFrom(q.IP, q.Port))
+	}
+	if err != nil {
+		reason := "dial-failed"
+		if errs.Is(err, errs.PermissionDenied) {
+			reason = "private-address"
+		}
+		p.log.Debug("egress dial", "sandbox_id", st.id, "host", d.Host, "err", err)
+		deny(reason)
+		return
+	}
+	upIP := netip.MustParseAddrPort(up.RemoteAddr().String()).Addr().Unmap()
+	var once sync.Once
+	ac := &activeConn{q: q, upIP: upIP, closer: func() {
+		once.Do(func() { _ = c.SetLinger(0); c.Close(); up.Close() })
+	}}
+	if !p.track(st, ac) {
+		ac.closer()
+		deny("policy-changed")
+		return
+	}
+	defer p.untrack(st, ac)
+	defer ac.closer()
+
+	d.Verdict = "allow"
+	if len(grants) > 0 {
+		d.Intercepted = true
+		d.BytesOut, d.BytesIn, err = p.intercept(ctx, st, d.Host, q.Port, &prefixConn{head: head, Conn: c}, up)
+		if err != nil {
+			d.Reason = "intercept: " + err.Error()
+		}
+	} else {
+		d.BytesOut, d.BytesIn = splice(c, head, up)
+	}
+	d.Duration = time.Since(start)
+	p.emit(d)
+}
+
+func (p *Proxy) dialAddr(ctx context.Context, ap netip.AddrPort) (*net.TCPConn, error) {
+	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(dctx, "tcp", ap.String())
+	if err != nil {
+		return nil, errs.Wrap(errs.Unavailable, err, "dial %s", ap)
+	}
+	return c.(*net.TCPConn), nil
+}
+
+// dialName resolves host on the host and dials the first permitted address.
+func (p *Proxy) dialName(ctx context.Context, pol Policy, host string, port uint16) (*net.TCPConn, error) {
+	rctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	ips, err := p.res.lookup(rctx, host)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error = errs.E(errs.PermissionDenied, "%s resolves only to addresses the policy does not permit", host)
+	for _, ip := range ips {
+		if !ip.Is4() || !p.dialable(pol, ip, port) {
+			continue
+		}
+		c, err := p.dialAddr(ctx, netip.AddrPortFrom(ip, port))
+		if err == nil {
+			return c, nil
+		}
+		lastErr = err
+	}
+	return nil, lastErr
+}
+
+// splice copies both ways until both sides are done; TCP to TCP uses
+// splice(2) after the peeked head is written.
+func splice(c *net.TCPConn, head []byte, up *net.TCPConn) (out, in int64) {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		n, err := up.Write(head)
+		out = int64(n)
+		if err == nil {
+			m, _ := up.ReadFrom(c)
+			out += m
+		}
+		_ = up.CloseWrite()
+	})
+	in, _ = c.ReadFrom(up)
+	_ = c.CloseWrite()
+	wg.Wait()
+	return out, in
+}
+
+// peek reads the start of a connection: a TLS ClientHello (for SNI) or an
+// HTTP request head (for Host). It returns everything it read, to replay.
+func peek(c net.Conn) (isTLS bool, host string, head []byte) {
+	rec := &recordingConn{Conn: c, limit: 64 << 10}
+	var first [1]byte
+	if _, err := io.ReadFull(rec, first[:]); err != nil {
+		return false, "", rec.buf.Bytes()
+	}
+	if first[0] == 0x16 { // TLS handshake record
+		var sni string
+		errDone := errors.New("done")
+		srv := tls.Server(&prefixConn{head: first[:], Conn: rec}, &tls.Config{
+			GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+				sni = h.ServerName
+				return nil, errDone
+			},
+		})
+		_ = srv.Handshake()
+		return true, sni, rec.buf.Bytes()
+	}
+	req, err := http.ReadRequest(bufio.NewReader(&prefixConn{head: first[:], Conn: rec}))
+	if err == nil {
+		host = req.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+	}
+	return false, host, rec.buf.Bytes()
+}
+
+// recordingConn keeps what is read and discards writes (so a failed peek
+// handshake cannot send an alert to the sandbox).
+type recordingConn struct {
+	net.Conn
+	buf   bytes.Buffer
+	limit int
+}
+
+func (r *recordingConn) Read(b []byte) (int, error) {
+	if r.buf.Len() >= r.limit {
+		return 0, io.EOF
+	}
+	if len(b) > r.limit-r.buf.Len() {
+		b = b[:r.limit-r.buf.Len()]
+	}
+	n, err := r.Conn.Read(b)
+	r.buf.Write(b[:n])
+	return n, err
+}
+
+func (r *recordingConn) Write(b []byte) (int, error) { return len(b), nil }
+
+// prefixConn replays head before reading from Conn.
+type prefixConn struct {
+	head []byte
+	net.Conn
+}
+
+func (p *prefixConn) Read(b []byte) (int, error) {
+	if len(p.head) > 0 {
+		n := copy(b, p.head)
+		p.head = p.head[n:]
+		return n, nil
+	}
+	return p.Conn.Read(b)
+}
+
+// originalDst is the destination the sandbox dialled before nftables
+// redirected it (SO_ORIGINAL_DST from conntrack).
+func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if err != nil {
+			serr = err
+			return
+		}
+		// struct sockaddr_in: family, port (big endian), address.
+		port := uint16(m.Multiaddr[2])<<8 | uint16(m.Multiaddr[3])
+		ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Multiaddr[4:8])), port)
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return netip.AddrPort{}, errs.Wrap(errs.Internal, err, "SO_ORIGINAL_DST")
+	}
+	return ap, nil
+}
+
+func hostPort(host string, port uint16) string {
+	if port == 443 {
+		return host
+	}
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}
+
+// injectGrants puts each grant's header on req and replaces its placeholder
+// wherever the sandbox put it in the request line and headers.
+func injectGrants(req *http.Request, grants []Grant) {
+	for _, g := range grants {
+		for k, vs := range req.Header {
+			for i, v := range vs {
+				req.Header[k][i] = strings.ReplaceAll(v, g.Placeholder, g.Value)
+			}
+		}
+		req.URL.Path = strings.ReplaceAll(req.URL.Path, g.Placeholder, g.Value)
+		req.URL.RawPath = strings.ReplaceAll(req.URL.RawPath, g.Placeholder, g.Value)
+		req.URL.RawQuery = strings.ReplaceAll(req.URL.RawQuery, g.Placeholder, g.Value)
+		name, value := g.header()
+		req.Header.Set(name, value)
+	}
+}

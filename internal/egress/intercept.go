@@ -1,0 +1,90 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+)
+
+// intercept terminates the sandbox's TLS with a certificate from berth's CA,
+// opens verified TLS to the real host, and relays HTTP/1.1 requests one by
+// one, injecting the sandbox's grants for host into each.
+func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, port uint16, client net.Conn, up net.Conn) (out, in int64, err error) {
+	cc := &countingConn{Conn: client}
+	uc := &countingConn{Conn: up}
+	defer func() { out, in = uc.written.Load(), cc.written.Load() }()
+
+	leaf, err := p.cfg.CA.Certificate(host)
+	if err != nil {
+		return 0, 0, err
+	}
+	hsCtx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	defer cancel()
+	down := tls.Server(cc, &tls.Config{
+		Certificates: []tls.Certificate{*leaf},
+		NextProtos:   []string{"http/1.1"},
+		MinVersion:   tls.VersionTLS12,
+	})
+	if err := down.HandshakeContext(hsCtx); err != nil {
+		return 0, 0, err
+	}
+	upTLS := tls.Client(uc, p.upstreamTLS(host))
+	if err := upTLS.HandshakeContext(hsCtx); err != nil {
+		// The sandbox sees a 502 rather than a silently broken stream.
+		writeStatus(down, http.StatusBadGateway, "berth egress: upstream TLS to "+host+" failed")
+		return 0, 0, err
+	}
+	br := bufio.NewReader(down)
+	ubr := bufio.NewReader(upTLS)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				return 0, 0, nil
+			}
+			return 0, 0, err
+		}
+		req.Host = hostPort(host, port)
+		injectGrants(req, p.grantsFor(st, host))
+		if err := req.Write(upTLS); err != nil {
+			return 0, 0, err
+		}
+		resp, err := http.ReadResponse(ubr, req)
+		if err != nil {
+			return 0, 0, err
+		}
+		err = resp.Write(down)
+		resp.Body.Close()
+		if err != nil {
+			return 0, 0, err
+		}
+		if req.Close || resp.Close {
+			_ = down.CloseWrite()
+			return 0, 0, nil
+		}
+	}
+}
+
+func writeStatus(w io.Writer, code int, msg string) {
+	resp := &http.Response{StatusCode: code, ProtoMajor: 1, ProtoMinor: 1, Close: true,
+		Header: http.Header{"Content-Type": {"text/plain"}}, ContentLength: int64(len(msg) + 1),
+		Body: io.NopCloser(strings.NewReader(msg + "\n"))}
+	_ = resp.Write(w)
+}
+
+type countingConn struct {
+	net.Conn
+	written atomic.Int64
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.written.Add(int64(n))
+	return n, err
+}

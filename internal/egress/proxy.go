@@ -1,0 +1,399 @@
+package egress
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// Decision is one egress log entry: every connection and DNS answer the
+// proxy decides on. Allowed connections are reported when they end, with
+// their byte counts; denials at once.
+type Decision struct {
+	Time        time.Time
+	SandboxID   string
+	Proto       string // "tcp" or "dns"
+	DstIP       netip.Addr
+	DstPort     uint16
+	Host        string // SNI, HTTP Host or DNS name; "" if none
+	Rule        string // the deciding rule, see Verdict.Rule
+	Verdict     string // "allow" or "deny"
+	Reason      string // why a denial or failure happened beyond the rule, e.g. "private-address"
+	Intercepted bool   // TLS was terminated to inject a credential
+	BytesOut    int64  // sandbox → upstream
+	BytesIn     int64  // upstream → sandbox
+	Duration    time.Duration
+}
+
+// Config configures a Proxy.
+type Config struct {
+	// ProxyAddr is where nftables sends every TCP connection of a sandbox
+	// (network.Manager dnats to it), e.g. 10.88.0.1:15001.
+	ProxyAddr netip.AddrPort
+	// DNSAddr serves DNS (UDP and TCP) to sandboxes, e.g. 10.88.0.1:53.
+	DNSAddr netip.AddrPort
+	// CA signs certificates for intercepted hosts; nil disables credential
+	// injection (SetGrants then fails).
+	CA *CA
+	// ExtraCAFile is a PEM bundle trusted for upstream TLS in addition to
+	// the host's trust store.
+	ExtraCAFile string
+	// HostsFile is read before the host's resolver; default /etc/hosts.
+	HostsFile string
+	// Blocked are ranges never dialled, whatever the policy (the sandbox
+	// subnet). The host's own addresses, loopback and link-local always are.
+	Blocked []netip.Prefix
+	// PeekTimeout bounds the wait for a ClientHello or request line; default 1s.
+	PeekTimeout time.Duration
+	// DialTimeout bounds an upstream dial; default 10s.
+	DialTimeout time.Duration
+	// Sink receives every decision; it must not block for long. Optional.
+	Sink func(Decision)
+	Log  *slog.Logger
+}
+
+// Proxy is the transparent egress proxy and DNS resolver shared by every
+// sandbox on the host. It identifies a sandbox by its source address (the
+// bridge's nftables rules pin each veth to its address).
+type Proxy struct {
+	cfg      Config
+	log      *slog.Logger
+	res      *resolver
+	upRoots  *x509.CertPool
+	localTTL time.Duration
+
+	mu      sync.Mutex
+	byIP    map[netip.Addr]*sandboxState
+	byID    map[string]*sandboxState
+	ready   chan struct{}
+	running bool
+	local   []netip.Addr
+	localAt time.Time
+}
+
+type sandboxState struct {
+	id     string
+	ip     netip.Addr
+	policy Policy
+	grants []Grant
+	conns  map[*activeConn]struct{}
+}
+
+type activeConn struct {
+	q      Query
+	upIP   netip.Addr
+	closer func()
+}
+
+// New validates cfg and builds a proxy; Run serves it.
+func New(cfg Config) (*Proxy, error) {
+	if !cfg.ProxyAddr.IsValid() {
+		return nil, errs.Field("egress.proxy_addr", "must be an address:port")
+	}
+	if !cfg.DNSAddr.IsValid() {
+		return nil, errs.Field("egress.dns_addr", "must be an address:port")
+	}
+	if cfg.PeekTimeout <= 0 {
+		cfg.PeekTimeout = time.Second
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil || roots == nil {
+		roots = x509.NewCertPool()
+	}
+	if cfg.ExtraCAFile != "" {
+		pemBytes, err := os.ReadFile(cfg.ExtraCAFile)
+		if err != nil {
+			return nil, errs.Wrap(errs.InvalidArgument, err, "egress.extra_ca_file")
+		}
+		if !roots.AppendCertsFromPEM(pemBytes) {
+			return nil, errs.Field("egress.extra_ca_file", "%s holds no PEM certificate", cfg.ExtraCAFile)
+		}
+	}
+	return &Proxy{
+		cfg: cfg, log: cfg.Log, res: newResolver(cfg.HostsFile), upRoots: roots, localTTL: 5 * time.Second,
+		byIP: map[netip.Addr]*sandboxState{}, byID: map[string]*sandboxState{}, ready: make(chan struct{}),
+	}, nil
+}
+
+// SetSandbox registers a sandbox's address and policy, or replaces its
+// policy. The swap is atomic for new connections and DNS answers; open
+// connections that the new policy denies are closed before it returns, so
+// no connection outlives the policy that allowed it.
+func (p *Proxy) SetSandbox(id string, ip netip.Addr, pol Policy) error {
+	if err := pol.Validate(); err != nil {
+		return err
+	}
+	ip = ip.Unmap()
+	p.mu.Lock()
+	st := p.byID[id]
+	if st == nil {
+		st = &sandboxState{id: id, conns: map[*activeConn]struct{}{}}
+		p.byID[id] = st
+	}
+	if st.ip.IsValid() && st.ip != ip {
+		delete(p.byIP, st.ip)
+	}
+	if other := p.byIP[ip]; other != nil && other != st {
+		p.mu.Unlock()
+		return errs.E(errs.Conflict, "address %s already belongs to sandbox %s", ip, other.id)
+	}
+	st.ip, st.policy = ip, pol
+	p.byIP[ip] = st
+	var doomed []func()
+	for c := range st.conns {
+		if !p.stillAllowedLocked(pol, c) {
+			doomed = append(doomed, c.closer)
+		}
+	}
+	p.mu.Unlock()
+	for _, f := range doomed {
+		f()
+	}
+	return nil
+}
+
+func (p *Proxy) stillAllowedLocked(pol Policy, c *activeConn) bool {
+	if !Decide(pol, c.q).Allow {
+		return false
+	}
+	ok, _ := pol.ipAllowed(c.upIP, c.q.Port)
+	return ok
+}
+
+// SetGrants replaces the credentials granted to a registered sandbox.
+// Requests already in flight keep the grants they were sent with; the next
+// request on any connection sees the new set.
+func (p *Proxy) SetGrants(id string, grants []Grant) error {
+	if len(grants) > 0 && p.cfg.CA == nil {
+		return errs.E(errs.FailedPrecondition, "credential injection needs a CA (egress.Config.CA)")
+	}
+	for _, g := range grants {
+		if err := g.Validate(); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.byID[id]
+	if st == nil {
+		return errs.E(errs.NotFound, "sandbox %s has no network attachment", id)
+	}
+	st.grants = append([]Grant(nil), grants...)
+	return nil
+}
+
+// RemoveSandbox forgets a sandbox and closes its open connections.
+func (p *Proxy) RemoveSandbox(id string) {
+	p.mu.Lock()
+	st := p.byID[id]
+	var doomed []func()
+	if st != nil {
+		delete(p.byID, id)
+		if p.byIP[st.ip] == st {
+			delete(p.byIP, st.ip)
+		}
+		for c := range st.conns {
+			doomed = append(doomed, c.closer)
+		}
+	}
+	p.mu.Unlock()
+	for _, f := range doomed {
+		f()
+	}
+}
+
+// snapshot returns the sandbox owning src with a copy of its policy.
+func (p *Proxy) snapshot(src netip.Addr) (*sandboxState, Policy, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.byIP[src.Unmap()]
+	if st == nil {
+		return nil, Policy{}, false
+	}
+	return st, st.policy, true
+}
+
+func (p *Proxy) grantsFor(st *sandboxState, host string) []Grant {
+	host = normalizeHost(host)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Grant
+	for _, g := range st.grants {
+		if normalizeHost(g.Host) == host {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+func (p *Proxy) track(st *sandboxState, c *activeConn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.byID[st.id] != st || !p.stillAllowedLocked(st.policy, c) {
+		return false // removed or tightened between decision and dial
+	}
+	st.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(st *sandboxState, c *activeConn) {
+	p.mu.Lock()
+	delete(st.conns, c)
+	p.mu.Unlock()
+}
+
+// Run serves the proxy and DNS until ctx ends, then closes every connection
+// and returns. It fails at once if it cannot bind. Run may be called again
+// after it returned (the daemon supervises restarts); while it is not
+// running, sandboxes have no egress and no DNS (fail closed).
+func (p *Proxy) Run(ctx context.Context) error {
+	p.mu.Lock()
+	if p.running {
+		p.mu.Unlock()
+		return errs.E(errs.FailedPrecondition, "egress proxy already running")
+	}
+	p.running = true
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.running = false
+		p.ready = make(chan struct{})
+		p.mu.Unlock()
+	}()
+
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp4", p.cfg.ProxyAddr.String())
+	if err != nil {
+		return errs.Wrap(errs.Unavailable, err, "egress proxy listen")
+	}
+	dnsUDP, err := lc.ListenPacket(ctx, "udp4", p.cfg.DNSAddr.String())
+	if err != nil {
+		ln.Close()
+		return errs.Wrap(errs.Unavailable, err, "egress dns listen")
+	}
+	dnsTCP, err := lc.Listen(ctx, "tcp4", p.cfg.DNSAddr.String())
+	if err != nil {
+		ln.Close()
+		dnsUDP.Close()
+		return errs.Wrap(errs.Unavailable, err, "egress dns listen")
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { p.acceptLoop(runCtx, ln.(*net.TCPListener), &wg) })
+	wg.Go(func() { p.serveDNSUDP(runCtx, dnsUDP.(*net.UDPConn), &wg) })
+	wg.Go(func() { p.serveDNSTCP(runCtx, dnsTCP.(*net.TCPListener), &wg) })
+	p.mu.Lock()
+	close(p.ready)
+	p.mu.Unlock()
+	p.log.Info("egress proxy serving", "proxy", p.cfg.ProxyAddr.String(), "dns", p.cfg.DNSAddr.String())
+
+	<-ctx.Done()
+	cancel()
+	ln.Close()
+	dnsUDP.Close()
+	dnsTCP.Close()
+	p.mu.Lock()
+	var doomed []func()
+	for _, st := range p.byID {
+		for c := range st.conns {
+			doomed = append(doomed, c.closer)
+		}
+	}
+	p.mu.Unlock()
+	for _, f := range doomed {
+		f()
+	}
+	wg.Wait()
+	return nil
+}
+
+// WaitReady blocks until Run is listening or ctx ends.
+func (p *Proxy) WaitReady(ctx context.Context) error {
+	p.mu.Lock()
+	ch := p.ready
+	p.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return errs.Wrap(errs.Unavailable, ctx.Err(), "egress proxy not ready")
+	}
+}
+
+func (p *Proxy) acceptLoop(ctx context.Context, ln *net.TCPListener, wg *sync.WaitGroup) {
+	for {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
+				p.log.Warn("egress accept", "err", err)
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			return
+		}
+		wg.Go(func() { p.handle(ctx, c) })
+	}
+}
+
+func (p *Proxy) emit(d Decision) {
+	if d.Time.IsZero() {
+		d.Time = time.Now()
+	}
+	if p.cfg.Sink != nil {
+		p.cfg.Sink(d)
+	}
+	p.log.Debug("egress", "sandbox_id", d.SandboxID, "proto", d.Proto, "dst", d.DstIP.String(),
+		"port", d.DstPort, "host", d.Host, "rule", d.Rule, "verdict", d.Verdict, "reason", d.Reason)
+}
+
+// dialable is the last check before any upstream dial.
+func (p *Proxy) dialable(pol Policy, ip netip.Addr, port uint16) bool {
+	ip = ip.Unmap()
+	if ok, _ := pol.ipAllowed(ip, port); !ok {
+		return false
+	}
+	return !inAny(p.cfg.Blocked, ip) && !p.isLocal(ip)
+}
+
+// isLocal reports whether ip is one of the host's own addresses: a sandbox
+// must not reach host services through the proxy.
+func (p *Proxy) isLocal(ip netip.Addr) bool {
+	p.mu.Lock()
+	if time.Since(p.localAt) > p.localTTL {
+		p.local = p.local[:0]
+		if addrs, err := net.InterfaceAddrs(); err == nil {
+			for _, a := range addrs {
+				if pfx, err := netip.ParsePrefix(a.String()); err == nil {
+					p.local = append(p.local, pfx.Addr().Unmap())
+				}
+			}
+		}
+		p.localAt = time.Now()
+	}
+	defer p.mu.Unlock()
+	for _, l := range p.local {
+		if l == ip {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Proxy) upstreamTLS(host string) *tls.Config {
+	return &tls.Config{ServerName: host, RootCAs: p.upRoots, NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12}
+}

@@ -1,0 +1,461 @@
+// Package network gives every sandbox its own network namespace on a host
+// bridge owned by berth, with an address, a default route, NAT and an
+// nftables ruleset that steers all of its traffic through the egress proxy
+// and resolver (internal/egress). Plans are pure (Plan); the effects are
+// small wrappers around `ip`, `nft` and `unshare` (apply_linux.go).
+package network
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/berth-dev/berth/internal/egress"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// Policy, Rule and friends live in internal/egress (which enforces them);
+// these aliases let callers speak of network.Policy.
+type (
+	Policy = egress.Policy
+	Rule   = egress.Rule
+)
+
+// Policy modes.
+const (
+	DenyAll  = egress.DenyAll
+	AllowAll = egress.AllowAll
+	Rules    = egress.Rules
+)
+
+// ParseRule reads "CIDR|IP|host|*.domain[:PORT]"; see egress.ParseRule.
+func ParseRule(s string) (Rule, error) { return egress.ParseRule(s) }
+
+// Config configures a Manager. Zero values get the defaults noted.
+type Config struct {
+	BridgeName string       // default "berth0"
+	Subnet     netip.Prefix // default 10.88.0.0/16; the gateway is its first address
+	StateDir   string       // required: netns bind mounts and network.json live here
+	Table      string       // nftables table name (inet and bridge), default "berth"
+	VethPrefix string       // host-side veth names start with it, default "bv"
+	ProxyPort  uint16       // egress proxy port on the gateway, default 15001
+	DNSPort    uint16       // resolver port on the gateway, default 53
+	// Egress enforces the userspace half of every policy; required for
+	// Attach (build it with egress.Config{ProxyAddr: cfg.ProxyAddr(), DNSAddr: cfg.DNSAddr()}).
+	Egress *egress.Proxy
+	Log    *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.BridgeName == "" {
+		c.BridgeName = "berth0"
+	}
+	if !c.Subnet.IsValid() {
+		c.Subnet = netip.MustParsePrefix("10.88.0.0/16")
+	}
+	c.Subnet = c.Subnet.Masked()
+	if c.Table == "" {
+		c.Table = "berth"
+	}
+	if c.VethPrefix == "" {
+		c.VethPrefix = "bv"
+	}
+	if c.ProxyPort == 0 {
+		c.ProxyPort = 15001
+	}
+	if c.DNSPort == 0 {
+		c.DNSPort = 53
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Gateway is the bridge's address: the sandboxes' default route and resolver.
+func (c Config) Gateway() netip.Addr { return c.withDefaults().Subnet.Addr().Next() }
+
+// ProxyAddr is where the egress proxy must listen.
+func (c Config) ProxyAddr() netip.AddrPort {
+	return netip.AddrPortFrom(c.Gateway(), c.withDefaults().ProxyPort)
+}
+
+// DNSAddr is where the egress resolver must listen.
+func (c Config) DNSAddr() netip.AddrPort {
+	return netip.AddrPortFrom(c.Gateway(), c.withDefaults().DNSPort)
+}
+
+// Attachment is what the daemon needs to start a sandbox in its namespace.
+type Attachment struct {
+	NetNSPath  string     // runtime.Spec.NetNSPath
+	IP         netip.Addr // the sandbox's address
+	Gateway    netip.Addr
+	DNS        netip.Addr
+	ResolvConf string // contents for the sandbox's /etc/resolv.conf
+}
+
+// Manager owns the bridge, the nftables tables and every sandbox's namespace.
+// It is safe for concurrent use; changes are serialised.
+type Manager struct {
+	cfg  Config
+	plan PlanConfig
+	log  *slog.Logger
+
+	mu  sync.Mutex
+	sbs map[string]*record
+}
+
+// record is one attached sandbox, persisted in StateDir/network.json.
+type record struct {
+	IP     netip.Addr    `json:"ip"`
+	Veth   string        `json:"veth"`
+	Policy egress.Policy `json:"policy"`
+}
+
+// New validates cfg and loads the persisted attachments (they are
+// re-applied by Setup and pruned by Reconcile).
+func New(cfg Config) (*Manager, error) {
+	cfg = cfg.withDefaults()
+	if cfg.StateDir == "" {
+		return nil, errs.Field("network.state_dir", "must be set")
+	}
+	if cfg.Subnet.Bits() > 30 {
+		return nil, errs.Field("network.subnet", "%s is too small; want /30 or larger", cfg.Subnet)
+	}
+	plan := PlanConfig{Table: cfg.Table, Bridge: cfg.BridgeName, VethPrefix: cfg.VethPrefix,
+		Subnet: cfg.Subnet, Gateway: cfg.Gateway(), ProxyPort: cfg.ProxyPort, DNSPort: cfg.DNSPort}
+	if err := checkPlanConfig(plan); err != nil {
+		return nil, errs.Wrap(errs.InvalidArgument, err, "network config")
+	}
+	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}}
+	b, err := os.ReadFile(m.statePath())
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, errs.Wrap(errs.Internal, err, "read network state")
+	default:
+		if err := json.Unmarshal(b, &m.sbs); err != nil {
+			return nil, errs.Wrap(errs.FailedPrecondition, err, "parse %s", m.statePath())
+		}
+	}
+	return m, nil
+}
+
+// Config returns the effective configuration (defaults applied).
+func (m *Manager) Config() Config { return m.cfg }
+
+// Setup creates the bridge, enables forwarding and installs the ruleset
+// (including every persisted sandbox). Idempotent.
+func (m *Manager) Setup(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := os.MkdirAll(m.netnsDir(), 0o700); err != nil {
+		return errs.Wrap(errs.Internal, err, "create %s", m.netnsDir())
+	}
+	if err := setupBridge(ctx, m.cfg.BridgeName, netip.PrefixFrom(m.cfg.Gateway(), m.cfg.Subnet.Bits())); err != nil {
+		return err
+	}
+	if err := m.applyLocked(ctx); err != nil {
+		return err
+	}
+	if m.cfg.Egress != nil {
+		for id, r := range m.sbs {
+			if err := m.cfg.Egress.SetSandbox(id, r.IP, r.Policy); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Attach creates the sandbox's namespace, veth, address, route and rules.
+// On error nothing is left behind.
+func (m *Manager) Attach(ctx context.Context, id string, pol Policy) (att Attachment, err error) {
+	if !sandbox.ValidID(id) {
+		return Attachment{}, errs.Field("sandbox_id", "%q is not a sandbox id", id)
+	}
+	if err := pol.Validate(); err != nil {
+		return Attachment{}, err
+	}
+	if m.cfg.Egress == nil {
+		return Attachment{}, errs.E(errs.FailedPrecondition, "network: no egress proxy configured")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.sbs[id]; ok {
+		return Attachment{}, errs.E(errs.AlreadyExists, "sandbox %s already has a network", id)
+	}
+	ip, err := m.allocLocked()
+	if err != nil {
+		return Attachment{}, err
+	}
+	r := &record{IP: ip, Veth: m.vethName(id), Policy: pol}
+	// Intent first: after a crash, Reconcile finds and removes what follows.
+	m.sbs[id] = r
+	var undo []func(context.Context) error
+	defer func() {
+		if err == nil {
+			return
+		}
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		errList := []error{err}
+		for i := len(undo) - 1; i >= 0; i-- {
+			errList = append(errList, undo[i](tctx))
+		}
+		delete(m.sbs, id)
+		errList = append(errList, m.saveLocked())
+		err = errors.Join(errList...)
+	}()
+	if err = m.saveLocked(); err != nil {
+		return Attachment{}, err
+	}
+	nsPath := m.netnsPath(id)
+	if err = createNetns(ctx, nsPath); err != nil {
+		return Attachment{}, err
+	}
+	undo = append(undo, func(ctx context.Context) error { return deleteNetns(nsPath) })
+	if err = createVeth(ctx, r.Veth, nsPath, m.cfg.BridgeName); err != nil {
+		return Attachment{}, err
+	}
+	undo = append(undo, func(ctx context.Context) error { return deleteLink(ctx, r.Veth) })
+	if err = configureInside(ctx, nsPath, netip.PrefixFrom(ip, m.cfg.Subnet.Bits()), m.cfg.Gateway()); err != nil {
+		return Attachment{}, err
+	}
+	if err = m.cfg.Egress.SetSandbox(id, ip, pol); err != nil {
+		return Attachment{}, err
+	}
+	undo = append(undo, func(context.Context) error { m.cfg.Egress.RemoveSandbox(id); return nil })
+	if err = m.applyLocked(ctx); err != nil {
+		return Attachment{}, err
+	}
+	m.log.Info("network attached", "sandbox_id", id, "ip", ip.String(), "mode", string(pol.Mode))
+	return m.attachmentLocked(id, r), nil
+}
+
+// Get returns the attachment of a sandbox.
+func (m *Manager) Get(id string) (Attachment, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.sbs[id]
+	if !ok {
+		return Attachment{}, false
+	}
+	return m.attachmentLocked(id, r), true
+}
+
+func (m *Manager) attachmentLocked(id string, r *record) Attachment {
+	gw := m.cfg.Gateway()
+	return Attachment{NetNSPath: m.netnsPath(id), IP: r.IP, Gateway: gw, DNS: gw,
+		ResolvConf: "nameserver " + gw.String() + "\noptions edns0\n"}
+}
+
+// UpdatePolicy replaces a running sandbox's policy. The nftables part is one
+// transaction and the proxy part one atomic swap; they govern disjoint
+// traffic (forwarded UDP/ICMP vs. proxied TCP and DNS answers), so no packet
+// or connection is ever judged by anything but the old or the new policy.
+// Connections the new policy denies are closed.
+func (m *Manager) UpdatePolicy(ctx context.Context, id string, pol Policy) error {
+	if err := pol.Validate(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.sbs[id]
+	if !ok {
+		return errs.E(errs.NotFound, "sandbox %s has no network", id)
+	}
+	old := r.Policy
+	r.Policy = pol
+	if err := m.applyLocked(ctx); err != nil {
+		r.Policy = old
+		return err
+	}
+	if err := m.cfg.Egress.SetSandbox(id, r.IP, pol); err != nil {
+		return err
+	}
+	m.log.Info("network policy updated", "sandbox_id", id, "mode", string(pol.Mode))
+	return m.saveLocked()
+}
+
+// Detach removes everything Attach created. Detaching an unknown sandbox is
+// not an error.
+func (m *Manager) Detach(ctx context.Context, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.detachLocked(ctx, id)
+}
+
+func (m *Manager) detachLocked(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	r, known := m.sbs[id]
+	if m.cfg.Egress != nil {
+		m.cfg.Egress.RemoveSandbox(id)
+	}
+	var errList []error
+	if known {
+		delete(m.sbs, id)
+		errList = append(errList, m.applyLocked(ctx), deleteLink(ctx, r.Veth))
+	} else {
+		errList = append(errList, deleteLink(ctx, m.vethName(id)))
+	}
+	errList = append(errList, deleteNetns(m.netnsPath(id)), m.saveLocked())
+	if known {
+		m.log.Info("network detached", "sandbox_id", id)
+	}
+	return errors.Join(errList...)
+}
+
+// Reconcile detaches every sandbox not in liveIDs and removes namespaces and
+// veths that belong to no known sandbox (leftovers of a crash).
+func (m *Manager) Reconcile(ctx context.Context, liveIDs []string) error {
+	live := map[string]bool{}
+	for _, id := range liveIDs {
+		live[id] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errList []error
+	for id := range m.sbs {
+		if !live[id] {
+			errList = append(errList, m.detachLocked(ctx, id))
+		}
+	}
+	entries, _ := os.ReadDir(m.netnsDir())
+	for _, e := range entries {
+		if _, ok := m.sbs[e.Name()]; !ok {
+			m.log.Info("removing stale netns", "sandbox_id", e.Name())
+			errList = append(errList, deleteNetns(filepath.Join(m.netnsDir(), e.Name())))
+		}
+	}
+	want := map[string]bool{}
+	for _, r := range m.sbs {
+		want[r.Veth] = true
+	}
+	links, err := listLinks(ctx, m.cfg.VethPrefix)
+	errList = append(errList, err)
+	for _, l := range links {
+		if !want[l] {
+			m.log.Info("removing stale veth", "veth", l)
+			errList = append(errList, deleteLink(ctx, l))
+		}
+	}
+	errList = append(errList, m.applyLocked(ctx))
+	return errors.Join(errList...)
+}
+
+// Teardown detaches every sandbox and removes the ruleset and the bridge
+// (uninstall, tests). ip_forward is left as it is: other software may need it.
+func (m *Manager) Teardown(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errList []error
+	ids := make([]string, 0, len(m.sbs))
+	for id := range m.sbs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		errList = append(errList, m.detachLocked(ctx, id))
+	}
+	errList = append(errList, nftApply(ctx, PlanDelete(m.cfg.Table)), deleteLink(ctx, m.cfg.BridgeName))
+	return errors.Join(errList...)
+}
+
+// DialSandbox connects from the host to a port of a sandbox (port exposure
+// through berth's HTTP proxy).
+func (m *Manager) DialSandbox(ctx context.Context, id string, port uint16) (net.Conn, error) {
+	att, ok := m.Get(id)
+	if !ok {
+		return nil, errs.E(errs.NotFound, "sandbox %s has no network", id)
+	}
+	return DialSandbox(ctx, att.IP, port)
+}
+
+// DialSandbox connects from the host to sandboxIP:port.
+func DialSandbox(ctx context.Context, sandboxIP netip.Addr, port uint16) (net.Conn, error) {
+	if port == 0 {
+		return nil, errs.Field("port", "must be 1-65535")
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp4", net.JoinHostPort(sandboxIP.String(), strconv.Itoa(int(port))))
+	if err != nil {
+		return nil, errs.Wrap(errs.Unavailable, err, "dial sandbox port %d", port)
+	}
+	return c, nil
+}
+
+func (m *Manager) applyLocked(ctx context.Context) error {
+	sbs := make([]SandboxNet, 0, len(m.sbs))
+	for id, r := range m.sbs {
+		sbs = append(sbs, SandboxNet{ID: id, IP: r.IP, Veth: r.Veth, Policy: r.Policy})
+	}
+	script, err := Plan(m.plan, sbs)
+	if err != nil {
+		return err
+	}
+	return nftApply(ctx, script)
+}
+
+// allocLocked picks the lowest free address after the gateway.
+func (m *Manager) allocLocked() (netip.Addr, error) {
+	used := map[netip.Addr]bool{}
+	for _, r := range m.sbs {
+		used[r.IP] = true
+	}
+	last := lastAddr(m.cfg.Subnet)
+	for a := m.cfg.Gateway().Next(); a.IsValid() && a.Less(last); a = a.Next() {
+		if !used[a] {
+			return a, nil
+		}
+	}
+	return netip.Addr{}, errs.E(errs.ResourceExhausted, "no free address in %s", m.cfg.Subnet)
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := (uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])) | host
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func (m *Manager) vethName(id string) string {
+	h := sha256.Sum256([]byte(m.cfg.Table + "/" + id))
+	return m.cfg.VethPrefix + hex.EncodeToString(h[:])[:15-len(m.cfg.VethPrefix)]
+}
+
+func (m *Manager) netnsDir() string           { return filepath.Join(m.cfg.StateDir, "netns") }
+func (m *Manager) netnsPath(id string) string { return filepath.Join(m.netnsDir(), id) }
+func (m *Manager) statePath() string          { return filepath.Join(m.cfg.StateDir, "network.json") }
+
+func (m *Manager) saveLocked() error {
+	b, err := json.MarshalIndent(m.sbs, "", "  ")
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "encode network state")
+	}
+	if err := os.MkdirAll(m.cfg.StateDir, 0o700); err != nil {
+		return errs.Wrap(errs.Internal, err, "create state dir")
+	}
+	tmp := m.statePath() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return errs.Wrap(errs.Internal, err, "write network state")
+	}
+	if err := os.Rename(tmp, m.statePath()); err != nil {
+		return errs.Wrap(errs.Internal, err, "write network state")
+	}
+	return nil
+}
