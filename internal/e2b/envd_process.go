@@ -114,6 +114,10 @@ func streamCtxError(ctx context.Context) error {
 	return nil
 }
 
+// agentTimeout is the exit event error the agent reports when it killed a
+// process at its TimeoutMs.
+const agentTimeout = "timeout"
+
 // processEvent translates one agent event; done is true after the end event.
 func processEvent(ev agentapi.Event, ownsTimeout bool) (out *process.ProcessEvent, done bool, err error) {
 	switch ev.Type {
@@ -128,7 +132,7 @@ func processEvent(ev agentapi.Event, ownsTimeout bool) (out *process.ProcessEven
 	case "keepalive":
 		return &process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}, false, nil
 	case "exit":
-		if ev.Error != "" && ownsTimeout {
+		if ev.Error == agentTimeout && ownsTimeout {
 			return nil, true, connect.NewError(connect.CodeDeadlineExceeded, errors.New(ev.Error))
 		}
 		return &process.ProcessEvent{Event: &process.ProcessEvent_End{End: endEvent(ev)}}, true, nil
