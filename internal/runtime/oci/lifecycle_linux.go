@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -57,6 +59,7 @@ func (o *OCI) writeBundle(spec runtime.Spec) error {
 	if err != nil {
 		return err
 	}
+	clampRlimits(cfg)
 	b, err := json.MarshalIndent(cfg, "", "\t")
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "encode config.json")
@@ -169,4 +172,21 @@ func (o *OCI) Thaw(ctx context.Context, id string) error {
 	}
 	_, err := o.exec(ctx, false, "resume", id, "resume", id)
 	return err
+}
+
+// clampRlimits lowers the spec's rlimits to this process's hard limits: the
+// sandbox lacks CAP_SYS_RESOURCE, so the runtime cannot raise them and
+// refuses to start (runc: "error setting rlimit type 7").
+func clampRlimits(cfg *specs.Spec) {
+	for i, r := range cfg.Process.Rlimits {
+		if r.Type != "RLIMIT_NOFILE" {
+			continue
+		}
+		var cur unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &cur); err != nil {
+			continue
+		}
+		cfg.Process.Rlimits[i].Hard = min(r.Hard, cur.Max)
+		cfg.Process.Rlimits[i].Soft = min(r.Soft, cur.Max)
+	}
 }

@@ -147,6 +147,7 @@ func (o *OCI) exec(ctx context.Context, netns bool, op, id string, args ...strin
 // execDetached runs a command that leaves processes behind (run, restore):
 // their stdio must be files, not pipes, or Wait would block on the
 // container. Output goes to logPath, whose new part is returned on error.
+// runsc: PID 1's stdout/stderr go to logPath too; runc: to /dev/null.
 func (o *OCI) execDetached(ctx context.Context, netns bool, op, id, logPath string, args ...string) error {
 	full := append(o.globalArgs(netns), args...)
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
@@ -155,13 +156,20 @@ func (o *OCI) execDetached(ctx context.Context, netns bool, op, id, logPath stri
 	}
 	defer logf.Close()
 	offset, _ := logf.Seek(0, io.SeekEnd)
-	devnull, err := os.Open(os.DevNull)
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "open %s", os.DevNull)
 	}
 	defer devnull.Close()
 	cmd := exec.CommandContext(ctx, o.cfg.Binary, full...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	if o.name == Runc {
+		// runc hands its own stdio to PID 1, and CRIU cannot dump a
+		// regular file outside the container's mounts ("Can't lookup
+		// mount for fd"): PID 1 gets /dev/null, runc logs to logPath.
+		cmd.Stdout, cmd.Stderr = devnull, devnull
+		cmd.Args = append([]string{cmd.Args[0], "--log", logPath, "--log-format", "text"}, cmd.Args[1:]...)
+	}
 	start := time.Now()
 	err = cmd.Run()
 	o.log.Debug("runtime command", "op", op, "sandbox_id", id, "args", full, "took", time.Since(start), "err", err)

@@ -1,0 +1,50 @@
+package oci
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/runtime/runtimetest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// Host paths of the runtimes; the setup script installs them there.
+const (
+	runscPath = "/var/cache/berth/bin/runsc"
+	criuPath  = "/var/cache/berth/bin/criu"
+)
+
+func newBackend(t *testing.T, name string) *OCI {
+	t.Helper()
+	cfg := Config{Root: filepath.Join(t.TempDir(), "state")}
+	switch name {
+	case Runc:
+		runtimetest.RequireHost(t, "runc")
+		if _, err := os.Stat(criuPath); err == nil {
+			cfg.CRIU = criuPath
+		} else if os.Getenv("CI") == "true" {
+			t.Fatalf("criu not built at %s (scripts/build-criu.sh)", criuPath)
+		}
+	case Runsc:
+		runtimetest.RequireHost(t, runscPath)
+		cfg.Binary = runscPath
+	}
+	o, err := New(name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func TestRuncConformance(t *testing.T) {
+	runtimetest.Run(t, func(t *testing.T) runtime.Runtime { return newBackend(t, Runc) })
+}
+
+func TestRunscConformance(t *testing.T) {
+	runtimetest.Run(t, func(t *testing.T) runtime.Runtime { return newBackend(t, Runsc) })
+}

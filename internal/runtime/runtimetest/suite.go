@@ -1,0 +1,248 @@
+package runtimetest
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/runtime"
+)
+
+const idle = `echo $$ > /run/x/pid; while true; do sleep 1; done`
+
+func (e *env) testLifecycle(t *testing.T) {
+	ctx := context.Background()
+	if _, err := e.rt.State(ctx, "rtmissing"); !errs.Is(err, errs.NotFound) {
+		t.Fatalf("State of a missing container: %v, want not_found", err)
+	}
+	b := e.start(t, boxOpts{script: idle})
+	if pid := b.waitFile(t, "pid", 20*time.Second); pid != "1" {
+		t.Errorf("the script's shell is pid %s in the sandbox, want 1", pid)
+	}
+	st, err := e.rt.State(ctx, b.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != "running" || st.Pid <= 0 || st.ID != b.id || st.Created.IsZero() {
+		t.Fatalf("State = %+v, want running with a host pid", st)
+	}
+	list, err := e.rt.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !containsID(list, b.id) {
+		t.Fatalf("List = %+v does not contain %s", list, b.id)
+	}
+	stats, err := e.rt.Stats(ctx, b.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.MemoryBytes == 0 || stats.Pids == 0 || stats.CPUUsageNanos == 0 || stats.MemoryPeak < stats.MemoryBytes {
+		t.Errorf("Stats = %+v, want nonzero memory, pids and cpu", stats)
+	}
+
+	if e.rt.Capabilities(ctx).Freeze {
+		if err := e.rt.Freeze(ctx, b.id); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := e.rt.State(ctx, b.id); err != nil || st.State != "paused" {
+			t.Fatalf("after Freeze: %+v, %v; want paused", st, err)
+		}
+		if err := e.rt.Thaw(ctx, b.id); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := e.rt.State(ctx, b.id); err != nil || st.State != "running" {
+			t.Fatalf("after Thaw: %+v, %v; want running", st, err)
+		}
+	}
+
+	if err := e.rt.Kill(ctx, b.id, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool {
+		st, err := e.rt.State(ctx, b.id)
+		return err == nil && st.State == "stopped"
+	}, func() string {
+		st, err := e.rt.State(ctx, b.id)
+		return "never stopped: " + st.State + " " + errString(err)
+	})
+	for i := 0; i < 2; i++ {
+		if err := e.rt.Delete(ctx, b.id); err != nil {
+			t.Fatalf("Delete #%d: %v", i+1, err)
+		}
+	}
+	if _, err := e.rt.State(ctx, b.id); !errs.Is(err, errs.NotFound) {
+		t.Fatalf("State after Delete: %v, want not_found", err)
+	}
+	if err := e.rt.Kill(ctx, b.id, syscall.SIGTERM); err == nil {
+		t.Fatal("Kill of a deleted container succeeded")
+	}
+}
+
+func (e *env) testIsolation(t *testing.T) {
+	b := e.start(t, boxOpts{script: `ls /proc | grep -c '^[0-9]' > /run/x/procs
+cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d ' ' > /run/x/ifaces
+hostname > /run/x/hostname
+id -u > /run/x/uid
+touch /run/x/mknod-denied; mknod /tmp/sda b 8 0 && cat /tmp/sda > /dev/null && rm /run/x/mknod-denied
+echo done > /run/x/done
+while true; do sleep 1; done`})
+	b.waitFile(t, "done", 20*time.Second)
+	if n, _ := strconv.Atoi(b.read("procs")); n == 0 || n > 6 {
+		t.Errorf("sandbox sees %s processes in /proc, want a handful (own pid namespace)", b.read("procs"))
+	}
+	if got := b.read("ifaces"); got != "lo" {
+		t.Errorf("sandbox network interfaces %q, want only lo", got)
+	}
+	if got := b.read("hostname"); got != b.id {
+		t.Errorf("hostname %q, want the sandbox id %q", got, b.id)
+	}
+	if got := b.read("uid"); got != "0" {
+		t.Errorf("PID 1 runs as uid %s, want 0", got)
+	}
+	if fileMissing(filepath.Join(b.host, "mknod-denied")) {
+		t.Errorf("sandbox could read a host block device it created with mknod")
+	}
+}
+
+func (e *env) testUnixSocket(t *testing.T) {
+	helper := e.udsHelper(t)
+	b := e.start(t, boxOpts{
+		script: `/opt/udsecho /run/x/s.sock`,
+		mounts: []runtime.Mount{{Source: helper, Target: "/opt/udsecho", ReadOnly: true}},
+	})
+	sock := filepath.Join(b.host, "s.sock")
+	var line string
+	waitFor(t, 20*time.Second, func() bool {
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		line, _ = bufio.NewReader(c).ReadString('\n')
+		return line != ""
+	}, func() string { return "no answer on " + sock + "; log: " + b.log() })
+	if want := "hello " + b.id + "\n"; line != want {
+		t.Errorf("socket answered %q, want %q", line, want)
+	}
+}
+
+func (e *env) testMemoryLimit(t *testing.T) {
+	ctx := context.Background()
+	b := e.start(t, boxOpts{
+		res: runtime.Resources{CPUMillis: 1000, MemoryBytes: 32 << 20, Pids: 64},
+		// The hog is a child so PID 1 can report how it died (under runc).
+		script: `sh -c 'x=0123456789abcdef; while true; do x="$x$x"; done'; echo $? > /run/x/rc; while true; do sleep 1; done`,
+	})
+	var stats runtime.Stats
+	waitFor(t, 60*time.Second, func() bool {
+		s, err := e.rt.Stats(ctx, b.id)
+		if err == nil {
+			stats = s
+		}
+		return stats.OOMKills > 0
+	}, func() string { return "no OOM kill recorded; last stats " + statsString(stats) + "; log: " + b.log() })
+	if stats.MemoryPeak > 33<<20 {
+		t.Errorf("peak memory %d exceeds the 32 MiB limit", stats.MemoryPeak)
+	}
+}
+
+func (e *env) testPidsLimit(t *testing.T) {
+	ctx := context.Background()
+	b := e.start(t, boxOpts{
+		res: runtime.Resources{CPUMillis: 1000, MemoryBytes: 256 << 20, Pids: 16},
+		// ash exits when fork fails, so the bomb runs in a subshell; PID 1
+		// then counts with builtins only (no pid is left to fork with).
+		script: `(i=0; while [ $i -lt 64 ]; do sleep 1000 & i=$((i+1)); done) 2> /run/x/err
+set -- /proc/[0-9]*; echo $# > /run/x/procs; exec sleep 100000`,
+	})
+	procs := b.waitFile(t, "procs", 30*time.Second)
+	n, _ := strconv.Atoi(procs)
+	if n == 0 || n > 17 {
+		t.Errorf("%s processes alive under a pids limit of 16 (fork errors: %q)", procs, tail(b.read("err"), 200))
+	}
+	if s, err := e.rt.Stats(ctx, b.id); err != nil || s.Pids > 16 {
+		t.Errorf("Stats = %+v, %v; want at most 16 pids", s, err)
+	}
+}
+
+func (e *env) testCPUQuota(t *testing.T) {
+	ctx := context.Background()
+	b := e.start(t, boxOpts{
+		res:    runtime.Resources{CPUMillis: 200, MemoryBytes: 128 << 20, Pids: 64},
+		script: `(while true; do :; done) & (while true; do :; done) & echo up > /run/x/up; wait`,
+	})
+	b.waitFile(t, "up", 20*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	s0, err := e.rt.Stats(ctx, b.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	time.Sleep(2 * time.Second)
+	s1, err := e.rt.Stats(ctx, b.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cores := float64(s1.CPUUsageNanos-s0.CPUUsageNanos) / float64(time.Since(t0).Nanoseconds())
+	t.Logf("two busy loops under a 200 millicore quota used %.2f cores", cores)
+	if cores > 0.4 || cores < 0.05 {
+		t.Errorf("two busy loops used %.2f cores under a 0.2 core quota", cores)
+	}
+}
+
+func (e *env) testDiskLimit(t *testing.T) {
+	b := e.start(t, boxOpts{
+		diskMiB: 16,
+		script:  `dd if=/dev/zero of=/fill bs=1M count=64 2> /run/x/err; echo $? > /run/x/rc; sync; while true; do sleep 1; done`,
+	})
+	rc := b.waitFile(t, "rc", 60*time.Second)
+	if rc == "0" || !strings.Contains(b.read("err"), "No space left") {
+		t.Errorf("writing 64 MiB into a 16 MiB disk: rc %s, err %q; want ENOSPC", rc, b.read("err"))
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(rootfs.LayoutOf(filepath.Join(b.dir, "fs")).Image, &st); err != nil {
+		t.Fatal(err)
+	}
+	if used := st.Blocks * 512; used > 16<<20 {
+		t.Errorf("disk image takes %d bytes of host disk, more than the 16 MiB limit", used)
+	}
+}
+
+func containsID(list []runtime.Status, id string) bool {
+	for _, s := range list {
+		if s.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func statsString(s runtime.Stats) string {
+	return "cpu=" + strconv.FormatUint(s.CPUUsageNanos, 10) + " mem=" + strconv.FormatUint(s.MemoryBytes, 10) +
+		" peak=" + strconv.FormatUint(s.MemoryPeak, 10) + " pids=" + strconv.FormatUint(s.Pids, 10) +
+		" oom_kills=" + strconv.FormatUint(s.OOMKills, 10)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func fileMissing(path string) bool {
+	var st unix.Stat_t
+	return unix.Stat(path, &st) != nil
+}
