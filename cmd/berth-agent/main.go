@@ -9,18 +9,29 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/berth-dev/berth/internal/agent"
+	"github.com/berth-dev/berth/internal/agentapi"
 	"golang.org/x/sys/unix"
 )
 
 func main() {
 	var cfg agent.Config
 	var subreaper bool
-	flag.StringVar(&cfg.SocketPath, "socket", os.Getenv("BERTH_AGENT_SOCKET"), "unix socket to serve on (default /run/berth/agent.sock)")
+	var runDir string
+	flag.StringVar(&cfg.SocketPath, "socket", os.Getenv("BERTH_AGENT_SOCKET"), "unix socket to serve on (default RUN-DIR/agent.sock)")
+	flag.StringVar(&runDir, "run-dir", agentapi.SocketDir, "directory shared with the host: env.json, on-restore.log, restore-count")
+	flag.StringVar(&cfg.HookDir, "hook-dir", "/etc/berth/on-restore.d", "executables run after a memory restore")
 	flag.BoolVar(&subreaper, "subreaper", false, "reap orphaned descendants as a child subreaper (implied as PID 1)")
 	flag.Parse()
+	if cfg.SocketPath == "" {
+		cfg.SocketPath = filepath.Join(runDir, agentapi.SocketName)
+	}
+	cfg.EnvFile = filepath.Join(runDir, "env.json")
+	cfg.HookLog = filepath.Join(runDir, "on-restore.log")
+	cfg.RestoreCountFile = filepath.Join(runDir, "restore-count")
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg.Logger = log
 	cfg.SandboxID = os.Getenv("BERTH_SANDBOX_ID")
