@@ -1,0 +1,150 @@
+package egress
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestDNSCodec(t *testing.T) {
+	// A query for "Example.Test" type A with RD set, as a stub resolver sends it.
+	query := []byte{0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0,
+		7, 'E', 'x', 'a', 'm', 'p', 'l', 'e', 4, 'T', 'e', 's', 't', 0, 0, 1, 0, 1}
+	q, err := parseDNSQuery(query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.name != "example.test" || q.qtype != dnsTypeA || q.id != 0x1234 || q.end != len(query) {
+		t.Fatalf("parsed %+v", q)
+	}
+	resp := dnsResponse(query, q, rcodeOK, []netip.Addr{netip.MustParseAddr("203.0.113.10")})
+	// Check with Go's own stub parser: header, one answer, the address.
+	if got := binary.BigEndian.Uint16(resp[6:]); got != 1 {
+		t.Fatalf("ancount = %d", got)
+	}
+	if resp[2]&0x80 == 0 || resp[3]&0x0f != 0 {
+		t.Fatalf("flags %x %x", resp[2], resp[3])
+	}
+	if !bytes.HasSuffix(resp, []byte{203, 0, 113, 10}) {
+		t.Fatalf("answer %x", resp)
+	}
+	if _, err := parseDNSQuery(query[:20]); err == nil {
+		t.Error("truncated query parsed")
+	}
+}
+
+func TestPeek(t *testing.T) {
+	tests := []struct {
+		name    string
+		send    func(c net.Conn)
+		wantTLS bool
+		host    string
+	}{
+		{"tls sni", func(c net.Conn) {
+			_ = tls.Client(c, &tls.Config{ServerName: "api.example.test"}).Handshake()
+		}, true, "api.example.test"},
+		{"http host", func(c net.Conn) {
+			_, _ = c.Write([]byte("GET /x HTTP/1.1\r\nHost: web.example.test:8080\r\n\r\n"))
+		}, false, "web.example.test"},
+		{"garbage", func(c net.Conn) { _, _ = c.Write([]byte("SSH-2.0-OpenSSH\r\n")) }, false, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := net.Pipe()
+			done := make(chan struct{})
+			go func() { defer close(done); tc.send(a) }()
+			_ = b.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+			isTLS, host, head := peek(b)
+			b.Close()
+			a.Close()
+			<-done
+			if isTLS != tc.wantTLS || host != tc.host || len(head) == 0 {
+				t.Errorf("peek = %v %q (%d bytes), want %v %q", isTLS, host, len(head), tc.wantTLS, tc.host)
+			}
+		})
+	}
+}
+
+func TestInjectGrants(t *testing.T) {
+	g := Grant{Name: "GH", Host: "api.github.test", HeaderTemplate: "Authorization: Bearer {{value}}",
+		Value: "real-token", Placeholder: NewPlaceholder("GH")}
+	if err := g.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse("/repos?token=" + g.Placeholder)
+	req := &http.Request{URL: u, Header: http.Header{
+		"Authorization": {"token " + g.Placeholder},
+		"X-Other":       {"a " + g.Placeholder + " b"},
+	}}
+	injectGrants(req, []Grant{g})
+	want := http.Header{"Authorization": {"Bearer real-token"}, "X-Other": {"a real-token b"}}
+	if diff := cmp.Diff(want, req.Header); diff != "" {
+		t.Errorf("(-want +got)\n%s", diff)
+	}
+	if req.URL.RawQuery != "token=real-token" {
+		t.Errorf("query %q", req.URL.RawQuery)
+	}
+	for _, bad := range []Grant{{}, {Name: "X", Host: "h.test", HeaderTemplate: "Bearer {{value}}", Placeholder: g.Placeholder}} {
+		if err := bad.Validate(); err == nil {
+			t.Errorf("Validate(%+v) = nil", bad)
+		}
+	}
+}
+
+func TestCAAndSealer(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := LoadOrCreateCA(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := LoadOrCreateCA(dir)
+	if err != nil || !bytes.Equal(ca.PEM(), again.PEM()) {
+		t.Fatalf("CA not persisted: %v", err)
+	}
+	if st, _ := os.Stat(filepath.Join(dir, "ca-key.pem")); st.Mode().Perm() != 0o600 {
+		t.Errorf("key mode %v", st.Mode())
+	}
+	leaf, err := ca.Certificate("api.github.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.PEM())
+	if _, err := leaf.Leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: "api.github.test"}); err != nil {
+		t.Errorf("leaf does not verify: %v", err)
+	}
+
+	s, err := LoadOrCreateSealer(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, err := s.Seal([]byte("hunter2"), []byte("owner/GH"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(ct, []byte("hunter2")) {
+		t.Fatal("plaintext in ciphertext")
+	}
+	s2, _ := LoadOrCreateSealer(dir)
+	pt, err := s2.Open(ct, []byte("owner/GH"))
+	if err != nil || string(pt) != "hunter2" {
+		t.Fatalf("open = %q, %v", pt, err)
+	}
+	if _, err := s2.Open(ct, []byte("other/GH")); err == nil {
+		t.Error("opened with the wrong aad")
+	}
+}

@@ -1,0 +1,307 @@
+package network
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/berth-dev/berth/internal/egress"
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestEgress(t *testing.T) {
+	e := newEnv(t)
+
+	t.Run("default deny", func(t *testing.T) {
+		e.attach("deny1", egress.Policy{Mode: egress.DenyAll})
+		for _, url := range []string{"http://good.test/", "https://good.test/", "http://" + goodIP + "/", "https://" + goodIP + "/"} {
+			if out, code := e.curl("deny1", nil, url); code == 0 {
+				t.Errorf("%s reachable under deny-all: %q", url, out)
+			}
+		}
+		if out, code := e.inSandbox("deny1", nil, "getent", "ahostsv4", "good.test"); code == 0 {
+			t.Errorf("good.test resolves under deny-all: %q", out)
+		}
+		if _, ok := e.waitDecision(func(d egress.Decision) bool {
+			return d.SandboxID == "deny1" && d.Proto == "tcp" && d.Verdict == "deny" && d.Rule == "mode:deny-all"
+		}); !ok {
+			t.Errorf("no deny decision logged: %+v", e.decisions())
+		}
+	})
+
+	t.Run("allow one hostname", func(t *testing.T) {
+		e.attach("host1", policy(t, "rules", []string{"good.test"}, nil))
+		for _, url := range []string{"https://good.test/", "http://good.test/"} {
+			out, code := e.curl("host1", nil, url)
+			if code != 0 || !strings.HasPrefix(out, "host=good.test") {
+				t.Errorf("%s: exit %d %q", url, code, out)
+			}
+		}
+		for _, args := range [][]string{
+			{"https://other.test/"},
+			{"http://other.test/"},
+			{"--insecure", "https://" + goodIP + "/"},                        // IP literal of the allowed name
+			{"http://" + goodIP + "/"},                                       // ditto, plain HTTP
+			{"--resolve", "other.test:443:" + goodIP, "https://other.test/"}, // right IP, wrong name
+		} {
+			if out, code := e.curl("host1", nil, args...); code == 0 {
+				t.Errorf("curl %v allowed: %q", args, out)
+			}
+		}
+		// A spoofed destination gains nothing: the proxy dials the name itself.
+		out, code := e.curl("host1", nil, "--resolve", "good.test:443:"+otherIP, "https://good.test/")
+		if code != 0 || !strings.HasPrefix(out, "host=good.test") {
+			t.Errorf("good.test via spoofed IP: exit %d %q", code, out)
+		}
+		if out, code := e.inSandbox("host1", nil, "getent", "ahostsv4", "other.test"); code == 0 {
+			t.Errorf("other.test resolves: %q", out)
+		}
+		// DNS sent to another resolver is answered by berth's.
+		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var c net.Conn
+			err := inNetns(e.mgr.netnsPath("host1"), func() error {
+				var d net.Dialer
+				var err error
+				c, err = d.DialContext(ctx, "udp4", otherIP+":53")
+				return err
+			})
+			return c, err
+		}}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		ips, err := r.LookupNetIP(ctx, "ip4", "good.test")
+		if err != nil || len(ips) != 1 || ips[0].String() != goodIP {
+			t.Errorf("DNS via %s:53 = %v, %v; want berth's answer %s", otherIP, ips, err, goodIP)
+		}
+		d, ok := e.waitDecision(func(d egress.Decision) bool {
+			return d.SandboxID == "host1" && d.Verdict == "allow" && d.Proto == "tcp" && d.Host == "good.test" && d.BytesIn > 0
+		})
+		if !ok || d.Rule != "allow:good.test" || d.DstIP.String() == "" || d.BytesOut == 0 {
+			t.Errorf("allow decision = %+v (found %v)", d, ok)
+		}
+		if _, ok := e.waitDecision(func(d egress.Decision) bool {
+			return d.SandboxID == "host1" && d.Verdict == "deny" && d.Host == "other.test" && d.DstPort == 443
+		}); !ok {
+			t.Errorf("no deny decision for other.test")
+		}
+	})
+
+	t.Run("wildcard", func(t *testing.T) {
+		e.attach("wild1", policy(t, "rules", []string{"*.wild.test:443"}, nil))
+		if out, code := e.curl("wild1", nil, "https://a.wild.test/"); code != 0 || !strings.HasPrefix(out, "host=a.wild.test") {
+			t.Errorf("a.wild.test: exit %d %q", code, out)
+		}
+		if out, code := e.curl("wild1", nil, "http://a.wild.test/"); code == 0 {
+			t.Errorf("port 80 allowed by a :443 rule: %q", out)
+		}
+		if out, code := e.curl("wild1", nil, "https://good.test/"); code == 0 {
+			t.Errorf("good.test allowed: %q", out)
+		}
+	})
+
+	t.Run("live update", func(t *testing.T) {
+		att := e.attach("live1", policy(t, "rules", []string{"good.test"}, nil))
+		// An open keep-alive connection allowed by the old policy.
+		hc := &http.Client{Transport: &http.Transport{DialContext: sandboxDialer(att.NetNSPath)}}
+		defer hc.CloseIdleConnections()
+		conn, err := sandboxDialer(att.NetNSPath)(context.Background(), "tcp", goodIP+":80")
+		must(t, err)
+		defer conn.Close()
+		br := bufio.NewReader(conn)
+		get := func() error {
+			if _, err := io.WriteString(conn, "GET / HTTP/1.1\r\nHost: good.test\r\n\r\n"); err != nil {
+				return err
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				return err
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			return resp.Body.Close()
+		}
+		must(t, get())
+		if _, code := e.curl("live1", nil, "https://other.test/"); code == 0 {
+			t.Fatal("other.test allowed before the update")
+		}
+		must(t, e.mgr.UpdatePolicy(context.Background(), "live1", policy(t, "rules", []string{"other.test"}, nil)))
+		if err := get(); err == nil {
+			t.Error("connection allowed only by the old policy survived the update")
+		}
+		if out, code := e.curl("live1", nil, "https://other.test/"); code != 0 || !strings.HasPrefix(out, "host=other.test") {
+			t.Errorf("other.test after update: exit %d %q", code, out)
+		}
+		if out, code := e.curl("live1", nil, "https://good.test/"); code == 0 {
+			t.Errorf("good.test after update: %q", out)
+		}
+		if err := e.mgr.UpdatePolicy(context.Background(), "live1", egress.Policy{Mode: "open"}); !errs.Is(err, errs.InvalidArgument) {
+			t.Errorf("bad policy: %v", err)
+		}
+		if err := e.mgr.UpdatePolicy(context.Background(), "nosuch", egress.Policy{Mode: egress.DenyAll}); !errs.Is(err, errs.NotFound) {
+			t.Errorf("unknown sandbox: %v", err)
+		}
+	})
+
+	t.Run("dns rebinding", func(t *testing.T) {
+		e.attach("rebind1", policy(t, "rules", []string{"rebind.test", "local.test"}, nil))
+		for _, name := range []string{"rebind.test", "local.test"} {
+			if out, code := e.inSandbox("rebind1", nil, "getent", "ahostsv4", name); code == 0 {
+				t.Errorf("%s resolves to a private address: %q", name, out)
+			}
+		}
+		if _, ok := e.waitDecision(func(d egress.Decision) bool {
+			return d.SandboxID == "rebind1" && d.Proto == "dns" && d.Rule == "dns-rebinding" && d.Host == "rebind.test"
+		}); !ok {
+			t.Errorf("no dns-rebinding decision: %+v", e.decisions())
+		}
+		// The proxy does not dial it either, whatever IP the sandbox uses.
+		if out, code := e.curl("rebind1", nil, "--resolve", "rebind.test:80:"+goodIP, "http://rebind.test/"); code == 0 {
+			t.Errorf("proxy dialled a private answer: %q", out)
+		}
+		must(t, e.mgr.UpdatePolicy(context.Background(), "rebind1", policy(t, "rules", []string{"rebind.test", "192.168.77.0/24"}, nil)))
+		if out, code := e.inSandbox("rebind1", nil, "getent", "ahostsv4", "rebind.test"); code != 0 || !strings.Contains(out, "192.168.77.7") {
+			t.Errorf("rebind.test with CIDR allowed: exit %d %q", code, out)
+		}
+	})
+
+	t.Run("credential injection", func(t *testing.T) {
+		e.attach("cred1", policy(t, "rules", []string{"secret.test", "good.test"}, nil))
+		g := egress.Grant{Name: "GH_TOKEN", Host: "secret.test", HeaderTemplate: "Authorization: Bearer {{value}}",
+			Value: testToken, Placeholder: egress.NewPlaceholder("GH_TOKEN")}
+		must(t, e.px.SetGrants("cred1", []egress.Grant{g}))
+		envv := []string{"GH_TOKEN=" + g.Placeholder}
+		out, code := e.inSandbox("cred1", envv, "sh", "-c", `printf %s "$GH_TOKEN"`)
+		if code != 0 || out != g.Placeholder || strings.Contains(out, testToken) {
+			t.Fatalf("sandbox env GH_TOKEN = %q", out)
+		}
+		out, code = e.curl("cred1", envv, "-H", "Authorization: token "+g.Placeholder, "https://secret.test/")
+		if code != 0 || out != "host=secret.test auth=Bearer "+testToken {
+			t.Errorf("secret.test saw %q (exit %d)", out, code)
+		}
+		// Another host gets the placeholder, never the value.
+		out, code = e.curl("cred1", envv, "-H", "Authorization: Bearer "+g.Placeholder, "https://good.test/")
+		if code != 0 || strings.Contains(out, testToken) || !strings.Contains(out, g.Placeholder) {
+			t.Errorf("good.test saw %q (exit %d)", out, code)
+		}
+		d, ok := e.waitDecision(func(d egress.Decision) bool { return d.SandboxID == "cred1" && d.Intercepted })
+		if !ok || d.Host != "secret.test" || d.Verdict != "allow" || d.BytesIn == 0 {
+			t.Errorf("intercepted decision = %+v (found %v)", d, ok)
+		}
+		must(t, e.px.SetGrants("cred1", nil))
+		out, _ = e.curl("cred1", envv, "-H", "Authorization: token "+g.Placeholder, "https://secret.test/")
+		if strings.Contains(out, testToken) {
+			t.Errorf("revoked grant still injected: %q", out)
+		}
+	})
+
+	t.Run("dial sandbox", func(t *testing.T) {
+		att := e.attach("port1", egress.Policy{Mode: egress.DenyAll})
+		var ln net.Listener
+		must(t, inNetns(att.NetNSPath, func() error {
+			var err error
+			ln, err = net.Listen("tcp4", ":8080")
+			return err
+		}))
+		defer ln.Close()
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				_, _ = io.WriteString(c, "hello from sandbox")
+				c.Close()
+			}
+		}()
+		c, err := e.mgr.DialSandbox(context.Background(), "port1", 8080)
+		must(t, err)
+		defer c.Close()
+		b, _ := io.ReadAll(c)
+		if string(b) != "hello from sandbox" {
+			t.Errorf("read %q", b)
+		}
+	})
+
+	t.Run("fail closed without proxy", func(t *testing.T) {
+		e.attach("closed1", egress.Policy{Mode: egress.AllowAll})
+		if out, code := e.curl("closed1", nil, "https://good.test/"); code != 0 || !strings.HasPrefix(out, "host=good.test") {
+			t.Fatalf("allow-all: exit %d %q", code, out)
+		}
+		e.stopProxy()
+		if out, code := e.curl("closed1", nil, "--resolve", "good.test:443:"+goodIP, "https://good.test/"); code == 0 {
+			t.Errorf("egress works with the proxy down: %q", out)
+		}
+	})
+}
+
+func TestAttachCleanupAndReconcile(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	att := e.attach("clean1", egress.Policy{Mode: egress.AllowAll})
+	veth := e.mgr.vethName("clean1")
+	if _, err := os.Stat(att.NetNSPath); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.mgr.Attach(ctx, "clean1", egress.Policy{Mode: egress.DenyAll}); !errs.Is(err, errs.AlreadyExists) {
+		t.Errorf("second attach: %v", err)
+	}
+	if _, err := e.mgr.Attach(ctx, "Bad-ID", egress.Policy{Mode: egress.DenyAll}); errs.FieldOf(err) != "sandbox_id" {
+		t.Errorf("bad id: %v", err)
+	}
+	must(t, e.mgr.Detach(ctx, "clean1"))
+	must(t, e.mgr.Detach(ctx, "clean1")) // idempotent
+	assertGone(t, att.NetNSPath, veth)
+
+	// A crash leaves a sandbox the daemon no longer knows plus a stray
+	// namespace; a new manager over the same state dir cleans both.
+	att2 := e.attach("crash1", egress.Policy{Mode: egress.DenyAll})
+	stray := filepath.Join(e.mgr.Config().StateDir, "netns", "stray1")
+	must(t, createNetns(ctx, stray))
+	cfg := e.mgr.Config()
+	m2, err := New(cfg)
+	must(t, err)
+	must(t, m2.Setup(ctx))
+	if got, ok := m2.Get("crash1"); !ok || got.IP != att2.IP {
+		t.Fatalf("restarted manager lost crash1: %+v", got)
+	}
+	must(t, m2.Reconcile(ctx, nil))
+	assertGone(t, att2.NetNSPath, e.mgr.vethName("crash1"))
+	assertGone(t, stray, "")
+	e.mgr = m2
+
+	must(t, m2.Teardown(ctx))
+	if out, err := runOut("nft", "list", "table", "inet", cfg.Table); err == nil {
+		t.Errorf("nft table left after teardown:\n%s", out)
+	}
+	if _, err := runOut("ip", "link", "show", "dev", cfg.BridgeName); err == nil {
+		t.Errorf("bridge %s left after teardown", cfg.BridgeName)
+	}
+	if links, _ := listLinks(ctx, cfg.VethPrefix); len(links) > 0 {
+		t.Errorf("veths left: %v", links)
+	}
+}
+
+func assertGone(t *testing.T, nsPath, veth string) {
+	t.Helper()
+	if _, err := os.Stat(nsPath); !os.IsNotExist(err) {
+		t.Errorf("netns %s still there: %v", nsPath, err)
+	}
+	if veth != "" {
+		if _, err := runOut("ip", "link", "show", "dev", veth); err == nil {
+			t.Errorf("veth %s still there", veth)
+		}
+	}
+}
+
+func runOut(args ...string) (string, error) {
+	return run(context.Background(), "", args[0], args[1:]...)
+}
+
+var _ = netip.Addr{}
