@@ -1,0 +1,208 @@
+// Package cli implements berth's command-line verbs. Every verb but `serve`
+// talks to a berth server only through its REST API.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// Exit codes scripts can rely on. `berth exec` exits with the command's own code.
+const (
+	ExitOK       = 0
+	ExitError    = 1
+	ExitUsage    = 2
+	ExitNotFound = 3
+	ExitConflict = 4
+	ExitAuth     = 5
+	ExitExec     = 125 // exec could not start the command
+)
+
+// env is what a verb gets to work with.
+type env struct {
+	ctx    context.Context
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+}
+
+type command struct {
+	name  string
+	usage string
+	run   func(e *env, args []string) error
+}
+
+var commands []command
+
+func register(name, usage string, run func(e *env, args []string) error) {
+	commands = append(commands, command{name: name, usage: usage, run: run})
+}
+
+func init() {
+	// The verb table is data, assembled in one place so `berth help` lists it.
+	register("serve", "serve [--data-dir DIR] [--listen ADDR] [--config FILE] [--runtime runc|runsc]", runServe)
+	register("create", "create [--template T] [--runtime R] [--ttl D] [--cpu N] [--memory MiB] [--disk MiB] [--label k=v]... [--env K=V]... [--expiry-action stop|delete|pause] [--workstation] [--auto-resume] [--owner O] [--json]", runCreate)
+	register("ls", "ls [--state S] [--label k=v]... [--owner O] [--json]", runList)
+	register("inspect", "inspect ID", runInspect)
+	register("exec", "exec [-i] [-t] [--env K=V]... [--cwd DIR] [--user U] [--timeout D] ID -- CMD...", runExec)
+	register("cp", "cp SRC DST   (either side may be ID:/path)", runCp)
+	register("stop", "stop ID", runStop)
+	register("start", "start ID", runStart)
+	register("rm", "rm [-f] ID...", runRm)
+	register("extend", "extend ID --ttl D", runExtend)
+	register("pause", "pause ID [--mode freeze|memory|disk]", runPause)
+	register("resume", "resume ID", runResume)
+	register("lease", "lease ID --for D   (0 releases)", runLease)
+	register("events", "events [ID] [--json]", runEvents)
+	register("template", "template ls [--json] | template import NAME FILE.tar", runTemplate)
+	register("key", "key create --owner NAME", runKey)
+	register("info", "info [--json]", runInfo)
+}
+
+// Main runs one CLI invocation and returns the process exit code.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stdout)
+		return ExitOK
+	}
+	if args[0] == "version" || args[0] == "--version" {
+		fmt.Fprintln(stdout, "berth", Version)
+		return ExitOK
+	}
+	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	for _, c := range commands {
+		if c.name == args[0] {
+			err := c.run(e, args[1:])
+			return exitCode(stderr, err)
+		}
+	}
+	fmt.Fprintf(stderr, "berth: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return ExitUsage
+}
+
+// Version is set at build time.
+var Version = "dev"
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "berth — sandboxes for AI agents\n\nUsage:")
+	names := make([]string, 0, len(commands))
+	byName := map[string]string{}
+	for _, c := range commands {
+		names = append(names, c.name)
+		byName[c.name] = c.usage
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  berth %s\n", byName[n])
+	}
+	fmt.Fprintln(w, "\nEnvironment: BERTH_URL (default http://127.0.0.1:7070), BERTH_API_KEY (default: DATA_DIR/admin.key when local)")
+}
+
+// exitStatus carries a specific exit code (e.g. the exec'd command's).
+type exitStatus struct{ code int }
+
+func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func exitCode(stderr io.Writer, err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	var es exitStatus
+	if errors.As(err, &es) {
+		return es.code
+	}
+	var ue usageError
+	if errors.As(err, &ue) || errors.Is(err, flag.ErrHelp) {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "berth:", err)
+		}
+		return ExitUsage
+	}
+	fmt.Fprintln(stderr, "berth:", err)
+	switch errs.KindOf(err) {
+	case errs.NotFound:
+		return ExitNotFound
+	case errs.Conflict, errs.FailedPrecondition, errs.AlreadyExists:
+		return ExitConflict
+	case errs.Unauthenticated, errs.PermissionDenied:
+		return ExitAuth
+	case errs.InvalidArgument:
+		return ExitUsage
+	}
+	return ExitError
+}
+
+// parse parses flags that may be interspersed with positional arguments;
+// everything after "--" is positional and untouched.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	fs.SetOutput(io.Discard)
+	var flags, pos, rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			rest = args[i+1:]
+			break
+		}
+		if strings.HasPrefix(a, "-") && len(a) > 1 {
+			flags = append(flags, a)
+			name := strings.TrimLeft(a, "-")
+			if strings.Contains(name, "=") {
+				continue
+			}
+			f := fs.Lookup(name)
+			if f == nil {
+				return nil, usageError{fmt.Sprintf("%s: unknown flag %s", fs.Name(), a)}
+			}
+			if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
+				continue
+			}
+			if i+1 < len(args) {
+				flags = append(flags, args[i+1])
+				i++
+			}
+			continue
+		}
+		pos = append(pos, a)
+	}
+	if err := fs.Parse(flags); err != nil {
+		return nil, usageError{fmt.Sprintf("%s: %v", fs.Name(), err)}
+	}
+	if rest != nil {
+		pos = append(pos, "--")
+		pos = append(pos, rest...)
+	}
+	return pos, nil
+}
+
+// multi is a repeatable string flag.
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+func kvs(field string, list []string) (map[string]string, error) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, s := range list {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return nil, errs.Field(field, "must be key=value, got %q", s)
+		}
+		out[k] = v
+	}
+	return out, nil
+}

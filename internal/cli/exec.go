@@ -1,0 +1,199 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/term"
+
+	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/server"
+)
+
+func runExec(e *env, args []string) error {
+	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
+	interactive := fs.Bool("i", false, "keep stdin open and stream it to the command")
+	tty := fs.Bool("t", false, "allocate a terminal")
+	var envs multi
+	fs.Var(&envs, "env", "K=V (repeatable)")
+	cwd := fs.String("cwd", "", "working directory (default: the user's home)")
+	user := fs.String("user", "", "user (default: user; root on request)")
+	timeout := fs.String("timeout", "", "kill the command after this long, e.g. 30s")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) < 2 {
+		return usageError{"exec: usage: berth exec [flags] ID -- CMD..."}
+	}
+	id, cmd := pos[0], pos[1:]
+	if cmd[0] == "--" {
+		cmd = cmd[1:]
+	}
+	if len(cmd) == 0 {
+		return usageError{"exec: missing command after --"}
+	}
+	envMap, err := kvs("env", envs)
+	if err != nil {
+		return err
+	}
+	req := server.ExecRequest{Cmd: cmd, Env: envMap, Cwd: *cwd, User: *user, Timeout: *timeout, Stdin: *interactive}
+	var restore func()
+	if *tty {
+		cols, rows := 80, 24
+		if f, ok := e.stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			if c, r, err := term.GetSize(int(f.Fd())); err == nil {
+				cols, rows = c, r
+			}
+			if st, err := term.MakeRaw(int(f.Fd())); err == nil {
+				restore = func() { _ = term.Restore(int(f.Fd()), st) }
+			}
+		}
+		req.TTY = &agentapi.TTYSize{Cols: uint16(cols), Rows: uint16(rows)}
+		req.Stdin = true
+		if _, ok := envMap["TERM"]; !ok {
+			if req.Env == nil {
+				req.Env = map[string]string{}
+			}
+			req.Env["TERM"] = "xterm-256color"
+		}
+	}
+	if restore != nil {
+		defer restore()
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	// The stream lives on its own context: Ctrl-C is forwarded to the
+	// command as SIGINT instead of cutting the stream.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(e.ctx))
+	defer cancel()
+	b, _ := json.Marshal(req)
+	resp, err := c.do(sctx, "POST", sbPath(id, "exec"), nil, bytesReader(b), "application/json")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
+	pid := 0
+	for {
+		var ev agentapi.Event
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) {
+				return errs.E(errs.Unavailable, "exec stream ended without an exit status")
+			}
+			return errs.Wrap(errs.Unavailable, err, "exec stream")
+		}
+		switch ev.Type {
+		case "start":
+			pid = ev.Pid
+			if req.Stdin {
+				go pumpStdin(sctx, c, id, pid, e.stdin, req.TTY != nil)
+			}
+			if req.TTY != nil {
+				go forwardResize(sctx, c, id, pid, e.stdin)
+			}
+			go forwardInterrupt(sctx, e.ctx, c, id, pid)
+		case "stdout", "pty":
+			_, _ = e.stdout.Write(ev.Data)
+		case "stderr":
+			_, _ = e.stderr.Write(ev.Data)
+		case "error":
+			return errs.E(errs.Unavailable, "exec: %s", ev.Error)
+		case "exit":
+			if restore != nil {
+				restore()
+				restore = nil
+			}
+			if ev.Error != "" && ev.Exited == false && ev.Signal == "" && ev.ExitCode == 0 {
+				return errs.E(errs.Internal, "exec: %s", ev.Error)
+			}
+			code := ev.ExitCode
+			if !ev.Exited && code < 0 {
+				code = 128 + signalNumber(ev.Signal)
+			}
+			if code == 0 {
+				return nil
+			}
+			return exitStatus{code}
+		}
+	}
+}
+
+func signalNumber(name string) int {
+	switch name {
+	case "killed":
+		return int(syscall.SIGKILL)
+	case "terminated":
+		return int(syscall.SIGTERM)
+	case "interrupt":
+		return int(syscall.SIGINT)
+	}
+	return 1
+}
+
+func pumpStdin(ctx context.Context, c *client, id string, pid int, in io.Reader, tty bool) {
+	buf := make([]byte, 32<<10)
+	p := sbPath(id, "processes", strconv.Itoa(pid))
+	for {
+		n, err := in.Read(buf)
+		if n > 0 {
+			resp, perr := c.do(ctx, "POST", p+"/stdin", nil, bytesReader(append([]byte(nil), buf[:n]...)), "application/octet-stream")
+			if perr != nil {
+				return
+			}
+			resp.Body.Close()
+		}
+		if err != nil {
+			if !tty {
+				if resp, err := c.do(ctx, "POST", p+"/close-stdin", nil, nil, ""); err == nil {
+					resp.Body.Close()
+				}
+			}
+			return
+		}
+	}
+}
+
+func forwardResize(ctx context.Context, c *client, id string, pid int, in io.Reader) {
+	f, ok := in.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGWINCH)
+	defer signal.Stop(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			if cols, rows, err := term.GetSize(int(f.Fd())); err == nil {
+				_ = c.call(ctx, "POST", sbPath(id, "processes", strconv.Itoa(pid), "resize"), nil,
+					agentapi.ResizeRequest{Cols: uint16(cols), Rows: uint16(rows)}, nil)
+			}
+		}
+	}
+}
+
+func forwardInterrupt(ctx, interrupted context.Context, c *client, id string, pid int) {
+	select {
+	case <-ctx.Done():
+	case <-interrupted.Done():
+		_ = c.call(ctx, "POST", sbPath(id, "processes", strconv.Itoa(pid), "signal"), nil,
+			agentapi.SignalRequest{Signal: int(syscall.SIGINT)}, nil)
+	}
+}
+
+func isNotFound(err error) bool { return errs.Is(err, errs.NotFound) }
+

@@ -1,0 +1,262 @@
+package cli
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/server"
+)
+
+// remoteRef splits "ID:/path"; a local path has no colon before its first slash.
+func remoteRef(s string) (id, path string, ok bool) {
+	i := strings.Index(s, ":")
+	if i <= 0 || strings.Contains(s[:i], "/") {
+		return "", "", false
+	}
+	return s[:i], s[i+1:], true
+}
+
+func runCp(e *env, args []string) error {
+	fs := flag.NewFlagSet("cp", flag.ContinueOnError)
+	user := fs.String("user", "", "user owning written files / reading (default: user)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return usageError{"cp: usage: berth cp SRC DST (either side may be ID:/path; - is stdin/stdout)"}
+	}
+	srcID, srcPath, srcRemote := remoteRef(pos[0])
+	dstID, dstPath, dstRemote := remoteRef(pos[1])
+	if srcRemote == dstRemote {
+		return usageError{"cp: exactly one side must be ID:/path"}
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	q := url.Values{}
+	if *user != "" {
+		q.Set("user", *user)
+	}
+	if dstRemote {
+		var in io.Reader = e.stdin
+		mode := os.FileMode(0o644)
+		if pos[0] != "-" {
+			f, err := os.Open(pos[0])
+			if err != nil {
+				return errs.Wrap(errs.InvalidArgument, err, "cp: source")
+			}
+			defer f.Close()
+			st, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			if st.IsDir() {
+				return errs.Field("src", "%s is a directory; berth cp copies single files (tar it and pipe: tar c dir | berth exec -i ID -- tar x)", pos[0])
+			}
+			mode = st.Mode().Perm()
+			in = f
+			if strings.HasSuffix(dstPath, "/") {
+				dstPath += filepath.Base(pos[0])
+			}
+		}
+		q.Set("path", dstPath)
+		q.Set("mode", fmt.Sprintf("%o", mode))
+		resp, err := c.do(e.ctx, "PUT", sbPath(dstID, "files"), q, in, "application/octet-stream")
+		if err != nil {
+			return err
+		}
+		return resp.Body.Close()
+	}
+	q.Set("path", srcPath)
+	resp, err := c.do(e.ctx, "GET", sbPath(srcID, "files"), q, nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if pos[1] == "-" {
+		_, err := io.Copy(e.stdout, resp.Body)
+		return err
+	}
+	dst := pos[1]
+	if st, err := os.Stat(dst); err == nil && st.IsDir() {
+		dst = filepath.Join(dst, filepath.Base(srcPath))
+	}
+	tmp := dst + ".berth-tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return errs.Wrap(errs.InvalidArgument, err, "cp: destination")
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return errs.Wrap(errs.Unavailable, err, "cp: download")
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+func runEvents(e *env, args []string) error {
+	fs := flag.NewFlagSet("events", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "JSON output")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	path := "/v1/events"
+	if len(pos) == 1 {
+		path = sbPath(pos[0], "events")
+	} else if len(pos) > 1 {
+		return usageError{"events: at most one sandbox id"}
+	}
+	var list []sandbox.Event
+	if err := c.call(e.ctx, "GET", path, nil, nil, &list); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, list)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tSANDBOX\tTYPE\tFROM\tTO\tACTOR\tREASON\tMESSAGE")
+	for _, ev := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ev.Time.Local().Format(time.DateTime), ev.SandboxID, ev.Type,
+			ev.From, ev.To, ev.Actor, ev.Reason, ev.Message)
+	}
+	return tw.Flush()
+}
+
+func runTemplate(e *env, args []string) error {
+	if len(args) == 0 {
+		return usageError{"template: usage: berth template ls | import NAME FILE.tar"}
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	switch args[0] {
+	case "ls":
+		fs := flag.NewFlagSet("template ls", flag.ContinueOnError)
+		asJSON := fs.Bool("json", false, "JSON output")
+		if _, err := parse(fs, args[1:]); err != nil {
+			return err
+		}
+		var list []server.Template
+		if err := c.call(e.ctx, "GET", "/v1/templates", nil, nil, &list); err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(e.stdout, list)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tSTATE\tFINGERPRINT\tLAYERS\tSOURCE\tPROGRESS")
+		for _, t := range list {
+			detail := t.Progress
+			if t.Error != "" {
+				detail = "error: " + t.Error
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", t.Name, t.State, t.Fingerprint, len(t.Layers), t.Source, detail)
+		}
+		return tw.Flush()
+	case "import":
+		fs := flag.NewFlagSet("template import", flag.ContinueOnError)
+		pos, err := parse(fs, args[1:])
+		if err != nil {
+			return err
+		}
+		if len(pos) != 2 {
+			return usageError{"template import: usage: berth template import NAME FILE.tar"}
+		}
+		f, err := os.Open(pos[1])
+		if err != nil {
+			return errs.Wrap(errs.InvalidArgument, err, "template import: file")
+		}
+		defer f.Close()
+		q := url.Values{"source": {"import " + filepath.Base(pos[1])}}
+		fmt.Fprintf(e.stderr, "importing %s as %s ...\n", pos[1], pos[0])
+		var t server.Template
+		resp, err := c.do(e.ctx, "PUT", "/v1/templates/"+url.PathEscape(pos[0])+"/tar", q, f, "application/x-tar")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if err := decodeJSON(resp.Body, &t); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stdout, "%s %s %s\n", t.Name, t.State, t.Fingerprint)
+		return nil
+	}
+	return usageError{"template: unknown subcommand " + args[0]}
+}
+
+func runKey(e *env, args []string) error {
+	if len(args) == 0 || args[0] != "create" {
+		return usageError{"key: usage: berth key create --owner NAME"}
+	}
+	fs := flag.NewFlagSet("key create", flag.ContinueOnError)
+	own := fs.String("owner", "", "owner the key acts as")
+	if _, err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	if *own == "" {
+		return usageError{"key create: --owner is required"}
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	var out struct {
+		Key string `json:"key"`
+	}
+	if err := c.call(e.ctx, "POST", "/v1/keys", nil, map[string]string{"owner": *own}, &out); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, out.Key)
+	return nil
+}
+
+func runInfo(e *env, args []string) error {
+	fs := flag.NewFlagSet("info", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "JSON output")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	var in server.Info
+	if err := c.call(e.ctx, "GET", "/v1/info", nil, nil, &in); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, in)
+	}
+	fmt.Fprintf(e.stdout, "berth %s on %s (%d CPUs), you are %s\n", in.Version, in.Hostname, in.CPUs, in.Owner)
+	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUNTIME\tDEFAULT\tFREEZE\tMEMORY CHECKPOINT")
+	for _, r := range in.Runtimes {
+		cp := "yes"
+		if !r.Checkpoint {
+			cp = "no: " + r.CheckpointReason
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%s\n", r.Name, r.Default, r.Freeze, cp)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,296 @@
+package cli
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/server"
+)
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func one(fs *flag.FlagSet, pos []string, what string) (string, error) {
+	if len(pos) != 1 {
+		return "", usageError{fmt.Sprintf("%s: expected exactly one %s", fs.Name(), what)}
+	}
+	return pos[0], nil
+}
+
+func runCreate(e *env, args []string) error {
+	fs := flag.NewFlagSet("create", flag.ContinueOnError)
+	var req server.CreateRequest
+	var labels, envs multi
+	fs.StringVar(&req.Template, "template", "", "template name (default: the server's default)")
+	fs.StringVar(&req.Runtime, "runtime", "", "runc or runsc (default: the server's default)")
+	fs.StringVar(&req.TTL, "ttl", "", "time to live, e.g. 15m, 2h, 1d")
+	fs.StringVar(&req.ExpiryAction, "expiry-action", "", "stop, delete or pause at expiry")
+	fs.Float64Var(&req.CPU, "cpu", 0, "CPU cores")
+	fs.Int64Var(&req.MemoryMiB, "memory", 0, "memory limit in MiB")
+	fs.Int64Var(&req.DiskMiB, "disk", 0, "workspace disk limit in MiB")
+	fs.Int64Var(&req.Pids, "pids", 0, "max processes")
+	fs.Var(&labels, "label", "label k=v (repeatable)")
+	fs.Var(&envs, "env", "default env K=V for every process (repeatable)")
+	fs.BoolVar(&req.Workstation, "workstation", false, "long-lived: pause instead of stop at expiry")
+	fs.BoolVar(&req.AutoResume, "auto-resume", false, "resume on exec/files while paused")
+	fs.StringVar(&req.Owner, "owner", "", "owner (admin key only)")
+	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usageError{"create: unexpected arguments " + strings.Join(pos, " ")}
+	}
+	if req.Labels, err = kvs("label", labels); err != nil {
+		return err
+	}
+	if req.Env, err = kvs("env", envs); err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	var sb sandbox.Sandbox
+	if err := c.call(e.ctx, "POST", "/v1/sandboxes", nil, req, &sb); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, sb)
+	}
+	fmt.Fprintln(e.stdout, sb.ID)
+	return nil
+}
+
+func runList(e *env, args []string) error {
+	fs := flag.NewFlagSet("ls", flag.ContinueOnError)
+	var labels, states multi
+	fs.Var(&labels, "label", "filter by label k=v (repeatable)")
+	fs.Var(&states, "state", "filter by state (repeatable or comma-separated)")
+	own := fs.String("owner", "", "filter by owner (admin key only)")
+	asJSON := fs.Bool("json", false, "JSON output")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	q := url.Values{}
+	for _, l := range labels {
+		q.Add("label", l)
+	}
+	for _, s := range states {
+		q.Add("state", s)
+	}
+	if *own != "" {
+		q.Set("owner", *own)
+	}
+	var all []*sandbox.Sandbox
+	for {
+		var page server.ListResponse
+		if err := c.call(e.ctx, "GET", "/v1/sandboxes", q, nil, &page); err != nil {
+			return err
+		}
+		all = append(all, page.Sandboxes...)
+		if page.Next == "" {
+			break
+		}
+		q.Set("cursor", page.Next)
+	}
+	if *asJSON {
+		if all == nil {
+			all = []*sandbox.Sandbox{}
+		}
+		return printJSON(e.stdout, all)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tTEMPLATE\tRUNTIME\tOWNER\tCREATED\tEXPIRES\tLABELS")
+	now := time.Now()
+	for _, sb := range all {
+		state := string(sb.State)
+		if sb.State == sandbox.Paused && sb.PauseActual != "" {
+			state += " (" + string(sb.PauseActual) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s ago\t%s\t%s\n", sb.ID, state, sb.Template, sb.Runtime, sb.Owner,
+			short(now.Sub(sb.CreatedAt)), until(now, sb.ExpiresAt), labelString(sb.Labels))
+	}
+	return tw.Flush()
+}
+
+func short(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func until(now, t time.Time) string {
+	if !t.After(now) {
+		return "expired"
+	}
+	return "in " + short(t.Sub(now))
+}
+
+func labelString(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, k+"="+m[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+func runInspect(e *env, args []string) error {
+	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := one(fs, pos, "sandbox id")
+	if err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	var sb map[string]any
+	if err := c.call(e.ctx, "GET", sbPath(id), nil, nil, &sb); err != nil {
+		return err
+	}
+	return printJSON(e.stdout, sb)
+}
+
+// simple runs a verb of the form `berth VERB ID` that POSTs body to /v1/sandboxes/ID/VERB.
+func simple(e *env, name string, args []string, setup func(fs *flag.FlagSet) func() (any, error)) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	body := func() (any, error) { return nil, nil }
+	if setup != nil {
+		body = setup(fs)
+	}
+	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := one(fs, pos, "sandbox id")
+	if err != nil {
+		return err
+	}
+	in, err := body()
+	if err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	var sb sandbox.Sandbox
+	if err := c.call(e.ctx, "POST", sbPath(id, name), nil, in, &sb); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, sb)
+	}
+	msg := fmt.Sprintf("%s %s", sb.ID, sb.State)
+	if sb.State == sandbox.Paused {
+		msg += " (mode " + string(sb.PauseActual) + ")"
+		if sb.PauseRequested != "" && sb.PauseRequested != sb.PauseActual {
+			msg += fmt.Sprintf(" — requested %s: %s", sb.PauseRequested, sb.Message)
+		}
+	}
+	if name == "resume" && sb.ResumedFrom != "" {
+		msg += " (resumed from " + string(sb.ResumedFrom) + ")"
+	}
+	if name == "extend" || name == "lease" {
+		msg += ", expires " + sb.ExpiresAt.Local().Format(time.RFC3339)
+	}
+	fmt.Fprintln(e.stdout, msg)
+	return nil
+}
+
+func runStop(e *env, args []string) error   { return simple(e, "stop", args, nil) }
+func runStart(e *env, args []string) error  { return simple(e, "start", args, nil) }
+func runResume(e *env, args []string) error { return simple(e, "resume", args, nil) }
+
+func runPause(e *env, args []string) error {
+	return simple(e, "pause", args, func(fs *flag.FlagSet) func() (any, error) {
+		mode := fs.String("mode", "", "freeze, memory or disk (default: memory when the runtime can, else disk)")
+		return func() (any, error) { return map[string]string{"mode": *mode}, nil }
+	})
+}
+
+func runExtend(e *env, args []string) error {
+	return simple(e, "extend", args, func(fs *flag.FlagSet) func() (any, error) {
+		ttl := fs.String("ttl", "", "new time to live from now, e.g. 30m")
+		return func() (any, error) {
+			if *ttl == "" {
+				return nil, usageError{"extend: --ttl is required"}
+			}
+			return map[string]string{"ttl": *ttl}, nil
+		}
+	})
+}
+
+func runLease(e *env, args []string) error {
+	return simple(e, "lease", args, func(fs *flag.FlagSet) func() (any, error) {
+		d := fs.String("for", "", "how long the sandbox is busy, e.g. 30m (0 releases)")
+		return func() (any, error) {
+			if *d == "" {
+				return nil, usageError{"lease: --for is required"}
+			}
+			return map[string]string{"for": *d}, nil
+		}
+	})
+}
+
+func runRm(e *env, args []string) error {
+	fs := flag.NewFlagSet("rm", flag.ContinueOnError)
+	force := fs.Bool("f", false, "do not fail on missing sandboxes")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		return usageError{"rm: expected at least one sandbox id"}
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	var firstErr error
+	for _, id := range pos {
+		err := c.call(e.ctx, "DELETE", sbPath(id), nil, nil, nil)
+		if err != nil && !(*force && isNotFound(err)) {
+			fmt.Fprintf(e.stderr, "berth: rm %s: %v\n", id, err)
+			if firstErr == nil {
+				firstErr = exitStatus{exitCode(io.Discard, err)}
+			}
+			continue
+		}
+		fmt.Fprintln(e.stdout, id)
+	}
+	return firstErr
+}

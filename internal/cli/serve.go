@@ -1,0 +1,243 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/runtime/oci"
+	"github.com/berth-dev/berth/internal/server"
+	"github.com/berth-dev/berth/internal/store"
+	"github.com/berth-dev/berth/internal/template"
+)
+
+// ServeConfig is `berth serve`'s configuration: defaults, then the --config
+// file (strict JSON: unknown keys are errors), then BERTH_* env, then flags.
+type ServeConfig struct {
+	DataDir         string `json:"data_dir"`
+	Listen          string `json:"listen"`
+	Runtime         string `json:"runtime"`
+	DefaultTemplate string `json:"default_template"`
+	BuildDefault    bool   `json:"build_default_template"`
+	DefaultTTL      string `json:"default_ttl"`
+	MaxTTL          string `json:"max_ttl"`
+	CacheDir        string `json:"cache_dir"`
+	RuncPath        string `json:"runc_path"`
+	RunscPath       string `json:"runsc_path"`
+	CriuPath        string `json:"criu_path"`
+	AgentPath       string `json:"agent_path"`
+	LogLevel        string `json:"log_level"`
+}
+
+func defaultServeConfig() ServeConfig {
+	return ServeConfig{
+		DataDir: defaultDataDir, Listen: "127.0.0.1:7070", Runtime: "runc", DefaultTemplate: "default",
+		BuildDefault: true, DefaultTTL: "15m", MaxTTL: "24h", CacheDir: "/var/cache/berth", LogLevel: "info",
+	}
+}
+
+func loadConfigFile(path string, c *ServeConfig) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return errs.Wrap(errs.InvalidArgument, err, "config")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return errs.Field("config", "%s: %v", path, err)
+	}
+	return nil
+}
+
+// Validate names the bad key.
+func (c *ServeConfig) Validate() error {
+	if !filepath.IsAbs(c.DataDir) {
+		return errs.Field("data_dir", "must be an absolute path, got %q", c.DataDir)
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return errs.Field("listen", "must be host:port, got %q", c.Listen)
+	}
+	if c.Runtime != "runc" && c.Runtime != "runsc" {
+		return errs.Field("runtime", "must be runc or runsc, got %q", c.Runtime)
+	}
+	for k, v := range map[string]string{"default_ttl": c.DefaultTTL, "max_ttl": c.MaxTTL} {
+		if d, err := server.ParseDuration(v); err != nil || d <= 0 {
+			return errs.Field(k, "must be a positive duration, got %q", v)
+		}
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return errs.Field("log_level", "must be debug, info, warn or error")
+	}
+	return nil
+}
+
+func envOverride(c *ServeConfig) {
+	for k, p := range map[string]*string{
+		"BERTH_DATA_DIR": &c.DataDir, "BERTH_LISTEN": &c.Listen, "BERTH_RUNTIME": &c.Runtime,
+		"BERTH_CACHE_DIR": &c.CacheDir, "BERTH_RUNSC": &c.RunscPath, "BERTH_CRIU": &c.CriuPath,
+	} {
+		if v := os.Getenv(k); v != "" {
+			*p = v
+		}
+	}
+}
+
+func runServe(e *env, args []string) error {
+	cfg := defaultServeConfig()
+	// The config file is applied before other flags, so find it first.
+	pre := flag.NewFlagSet("serve", flag.ContinueOnError)
+	pre.SetOutput(e.stderr)
+	cfgFile := pre.String("config", "", "JSON config file")
+	dataDir := pre.String("data-dir", "", "state directory (default /var/lib/berth)")
+	listen := pre.String("listen", "", "listen address (default 127.0.0.1:7070)")
+	rt := pre.String("runtime", "", "default runtime: runc or runsc")
+	noBuild := pre.Bool("no-default-template", false, "do not build the default template on start")
+	logLevel := pre.String("log-level", "", "debug, info, warn, error")
+	if err := pre.Parse(args); err != nil {
+		return usageError{err.Error()}
+	}
+	if *cfgFile != "" {
+		if err := loadConfigFile(*cfgFile, &cfg); err != nil {
+			return err
+		}
+	}
+	envOverride(&cfg)
+	for p, v := range map[*string]string{&cfg.DataDir: *dataDir, &cfg.Listen: *listen, &cfg.Runtime: *rt, &cfg.LogLevel: *logLevel} {
+		if v != "" {
+			*p = v
+		}
+	}
+	if *noBuild {
+		cfg.BuildDefault = false
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	return serve(e.ctx, cfg, e.stderr)
+}
+
+func lookBinary(explicit string, candidates ...string) string {
+	if explicit != "" {
+		return explicit
+	}
+	for _, c := range candidates {
+		if filepath.IsAbs(c) {
+			if st, err := os.Stat(c); err == nil && !st.IsDir() {
+				return c
+			}
+			continue
+		}
+		if p, err := exec.LookPath(c); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
+	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl}))
+	self, _ := os.Executable()
+	selfDir := filepath.Dir(self)
+	agent := lookBinary(cfg.AgentPath, filepath.Join(selfDir, "berth-agent"))
+	if agent == "" {
+		return errs.Field("agent_path", "berth-agent not found beside %s; build with `go build -o DIR ./cmd/...`", self)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
+		return errs.Wrap(errs.Internal, err, "data_dir")
+	}
+	st, err := store.OpenSQLite(filepath.Join(cfg.DataDir, "berth.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	tpl, err := template.Open(cfg.DataDir, log)
+	if err != nil {
+		return err
+	}
+	runtimes := map[string]runtime.Runtime{}
+	criu := lookBinary(cfg.CriuPath, filepath.Join(cfg.CacheDir, "bin", "criu"))
+	if p := lookBinary(cfg.RuncPath, "runc"); p != "" {
+		r, err := oci.New("runc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runc"), CRIU: criu, Logger: log})
+		if err != nil {
+			return err
+		}
+		runtimes["runc"] = r
+	}
+	if p := lookBinary(cfg.RunscPath, filepath.Join(selfDir, "runsc"), filepath.Join(cfg.CacheDir, "bin", "runsc"), "runsc"); p != "" {
+		r, err := oci.New("runsc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runsc"), Logger: log})
+		if err != nil {
+			return err
+		}
+		runtimes["runsc"] = r
+	}
+	if _, ok := runtimes[cfg.Runtime]; !ok {
+		return errs.Field("runtime", "%s is not installed (run scripts/setup.sh)", cfg.Runtime)
+	}
+	defTTL, _ := server.ParseDuration(cfg.DefaultTTL)
+	maxTTL, _ := server.ParseDuration(cfg.MaxTTL)
+	d, err := daemon.New(daemon.Config{
+		DataDir: cfg.DataDir, DefaultRuntime: cfg.Runtime, DefaultTemplate: cfg.DefaultTemplate,
+		DefaultTTL: defTTL, MaxTTL: maxTTL, AgentPath: agent, Log: log,
+	}, st, runtimes, tpl)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if _, err := d.EnsureAdminKey(ctx); err != nil {
+		return err
+	}
+	if err := d.Reconcile(ctx); err != nil {
+		log.Error("reconcile found problems", "err", err)
+	}
+	if cfg.BuildDefault {
+		d.EnsureDefaultTemplate(filepath.Join(cfg.CacheDir, "rootfs"))
+	}
+	d.Run()
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return errs.Wrap(errs.Unavailable, err, "listen")
+	}
+	handler := routes(d, log)
+	// WriteTimeout stays 0: exec and watch streams are long-lived.
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	log.Info("berth serving", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", cfg.Runtime)
+	fmt.Fprintf(logOut, "berth is listening on http://%s (admin key in %s)\n", ln.Addr(), filepath.Join(cfg.DataDir, "admin.key"))
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	// Graceful: stop accepting, let short requests finish; sandboxes keep running.
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	log.Info("berth stopped; sandboxes keep running")
+	return nil
+}
+
+// routes assembles the HTTP surface on one listener.
+func routes(d *daemon.Daemon, log *slog.Logger) http.Handler {
+	return server.New(d, log)
+}

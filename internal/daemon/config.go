@@ -1,0 +1,83 @@
+package daemon
+
+import (
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// Config is the daemon's part of the server configuration.
+type Config struct {
+	DataDir          string
+	DefaultRuntime   string
+	DefaultTemplate  string
+	DefaultTTL       time.Duration
+	MaxTTL           time.Duration
+	DefaultResources sandbox.Resources
+	MaxResources     sandbox.Resources
+	AgentPath        string        // host path of the static berth-agent binary
+	ReadyTimeout     time.Duration // how long a new sandbox's agent may take to answer
+	Log              *slog.Logger
+	Now              func() time.Time
+}
+
+// maxSocketPath is sun_path's limit (108) minus the NUL byte.
+const maxSocketPath = 107
+
+// Validate checks the config and names the bad key.
+func (c *Config) Validate() error {
+	if c.DataDir == "" {
+		return errs.Field("data_dir", "must be set")
+	}
+	if !filepath.IsAbs(c.DataDir) {
+		return errs.Field("data_dir", "must be an absolute path, got %q", c.DataDir)
+	}
+	// A unix socket path cannot exceed 107 bytes; the agent socket lives under the data dir.
+	sock := filepath.Join(c.DataDir, "sandboxes", "12345678901234567890", "run", "agent.sock")
+	if len(sock) > maxSocketPath {
+		return errs.Field("data_dir", "too long (%d bytes): agent socket paths under it would exceed the 107-byte unix socket limit", len(c.DataDir))
+	}
+	if c.DefaultTTL <= 0 {
+		return errs.Field("default_ttl", "must be positive")
+	}
+	if c.MaxTTL < c.DefaultTTL {
+		return errs.Field("max_ttl", "must be at least default_ttl (%s)", c.DefaultTTL)
+	}
+	if c.AgentPath == "" {
+		return errs.Field("agent_path", "must be set (berth-agent is looked up beside the berth executable)")
+	}
+	return nil
+}
+
+func (c *Config) setDefaults() {
+	if c.DefaultRuntime == "" {
+		c.DefaultRuntime = "runc"
+	}
+	if c.DefaultTemplate == "" {
+		c.DefaultTemplate = "default"
+	}
+	if c.DefaultTTL == 0 {
+		c.DefaultTTL = 15 * time.Minute
+	}
+	if c.MaxTTL == 0 {
+		c.MaxTTL = 24 * time.Hour
+	}
+	if c.DefaultResources == (sandbox.Resources{}) {
+		c.DefaultResources = sandbox.Resources{CPUMillis: 1000, MemoryMiB: 512, DiskMiB: 2048, Pids: 1024}
+	}
+	if c.MaxResources == (sandbox.Resources{}) {
+		c.MaxResources = sandbox.Resources{CPUMillis: 16000, MemoryMiB: 65536, DiskMiB: 512 * 1024, Pids: 65536}
+	}
+	if c.ReadyTimeout == 0 {
+		c.ReadyTimeout = 30 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}

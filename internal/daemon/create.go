@@ -1,0 +1,301 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// agentInSandbox is where the host's berth-agent binary is bind-mounted.
+const agentInSandbox = "/.berth/berth-agent"
+
+var envKeyOK = func(k string) bool {
+	if k == "" || strings.ContainsAny(k, "=\x00") {
+		return false
+	}
+	return true
+}
+
+// normalize fills defaults and validates a create request; errors name the field.
+func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Template, error) {
+	if req.Owner == "" {
+		return nil, errs.Field("owner", "must be set")
+	}
+	if req.Template == "" {
+		req.Template = d.cfg.DefaultTemplate
+	}
+	tplv, err := d.store.GetTemplate(ctx, req.Template)
+	tpl := &tplv
+	if err != nil {
+		if errs.Is(err, errs.NotFound) {
+			return nil, errs.Field("template", "unknown template %q (see `berth template ls`)", req.Template)
+		}
+		return nil, err
+	}
+	if tpl.State != "ready" {
+		return nil, errs.Field("template", "template %q is %s, not ready: %s", req.Template, tpl.State, tpl.Progress+tpl.Error)
+	}
+	if req.Runtime == "" {
+		req.Runtime = d.cfg.DefaultRuntime
+	}
+	if _, ok := d.runtimes[req.Runtime]; !ok {
+		names := make([]string, 0, len(d.runtimes))
+		for n := range d.runtimes {
+			names = append(names, n)
+		}
+		return nil, errs.Field("runtime", "unknown runtime %q; available: %s", req.Runtime, strings.Join(names, ", "))
+	}
+	if req.TTL < 0 {
+		return nil, errs.Field("ttl", "must be positive")
+	}
+	if req.TTL == 0 {
+		req.TTL = d.cfg.DefaultTTL
+	}
+	if req.TTL > d.cfg.MaxTTL {
+		return nil, errs.Field("ttl", "must be at most %s", d.cfg.MaxTTL)
+	}
+	if req.ExpiryAction == "" {
+		req.ExpiryAction = sandbox.ExpireStop
+		if req.Workstation {
+			req.ExpiryAction = sandbox.ExpirePause
+		}
+	}
+	if err := sandbox.ValidExpiryAction(req.ExpiryAction); err != nil {
+		return nil, err
+	}
+	if err := sandbox.ValidateResources(req.Resources, d.cfg.MaxResources); err != nil {
+		return nil, err
+	}
+	r, def := &req.Resources, d.cfg.DefaultResources
+	if r.CPUMillis == 0 {
+		r.CPUMillis = def.CPUMillis
+	}
+	if r.MemoryMiB == 0 {
+		r.MemoryMiB = def.MemoryMiB
+	}
+	if r.DiskMiB == 0 {
+		r.DiskMiB = def.DiskMiB
+	}
+	if r.Pids == 0 {
+		r.Pids = def.Pids
+	}
+	if err := sandbox.ValidateLabels("labels", req.Labels); err != nil {
+		return nil, err
+	}
+	for k := range req.Env {
+		if !envKeyOK(k) {
+			return nil, errs.Field("env", "invalid variable name %q", k)
+		}
+	}
+	return tpl, nil
+}
+
+// Create makes a sandbox and returns once its agent answers (ready).
+func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbox, error) {
+	tpl, err := d.normalize(ctx, &req)
+	if err != nil {
+		return nil, err
+	}
+	now := d.cfg.Now()
+	sb := &sandbox.Sandbox{
+		ID: sandbox.NewID(), Owner: req.Owner, Template: tpl.Name, TemplateID: tpl.Fingerprint,
+		Runtime: req.Runtime, State: sandbox.Creating, Labels: req.Labels, Env: req.Env,
+		Resources: req.Resources, CreatedAt: now, ExpiresAt: now.Add(req.TTL),
+		ExpiryAction: req.ExpiryAction, AccessToken: newToken(), AutoResume: req.AutoResume,
+		Extra: req.Extra,
+	}
+	if sb.Labels == nil {
+		sb.Labels = map[string]string{}
+	}
+	actor := req.Actor
+	if actor == "" {
+		actor = req.Owner
+	}
+	// Intent first: a crash from here on leaves a "creating" row that
+	// reconciliation finishes or cleans up.
+	if err := d.store.CreateSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	d.event(ctx, sb, actor, "transition", "created", "", map[string]string{"template": sb.Template, "runtime": sb.Runtime})
+	unlock := d.lock(sb.ID)
+	defer unlock()
+
+	start := time.Now()
+	if err := d.boot(ctx, sb, tpl); err != nil {
+		d.fail(ctx, sb, "create_failed", err)
+		return nil, err
+	}
+	out, err := d.transition(ctx, sb.ID, sandbox.Running, actor, "created", "", func(s *sandbox.Sandbox) error {
+		s.StartedAt = d.cfg.Now()
+		return nil
+	})
+	if err != nil {
+		d.fail(ctx, sb, "create_failed", err)
+		return nil, err
+	}
+	d.log.Info("sandbox created", "sandbox_id", sb.ID, "owner", sb.Owner, "template", sb.Template,
+		"runtime", sb.Runtime, "ms", time.Since(start).Milliseconds())
+	return out, nil
+}
+
+// fail tears down a sandbox's runtime resources and records it as failed.
+func (d *Daemon) fail(ctx context.Context, sb *sandbox.Sandbox, reason string, cause error) {
+	tctx, cancel := teardownCtx(ctx)
+	defer cancel()
+	if err := d.halt(tctx, sb); err != nil {
+		d.log.Error("teardown after failure", "sandbox_id", sb.ID, "err", err)
+	}
+	if _, err := d.transition(tctx, sb.ID, sandbox.Failed, "berth", reason, shortError(cause), nil); err != nil {
+		d.log.Error("record failure", "sandbox_id", sb.ID, "err", err)
+	}
+}
+
+// layersOf resolves a template's layer digests to host paths, top first.
+func (d *Daemon) layersOf(tpl *store.Template) ([]string, error) {
+	lowers := make([]string, 0, len(tpl.Layers))
+	for _, dg := range tpl.Layers {
+		p := d.templates.LayerPath(dg)
+		if _, err := os.Stat(p); err != nil {
+			return nil, errs.Wrap(errs.FailedPrecondition, err, "layer %s of template %s is missing", dg, tpl.Name)
+		}
+		lowers = append(lowers, p)
+	}
+	if len(lowers) == 0 {
+		return nil, errs.E(errs.FailedPrecondition, "template %s has no layers", tpl.Name)
+	}
+	return lowers, nil
+}
+
+// boot mounts the sandbox's filesystem (creating its workspace the first
+// time), starts PID 1 and waits for the agent. Each step registers its undo.
+func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) (err error) {
+	rt, err := d.runtimeFor(sb)
+	if err != nil {
+		return err
+	}
+	if tpl == nil {
+		t, err := d.store.GetTemplate(ctx, sb.Template)
+		if err != nil {
+			return errs.Wrap(errs.FailedPrecondition, err, "template %s", sb.Template)
+		}
+		tpl = &t
+	}
+	lowers, err := d.layersOf(tpl)
+	if err != nil {
+		return err
+	}
+	dir := d.sandboxDir(sb.ID)
+	if err := os.MkdirAll(d.runDir(sb.ID), 0o755); err != nil {
+		return errs.Wrap(errs.Internal, err, "create sandbox dir")
+	}
+	var undo []func(context.Context) error
+	defer func() {
+		if err != nil {
+			tctx, cancel := teardownCtx(ctx)
+			defer cancel()
+			for i := len(undo) - 1; i >= 0; i-- {
+				if uerr := undo[i](tctx); uerr != nil {
+					err = errors.Join(err, uerr)
+				}
+			}
+		}
+	}()
+	var root string
+	if _, statErr := os.Stat(filepath.Join(dir, "disk.img")); statErr == nil {
+		root, err = rootfs.Remount(ctx, dir, lowers)
+	} else {
+		root, err = rootfs.Prepare(ctx, dir, lowers, sb.Resources.DiskMiB)
+	}
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "prepare filesystem")
+	}
+	undo = append(undo, func(c context.Context) error { return rootfs.Teardown(c, dir) })
+
+	if err := d.writeEnv(sb); err != nil {
+		return err
+	}
+	_ = os.Remove(d.socketPath(sb.ID))
+	spec := d.spec(sb, tpl, root)
+	if err := rt.Run(ctx, spec); err != nil {
+		return errs.Wrap(errs.Internal, err, "start sandbox")
+	}
+	undo = append(undo, func(c context.Context) error { return rt.Delete(c, sb.ID) })
+
+	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
+	defer cancel()
+	d.dropClient(sb.ID)
+	if _, err := d.client(sb.ID).WaitReady(wctx, 20*time.Millisecond); err != nil {
+		return errs.Wrap(errs.Unavailable, err, "agent did not become ready within %s", d.cfg.ReadyTimeout)
+	}
+	return nil
+}
+
+// spec computes the runtime spec for a sandbox: pure data.
+func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) runtime.Spec {
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"BERTH_SANDBOX_ID=" + sb.ID,
+	}
+	return runtime.Spec{
+		ID: sb.ID, BundleDir: d.sandboxDir(sb.ID), RootFS: root, Hostname: sb.ID,
+		Args: []string{agentInSandbox}, Env: env, Cwd: "/",
+		Mounts: []runtime.Mount{
+			{Source: d.cfg.AgentPath, Target: agentInSandbox, ReadOnly: true},
+			{Source: d.runDir(sb.ID), Target: agentapi.SocketDir},
+		},
+		Resources: runtime.Resources{
+			CPUMillis:   sb.Resources.CPUMillis,
+			MemoryBytes: sb.Resources.MemoryMiB << 20,
+			Pids:        sb.Resources.Pids,
+		},
+		NetNSPath: sb.Extra["netns_path"],
+		LogPath:   filepath.Join(d.runDir(sb.ID), "runtime.log"),
+	}
+}
+
+// writeEnv publishes the sandbox's default environment to the agent
+// (re-read on every exec, so updates apply without a restart).
+func (d *Daemon) writeEnv(sb *sandbox.Sandbox) error {
+	env := map[string]string{}
+	for k, v := range sb.Env {
+		env[k] = v
+	}
+	b, err := json.Marshal(env)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "encode env")
+	}
+	p := filepath.Join(d.runDir(sb.ID), "env.json")
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return errs.Wrap(errs.Internal, err, "write env")
+	}
+	return errs.Wrap(errs.Internal, os.Rename(tmp, p), "write env")
+}
+
+// halt stops PID 1 and unmounts the filesystem, keeping the workspace image.
+func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
+	d.dropClient(sb.ID)
+	var errList []error
+	if rt, err := d.runtimeFor(sb); err == nil {
+		if err := rt.Delete(ctx, sb.ID); err != nil {
+			errList = append(errList, err)
+		}
+	} else {
+		errList = append(errList, err)
+	}
+	if err := rootfs.Teardown(ctx, d.sandboxDir(sb.ID)); err != nil {
+		errList = append(errList, err)
+	}
+	return errors.Join(errList...)
+}

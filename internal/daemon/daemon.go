@@ -1,0 +1,212 @@
+// Package daemon is berth's lifecycle service on one host: it turns API
+// requests into store intents, runtime effects and events, and reconciles the
+// store against the runtime after a crash.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+	"github.com/berth-dev/berth/internal/template"
+)
+
+// Daemon owns every sandbox on this host.
+type Daemon struct {
+	cfg       Config
+	log       *slog.Logger
+	store     store.Store
+	runtimes  map[string]runtime.Runtime
+	templates *template.Store
+
+	locksMu sync.Mutex
+	locks   map[string]*sync.Mutex
+
+	clientsMu sync.Mutex
+	clients   map[string]*agentapi.Client
+
+	pauseMu sync.Mutex
+	pauseCh map[string]chan struct{}
+
+	// bg is the daemon's lifetime: sandboxes and background loops live on it,
+	// never on a request's context.
+	bg     context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New wires a daemon. runtimes maps backend name ("runc", "runsc") to its implementation.
+func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *template.Store) (*Daemon, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if _, ok := rts[cfg.DefaultRuntime]; !ok {
+		return nil, errs.Field("runtime", "default runtime %q is not available", cfg.DefaultRuntime)
+	}
+	for _, d := range []string{"sandboxes", "layers"} {
+		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o711); err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "create data dir")
+		}
+	}
+	agent, err := installAgent(cfg.DataDir, cfg.AgentPath)
+	if err != nil {
+		return nil, err
+	}
+	cfg.AgentPath = agent
+	bg, cancel := context.WithCancel(context.Background())
+	return &Daemon{
+		cfg: cfg, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
+		locks: map[string]*sync.Mutex{}, clients: map[string]*agentapi.Client{},
+		pauseCh: map[string]chan struct{}{},
+		bg: bg, cancel: cancel,
+	}, nil
+}
+
+// Close stops background loops. Sandboxes keep running: a daemon restart
+// reconciles and adopts them.
+func (d *Daemon) Close() {
+	d.cancel()
+	d.wg.Wait()
+	d.clientsMu.Lock()
+	for _, c := range d.clients {
+		c.Close()
+	}
+	d.clientsMu.Unlock()
+}
+
+// Store exposes the store for read-only API handlers (events, templates, keys).
+func (d *Daemon) Store() store.Store { return d.store }
+
+// Runtimes lists the configured backends.
+func (d *Daemon) Runtimes() map[string]runtime.Runtime { return d.runtimes }
+
+// Config returns the effective configuration.
+func (d *Daemon) Config() Config { return d.cfg }
+
+// lock serialises lifecycle operations on one sandbox.
+func (d *Daemon) lock(id string) func() {
+	d.locksMu.Lock()
+	m, ok := d.locks[id]
+	if !ok {
+		m = &sync.Mutex{}
+		d.locks[id] = m
+	}
+	d.locksMu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+func (d *Daemon) sandboxDir(id string) string { return filepath.Join(d.cfg.DataDir, "sandboxes", id) }
+func (d *Daemon) runDir(id string) string     { return filepath.Join(d.sandboxDir(id), "run") }
+func (d *Daemon) socketPath(id string) string {
+	return filepath.Join(d.runDir(id), agentapi.SocketName)
+}
+
+// client returns the cached agent client for a sandbox.
+func (d *Daemon) client(id string) *agentapi.Client {
+	d.clientsMu.Lock()
+	defer d.clientsMu.Unlock()
+	c, ok := d.clients[id]
+	if !ok {
+		c = agentapi.NewClient(d.socketPath(id))
+		d.clients[id] = c
+	}
+	return c
+}
+
+func (d *Daemon) dropClient(id string) {
+	d.clientsMu.Lock()
+	if c, ok := d.clients[id]; ok {
+		c.Close()
+		delete(d.clients, id)
+	}
+	d.clientsMu.Unlock()
+}
+
+func (d *Daemon) runtimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error) {
+	rt, ok := d.runtimes[sb.Runtime]
+	if !ok {
+		return nil, errs.E(errs.FailedPrecondition, "runtime %q of sandbox %s is not configured on this server", sb.Runtime, sb.ID)
+	}
+	return rt, nil
+}
+
+// event appends a non-transition event; failures are logged, never fatal.
+func (d *Daemon) event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string) {
+	ev := sandbox.Event{SandboxID: sb.ID, Owner: sb.Owner, Time: d.cfg.Now(), Actor: actor, Type: typ,
+		Reason: reason, Message: msg, Data: data}
+	if _, err := d.store.AppendEvent(context.WithoutCancel(ctx), ev); err != nil {
+		d.log.Error("append event", "sandbox_id", sb.ID, "type", typ, "err", err)
+	}
+}
+
+// transition moves a sandbox to a new state with an event, in one store transaction.
+func (d *Daemon) transition(ctx context.Context, id string, to sandbox.State, actor, reason, msg string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
+	ev := sandbox.Event{SandboxID: id, Time: d.cfg.Now(), Actor: actor, Type: "transition", Reason: reason, Message: msg}
+	return d.store.Transition(context.WithoutCancel(ctx), id, to, ev, func(sb *sandbox.Sandbox) error {
+		sb.Reason, sb.Message = reason, msg
+		if fn != nil {
+			return fn(sb)
+		}
+		return nil
+	})
+}
+
+// visible loads a sandbox and hides other owners' sandboxes behind NotFound.
+// owner "" is the admin view.
+func (d *Daemon) visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	if !sandbox.ValidID(id) {
+		return nil, errs.E(errs.NotFound, "sandbox %q not found", id)
+	}
+	sb, err := d.store.GetSandbox(ctx, id)
+	if err != nil {
+		if errs.Is(err, errs.NotFound) {
+			return nil, errs.E(errs.NotFound, "sandbox %q not found", id)
+		}
+		return nil, err
+	}
+	if owner != "" && sb.Owner != owner {
+		return nil, errs.E(errs.NotFound, "sandbox %q not found", id)
+	}
+	if sb.State == sandbox.Deleted {
+		return nil, errs.E(errs.NotFound, "sandbox %q not found", id)
+	}
+	return sb, nil
+}
+
+func newToken() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// goBackground runs fn on the daemon's lifetime.
+func (d *Daemon) goBackground(name string, fn func(ctx context.Context)) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer func() {
+			if r := recover(); r != nil {
+				d.log.Error("background loop panicked", "loop", name, "err", fmt.Sprint(r))
+			}
+		}()
+		fn(d.bg)
+	}()
+}
+
+// teardownCtx gives cleanup work its own deadline, detached from the caller.
+func teardownCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+}

@@ -1,0 +1,96 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// Principal is the caller an API key maps to.
+type Principal struct {
+	Owner string
+	Admin bool // may act for any owner (the local admin key)
+}
+
+var ownerRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// ValidOwner checks an owner name.
+func ValidOwner(field, owner string) error {
+	if !ownerRe.MatchString(owner) {
+		return errs.Field(field, "must be 1-63 chars of lowercase letters, digits, '.', '_', '-', got %q", owner)
+	}
+	return nil
+}
+
+func hashKey(key string) []byte {
+	h := sha256.Sum256([]byte(key))
+	return h[:]
+}
+
+// CreateKey mints an API key for owner; only the hash is stored.
+func (d *Daemon) CreateKey(ctx context.Context, owner string, admin bool) (string, error) {
+	if err := ValidOwner("owner", owner); err != nil {
+		return "", err
+	}
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	key := "bk_" + hex.EncodeToString(b[:])
+	var idb [6]byte
+	_, _ = rand.Read(idb[:])
+	err := d.store.CreateAPIKey(ctx, store.APIKey{
+		ID: hex.EncodeToString(idb[:]), Owner: owner, Hash: hashKey(key), Admin: admin, CreatedAt: d.cfg.Now(),
+	})
+	if err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+// Authenticate maps an API key to its principal.
+func (d *Daemon) Authenticate(ctx context.Context, key string) (Principal, error) {
+	if key == "" {
+		return Principal{}, errs.E(errs.Unauthenticated, "missing API key (X-API-Key header or Authorization: Bearer)")
+	}
+	k, err := d.store.LookupAPIKey(ctx, hashKey(key))
+	if err != nil {
+		if errs.Is(err, errs.NotFound) {
+			return Principal{}, errs.E(errs.Unauthenticated, "invalid API key")
+		}
+		return Principal{}, err
+	}
+	return Principal{Owner: k.Owner, Admin: k.Admin}, nil
+}
+
+// EnsureAdminKey writes DATA_DIR/admin.key on first start.
+func (d *Daemon) EnsureAdminKey(ctx context.Context) (string, error) {
+	p := filepath.Join(d.cfg.DataDir, "admin.key")
+	if b, err := os.ReadFile(p); err == nil && len(b) > 0 {
+		key := string(trimSpace(b))
+		if _, err := d.Authenticate(ctx, key); err == nil {
+			return key, nil
+		}
+	}
+	key, err := d.CreateKey(ctx, "admin", true)
+	if err != nil {
+		return "", err
+	}
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(key+"\n"), 0o600); err != nil {
+		return "", errs.Wrap(errs.Internal, err, "write admin key")
+	}
+	return key, errs.Wrap(errs.Internal, os.Rename(tmp, p), "write admin key")
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}

@@ -1,0 +1,224 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// Get returns one sandbox visible to owner ("" = admin).
+func (d *Daemon) Get(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	return d.visible(ctx, owner, id)
+}
+
+// List returns sandboxes matching the filter and a cursor for the next page.
+func (d *Daemon) List(ctx context.Context, f ListFilter) ([]*sandbox.Sandbox, string, error) {
+	for _, s := range f.States {
+		if !sandbox.ValidState(string(s)) {
+			return nil, "", errs.Field("state", "unknown state %q", s)
+		}
+	}
+	if f.Order != "" && f.Order != "asc" && f.Order != "desc" {
+		return nil, "", errs.Field("order", "must be asc or desc, got %q", f.Order)
+	}
+	if f.Limit < 0 {
+		return nil, "", errs.Field("limit", "must not be negative")
+	}
+	states := f.States
+	if len(states) == 0 {
+		for _, s := range sandbox.States() {
+			if s != sandbox.Deleted {
+				states = append(states, s)
+			}
+		}
+	}
+	return d.store.ListSandboxes(ctx, store.SandboxFilter{
+		Owner: f.Owner, States: states, Labels: f.Labels, Template: f.Template,
+		CreatedAfter: f.CreatedAfter, Order: f.Order, Limit: f.Limit, After: f.Cursor,
+	})
+}
+
+// Stop halts a sandbox's processes and keeps its workspace.
+func (d *Daemon) Stop(ctx context.Context, owner, id, actor, reason string) (*sandbox.Sandbox, error) {
+	unlock := d.lock(id)
+	defer unlock()
+	sb, err := d.visible(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == sandbox.Stopped {
+		return sb, nil
+	}
+	if err := sandbox.Transition(sb.State, sandbox.Stopped); err != nil {
+		return nil, err
+	}
+	tctx, cancel := teardownCtx(ctx)
+	defer cancel()
+	if err := d.halt(tctx, sb); err != nil {
+		return nil, errs.Wrap(errs.Internal, err, "stop sandbox %s", id)
+	}
+	return d.transition(tctx, id, sandbox.Stopped, actor, reason, "", nil)
+}
+
+// Start boots a stopped (or failed) sandbox again from its workspace.
+func (d *Daemon) Start(ctx context.Context, owner, id, actor string) (*sandbox.Sandbox, error) {
+	unlock := d.lock(id)
+	defer unlock()
+	sb, err := d.visible(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == sandbox.Running {
+		return sb, nil
+	}
+	if sb.State != sandbox.Stopped && sb.State != sandbox.Failed {
+		return nil, &sandbox.TransitionError{From: sb.State, To: sandbox.Running}
+	}
+	if !d.cfg.Now().Before(sb.ExpiresAt) {
+		return nil, errs.E(errs.FailedPrecondition, "sandbox %s expired at %s; extend it first (berth extend)", id, sb.ExpiresAt.Format(time.RFC3339))
+	}
+	if err := d.boot(ctx, sb, nil); err != nil {
+		d.fail(ctx, sb, "start_failed", err)
+		return nil, err
+	}
+	return d.transition(ctx, id, sandbox.Running, actor, "started", "", func(s *sandbox.Sandbox) error {
+		s.StartedAt = d.cfg.Now()
+		return nil
+	})
+}
+
+// Delete removes every trace of a sandbox on the host: processes, mounts,
+// cgroups, sockets, directories. The record is kept as an event trail.
+func (d *Daemon) Delete(ctx context.Context, owner, id string) error {
+	return d.delete(ctx, owner, id, owner, "deleted")
+}
+
+func (d *Daemon) delete(ctx context.Context, owner, id, actor, reason string) error {
+	unlock := d.lock(id)
+	defer unlock()
+	sb, err := d.visible(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	tctx, cancel := teardownCtx(ctx)
+	defer cancel()
+	if err := d.destroy(tctx, sb); err != nil {
+		return errs.Wrap(errs.Internal, err, "delete sandbox %s", id)
+	}
+	if _, err := d.transition(tctx, id, sandbox.Deleted, actor, reason, "", nil); err != nil {
+		return err
+	}
+	d.locksMu.Lock()
+	delete(d.locks, id)
+	d.locksMu.Unlock()
+	return d.store.DeleteSandbox(tctx, id)
+}
+
+// destroy halts a sandbox and removes its directory.
+func (d *Daemon) destroy(ctx context.Context, sb *sandbox.Sandbox) error {
+	if err := d.halt(ctx, sb); err != nil {
+		return err
+	}
+	if err := rootfs.Teardown(ctx, d.sandboxDir(sb.ID)); err != nil {
+		return err
+	}
+	return os.RemoveAll(d.sandboxDir(sb.ID))
+}
+
+// SetExpiry moves a sandbox's expiry (shorter or longer, capped at the server maximum).
+func (d *Daemon) SetExpiry(ctx context.Context, owner, id string, at time.Time) (*sandbox.Sandbox, error) {
+	if _, err := d.visible(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	now := d.cfg.Now()
+	if at.Before(now) {
+		at = now
+	}
+	if max := now.Add(d.cfg.MaxTTL); at.After(max) {
+		return nil, errs.Field("ttl", "must be at most %s", d.cfg.MaxTTL)
+	}
+	out, err := d.store.UpdateSandbox(ctx, id, func(sb *sandbox.Sandbox) error {
+		sb.ExpiresAt = at
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.event(ctx, out, owner, "expiry", "extended", "", map[string]string{"expires_at": at.UTC().Format(time.RFC3339)})
+	return out, nil
+}
+
+// Agent returns a client for a running sandbox's agent.
+func (d *Daemon) Agent(ctx context.Context, owner, id string) (*agentapi.Client, error) {
+	sb, err := d.visible(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State == sandbox.Paused && sb.AutoResume {
+		if _, err := d.resume(ctx, owner, id, "auto-resume", false); err != nil && !errs.Is(err, errs.Conflict) {
+			return nil, err
+		}
+		if sb, err = d.visible(ctx, owner, id); err != nil {
+			return nil, err
+		}
+	}
+	if sb.State != sandbox.Running {
+		return nil, errs.E(errs.Unavailable, "sandbox %s is %s, not running", id, sb.State)
+	}
+	return d.client(id), nil
+}
+
+// Lease keeps a sandbox from expiring (and from being reaped) until now+dur,
+// without ping loops. A zero duration releases the lease.
+func (d *Daemon) Lease(ctx context.Context, owner, id string, dur time.Duration) (*sandbox.Sandbox, error) {
+	if dur < 0 || dur > d.cfg.MaxTTL {
+		return nil, errs.Field("for", "must be between 0 and %s", d.cfg.MaxTTL)
+	}
+	if _, err := d.visible(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	until := d.cfg.Now().Add(dur)
+	out, err := d.store.UpdateSandbox(ctx, id, func(sb *sandbox.Sandbox) error {
+		if sb.Extra == nil {
+			sb.Extra = map[string]string{}
+		}
+		if dur == 0 {
+			delete(sb.Extra, "lease_until")
+		} else {
+			sb.Extra["lease_until"] = until.UTC().Format(time.RFC3339Nano)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	reason := "lease_acquired"
+	if dur == 0 {
+		reason = "lease_released"
+	}
+	d.event(ctx, out, owner, "lease", reason, "", map[string]string{"until": until.UTC().Format(time.RFC3339), "for": dur.String()})
+	return out, nil
+}
+
+// LeaseUntil returns the active lease's end, or the zero time.
+func LeaseUntil(sb *sandbox.Sandbox) time.Time {
+	t, err := time.Parse(time.RFC3339Nano, sb.Extra["lease_until"])
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// SandboxByToken finds the running-or-paused sandbox with this envd access token.
+func (d *Daemon) SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error) {
+	if token == "" {
+		return nil, errs.E(errs.NotFound, "no sandbox for an empty token")
+	}
+	return d.store.SandboxByToken(ctx, token)
+}

@@ -1,0 +1,37 @@
+package daemon
+
+import (
+	"time"
+
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// CreateRequest is everything a caller may ask for at create time. Zero
+// values mean "server default".
+type CreateRequest struct {
+	Owner        string
+	Actor        string // who asked (owner name, "e2b", "reaper", ...), for events
+	Template     string // template name; "" = server default ("default")
+	Runtime      string // "runc" | "runsc"; "" = server default
+	TTL          time.Duration
+	ExpiryAction sandbox.ExpiryAction
+	Resources    sandbox.Resources
+	Labels       map[string]string
+	Env          map[string]string
+	AutoResume   bool
+	Workstation  bool // expiry action pause by default
+	// Extra is feature-specific persisted data (network policy, lineage ...).
+	Extra map[string]string
+}
+
+// ListFilter selects sandboxes visible to an owner ("" = all, admin only).
+type ListFilter struct {
+	Owner        string
+	States       []sandbox.State
+	Labels       map[string]string
+	Template     string
+	CreatedAfter time.Time
+	Order        string // "asc" | "desc" (default desc)
+	Limit        int
+	Cursor       string
+}

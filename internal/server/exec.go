@@ -1,0 +1,244 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
+type ExecRequest struct {
+	Cmd     []string          `json:"cmd,omitempty"`
+	Shell   string            `json:"shell,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+	User    string            `json:"user,omitempty"`
+	Timeout string            `json:"timeout,omitempty"`
+	Stdin   bool              `json:"stdin,omitempty"`
+	TTY     *agentapi.TTYSize `json:"tty,omitempty"`
+	Tag     string            `json:"tag,omitempty"`
+}
+
+// exec starts a process and streams its events as NDJSON (one agentapi.Event
+// per line): start, stdout/stderr/pty data, exit. Closing the stream does
+// not kill the process; it can be re-attached.
+func (s *Server) exec(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req ExecRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if len(req.Cmd) == 0 && req.Shell == "" {
+		return errs.Field("cmd", "must not be empty")
+	}
+	timeout, err := ParseDuration(req.Timeout)
+	if err != nil || timeout < 0 {
+		return errs.Field("timeout", "must be a duration like 30s")
+	}
+	id := r.PathValue("id")
+	c, err := s.d.Agent(r.Context(), owner(r, p), id)
+	if err != nil {
+		return err
+	}
+	paused := s.d.PauseSignal(id)
+	st, err := c.Exec(r.Context(), agentapi.ExecRequest{
+		Argv: req.Cmd, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
+		Stdin: req.Stdin, TTY: req.TTY, Tag: req.Tag, TimeoutMs: timeout.Milliseconds(),
+	}, keepalive(r))
+	if err != nil {
+		return err
+	}
+	s.pipeEvents(w, r, st, paused)
+	return nil
+}
+
+func keepalive(r *http.Request) int {
+	n, _ := strconv.Atoi(r.URL.Query().Get("keepalive"))
+	return n
+}
+
+type eventStream interface {
+	Next() (agentapi.Event, error)
+	Close() error
+}
+
+// pipeEvents copies agent events to the client, flushing each, and ends
+// the stream with an error event if the sandbox is paused meanwhile.
+func (s *Server) pipeEvents(w http.ResponseWriter, r *http.Request, st eventStream, paused <-chan struct{}) {
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	events := make(chan agentapi.Event, 16)
+	done := make(chan error, 1)
+	go func() {
+		defer close(events)
+		for {
+			ev, err := st.Next()
+			if err != nil {
+				done <- err
+				return
+			}
+			events <- ev
+		}
+	}()
+	defer func() {
+		st.Close()
+		for range events {
+		}
+	}()
+	enc := json.NewEncoder(w)
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				if err := <-done; err != nil && !errors.Is(err, io.EOF) {
+					_ = enc.Encode(agentapi.Event{Type: "error", Error: err.Error()})
+					_ = rc.Flush()
+				}
+				return
+			}
+			if err := enc.Encode(ev); err != nil {
+				return
+			}
+			_ = rc.Flush()
+		case <-paused:
+			_ = enc.Encode(agentapi.Event{Type: "error", Error: daemon.ErrPaused().Error()})
+			_ = rc.Flush()
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+func pid(r *http.Request) (int, error) {
+	n, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || n <= 0 {
+		return 0, errs.Field("pid", "must be a positive integer")
+	}
+	return n, nil
+}
+
+func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	c, err := s.d.Agent(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	list, err := c.Processes(r.Context())
+	if err != nil {
+		return err
+	}
+	if list == nil {
+		list = []agentapi.ProcessInfo{}
+	}
+	writeJSON(w, http.StatusOK, list)
+	return nil
+}
+
+func (s *Server) attach(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	n, err := pid(r)
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	c, err := s.d.Agent(r.Context(), owner(r, p), id)
+	if err != nil {
+		return err
+	}
+	paused := s.d.PauseSignal(id)
+	st, err := c.Attach(r.Context(), n, keepalive(r))
+	if err != nil {
+		return err
+	}
+	s.pipeEvents(w, r, st, paused)
+	return nil
+}
+
+func (s *Server) stdin(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	n, err := pid(r)
+	if err != nil {
+		return err
+	}
+	c, err := s.d.Agent(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	data, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
+	if err != nil {
+		return errs.Wrap(errs.InvalidArgument, err, "read stdin body")
+	}
+	if err := c.Input(r.Context(), n, data); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) closeStdin(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	n, err := pid(r)
+	if err != nil {
+		return err
+	}
+	c, err := s.d.Agent(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := c.CloseStdin(r.Context(), n); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) signal(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	n, err := pid(r)
+	if err != nil {
+		return err
+	}
+	var req agentapi.SignalRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Signal <= 0 || req.Signal > 64 {
+		return errs.Field("signal", "must be a signal number between 1 and 64")
+	}
+	c, err := s.d.Agent(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := c.Signal(r.Context(), n, req.Signal); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) resize(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	n, err := pid(r)
+	if err != nil {
+		return err
+	}
+	var req agentapi.ResizeRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Cols == 0 || req.Rows == 0 {
+		return errs.Field("cols", "cols and rows must be positive")
+	}
+	c, err := s.d.Agent(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := c.Resize(r.Context(), n, req.Cols, req.Rows); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

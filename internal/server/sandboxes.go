@@ -1,0 +1,248 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// Duration accepts "15m", "90s" or a number of seconds.
+type Duration time.Duration
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var n float64
+	if err := json.Unmarshal(b, &n); err == nil {
+		*d = Duration(time.Duration(n * float64(time.Second)))
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	v, err := ParseDuration(s)
+	*d = Duration(v)
+	return err
+}
+
+// ParseDuration parses "15m", "2h30m", "1d" or plain seconds.
+func ParseDuration(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if n, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(n * float64(time.Second)), nil
+	}
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseFloat(days, 64)
+		if err == nil {
+			return time.Duration(n * 24 * float64(time.Hour)), nil
+		}
+	}
+	return time.ParseDuration(s)
+}
+
+// CreateRequest is the body of POST /v1/sandboxes.
+type CreateRequest struct {
+	Template     string            `json:"template,omitempty"`
+	Runtime      string            `json:"runtime,omitempty"`
+	TTL          string            `json:"ttl,omitempty"`
+	ExpiryAction string            `json:"expiry_action,omitempty"`
+	CPU          float64           `json:"cpu,omitempty"`
+	MemoryMiB    int64             `json:"memory_mib,omitempty"`
+	DiskMiB      int64             `json:"disk_mib,omitempty"`
+	Pids         int64             `json:"pids,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Env          map[string]string `json:"env,omitempty"`
+	AutoResume   bool              `json:"auto_resume,omitempty"`
+	Workstation  bool              `json:"workstation,omitempty"`
+	Owner        string            `json:"owner,omitempty"` // admin key only
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req CreateRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	own := p.Owner
+	if req.Owner != "" {
+		if !p.Admin && req.Owner != p.Owner {
+			return errs.Field("owner", "only the admin key may create sandboxes for another owner")
+		}
+		if err := daemon.ValidOwner("owner", req.Owner); err != nil {
+			return err
+		}
+		own = req.Owner
+	}
+	ttl, err := ParseDuration(req.TTL)
+	if err != nil {
+		return errs.Field("ttl", "must be a duration like 15m, 2h or 1d: %v", err)
+	}
+	if req.CPU < 0 {
+		return errs.Field("cpu", "must be positive")
+	}
+	sb, err := s.d.Create(r.Context(), daemon.CreateRequest{
+		Owner: own, Actor: p.Owner, Template: req.Template, Runtime: req.Runtime, TTL: ttl,
+		ExpiryAction: sandbox.ExpiryAction(req.ExpiryAction),
+		Resources: sandbox.Resources{CPUMillis: int(req.CPU * 1000), MemoryMiB: req.MemoryMiB,
+			DiskMiB: req.DiskMiB, Pids: req.Pids},
+		Labels: req.Labels, Env: req.Env, AutoResume: req.AutoResume, Workstation: req.Workstation,
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, sb)
+	return nil
+}
+
+// ListResponse is the body of GET /v1/sandboxes.
+type ListResponse struct {
+	Sandboxes []*sandbox.Sandbox `json:"sandboxes"`
+	Next      string             `json:"next,omitempty"`
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	q := r.URL.Query()
+	f := daemon.ListFilter{Owner: owner(r, p), Template: q.Get("template"), Order: q.Get("order"), Cursor: q.Get("cursor")}
+	for _, st := range q["state"] {
+		for _, one := range strings.Split(st, ",") {
+			if one != "" {
+				f.States = append(f.States, sandbox.State(one))
+			}
+		}
+	}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return errs.Field("label", "must be key=value, got %q", l)
+		}
+		if f.Labels == nil {
+			f.Labels = map[string]string{}
+		}
+		f.Labels[k] = v
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 0 {
+			return errs.Field("limit", "must be a non-negative integer")
+		}
+		f.Limit = n
+	}
+	list, next, err := s.d.List(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	if list == nil {
+		list = []*sandbox.Sandbox{}
+	}
+	writeJSON(w, http.StatusOK, ListResponse{Sandboxes: list, Next: next})
+	return nil
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	sb, err := s.d.Get(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	if err := s.d.Delete(r.Context(), owner(r, p), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	sb, err := s.d.Stop(r.Context(), owner(r, p), r.PathValue("id"), p.Owner, "stopped")
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	sb, err := s.d.Start(r.Context(), owner(r, p), r.PathValue("id"), p.Owner)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+type ttlRequest struct {
+	TTL string `json:"ttl"`
+}
+
+func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req ttlRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	ttl, err := ParseDuration(req.TTL)
+	if err != nil || ttl <= 0 {
+		return errs.Field("ttl", "must be a positive duration like 30m")
+	}
+	sb, err := s.d.SetExpiry(r.Context(), owner(r, p), r.PathValue("id"), time.Now().Add(ttl))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+type pauseRequest struct {
+	Mode string `json:"mode,omitempty"`
+}
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req pauseRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	sb, err := s.d.Pause(r.Context(), owner(r, p), r.PathValue("id"), sandbox.PauseMode(req.Mode))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	sb, err := s.d.Resume(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}
+
+type leaseRequest struct {
+	For string `json:"for"`
+}
+
+func (s *Server) leaseSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req leaseRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	d, err := ParseDuration(req.For)
+	if err != nil {
+		return errs.Field("for", "must be a duration like 30m")
+	}
+	sb, err := s.d.Lease(r.Context(), owner(r, p), r.PathValue("id"), d)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sb)
+	return nil
+}

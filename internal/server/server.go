@@ -1,0 +1,193 @@
+// Package server serves berth's REST API under /v1. Handlers are thin: they
+// authenticate, decode, call the daemon and encode; error kinds become HTTP
+// statuses in exactly one place (httpStatus).
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/berth-dev/berth/api"
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// Server is the /v1 HTTP surface.
+type Server struct {
+	d   *daemon.Daemon
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New builds the /v1 handler.
+func New(d *daemon.Daemon, log *slog.Logger) *Server {
+	s := &Server{d: d, log: log, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+type handler func(w http.ResponseWriter, r *http.Request, p daemon.Principal) error
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(api.OpenAPI)
+	})
+	s.mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"ok": true})
+	})
+	s.handle("GET /v1/info", s.info)
+
+	s.handle("POST /v1/sandboxes", s.createSandbox)
+	s.handle("GET /v1/sandboxes", s.listSandboxes)
+	s.handle("GET /v1/sandboxes/{id}", s.getSandbox)
+	s.handle("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
+	s.handle("POST /v1/sandboxes/{id}/stop", s.stopSandbox)
+	s.handle("POST /v1/sandboxes/{id}/start", s.startSandbox)
+	s.handle("POST /v1/sandboxes/{id}/extend", s.extendSandbox)
+	s.handle("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
+	s.handle("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
+	s.handle("POST /v1/sandboxes/{id}/lease", s.leaseSandbox)
+	s.handle("GET /v1/sandboxes/{id}/events", s.sandboxEvents)
+
+	s.handle("POST /v1/sandboxes/{id}/exec", s.exec)
+	s.handle("GET /v1/sandboxes/{id}/processes", s.listProcesses)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/attach", s.attach)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/stdin", s.stdin)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/close-stdin", s.closeStdin)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/signal", s.signal)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/resize", s.resize)
+
+	s.handle("GET /v1/sandboxes/{id}/files", s.readFile)
+	s.handle("PUT /v1/sandboxes/{id}/files", s.writeFile)
+	s.handle("POST /v1/sandboxes/{id}/fs/{op}", s.fsOp)
+
+	s.handle("GET /v1/events", s.allEvents)
+	s.handle("GET /v1/templates", s.listTemplates)
+	s.handle("GET /v1/templates/{name}", s.getTemplate)
+	s.handle("PUT /v1/templates/{name}/tar", s.importTemplate)
+	s.handle("POST /v1/keys", s.createKey)
+
+	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errs.E(errs.NotFound, "no route for %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// handle registers an authenticated route.
+func (s *Server) handle(pattern string, h handler) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.d.Authenticate(r.Context(), apiKey(r))
+		if err == nil {
+			err = h(w, r, p)
+		}
+		if err != nil {
+			if errs.KindOf(err) == errs.Internal {
+				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+			writeError(w, err)
+		}
+	})
+}
+
+func apiKey(r *http.Request) string {
+	if k := r.Header.Get("X-API-Key"); k != "" {
+		return k
+	}
+	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
+		return strings.TrimPrefix(a, "Bearer ")
+	}
+	return ""
+}
+
+// owner is the owner a request acts for: its key's owner, or for the admin
+// key an explicit ?owner= (empty = every owner, for reads).
+func owner(r *http.Request, p daemon.Principal) string {
+	if p.Admin {
+		return r.URL.Query().Get("owner")
+	}
+	return p.Owner
+}
+
+// Error is the body of every non-2xx response.
+type Error struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+	Reason  string `json:"reason"`
+}
+
+var kindStatus = map[errs.Kind]int{
+	errs.Internal:           http.StatusInternalServerError,
+	errs.NotFound:           http.StatusNotFound,
+	errs.AlreadyExists:      http.StatusConflict,
+	errs.InvalidArgument:    http.StatusBadRequest,
+	errs.FailedPrecondition: http.StatusConflict,
+	errs.Conflict:           http.StatusConflict,
+	errs.ResourceExhausted:  http.StatusTooManyRequests,
+	errs.PermissionDenied:   http.StatusForbidden,
+	errs.Unauthenticated:    http.StatusUnauthorized,
+	errs.Unavailable:        http.StatusServiceUnavailable,
+	errs.NotImplemented:     http.StatusNotImplemented,
+}
+
+// httpStatus is the one place error kinds become HTTP statuses.
+func httpStatus(k errs.Kind) int {
+	if s, ok := kindStatus[k]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+// kindOfStatus is the inverse, used by the CLI's client.
+func kindOfStatus(status int) errs.Kind {
+	for k, s := range kindStatus {
+		if s == status && k != errs.AlreadyExists && k != errs.FailedPrecondition {
+			return k
+		}
+	}
+	return errs.Internal
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	k := errs.KindOf(err)
+	if errors.Is(err, context.Canceled) {
+		k = errs.Unavailable
+	}
+	st := httpStatus(k)
+	writeJSON(w, st, Error{Code: st, Message: err.Error(), Field: errs.FieldOf(err), Reason: k.String()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// decode reads a strict JSON body; unknown or mistyped fields are named.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return errs.Field(te.Field, "must be a %s", te.Type)
+		}
+		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return errs.Field(strings.Trim(f, `"`), "unknown field")
+		}
+		return errs.Field("body", "invalid JSON: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,71 @@
+package server
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// Template is the API view of a template.
+type Template struct {
+	Name        string            `json:"name"`
+	Fingerprint string            `json:"fingerprint,omitempty"`
+	Layers      []string          `json:"layers"`
+	State       string            `json:"state"`
+	Progress    string            `json:"progress,omitempty"`
+	Error       string            `json:"error,omitempty"`
+	Source      string            `json:"source,omitempty"`
+	StartCmd    []string          `json:"start_cmd,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Resources   sandbox.Resources `json:"resources"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+}
+
+func templateView(t store.Template) Template {
+	if t.Layers == nil {
+		t.Layers = []string{}
+	}
+	return Template{Name: t.Name, Fingerprint: t.Fingerprint, Layers: t.Layers, State: t.State, Progress: t.Progress,
+		Error: t.Error, Source: t.Source, StartCmd: t.StartCmd, Env: t.Env, Resources: t.Resources,
+		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	list, err := s.d.Store().ListTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]Template, 0, len(list))
+	for _, t := range list {
+		out = append(out, templateView(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	t, err := s.d.Store().GetTemplate(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, templateView(t))
+	return nil
+}
+
+// importTemplate stores the request body (a rootfs tarball) as template {name}.
+func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	if !p.Admin {
+		return errs.E(errs.PermissionDenied, "only the admin key may import templates")
+	}
+	t, err := s.d.ImportTemplate(r.Context(), r.PathValue("name"), r.Body, r.URL.Query().Get("source"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, templateView(t))
+	return nil
+}
