@@ -56,8 +56,8 @@ type Health struct {
 type Activity struct {
 	LastExec      time.Time `json:"last_exec,omitzero"`
 	LastFileWrite time.Time `json:"last_file_write,omitzero"`
-	Running       int       `json:"running"`         // live processes started through the agent
-	OpenStreams   int       `json:"open_streams"`    // exec/attach/watch streams currently open
+	Running       int       `json:"running"`      // live processes started through the agent
+	OpenStreams   int       `json:"open_streams"` // exec/attach/watch streams currently open
 }
 
 type ExecRequest struct {
@@ -156,7 +156,7 @@ type EntryInfo struct {
 
 // FSEvent is one line of a watch stream.
 type FSEvent struct {
-	Type string `json:"type"` // start | create | write | remove | rename | chmod | keepalive
+	Type string `json:"type"`           // start | create | write | remove | rename | chmod | keepalive
 	Name string `json:"name,omitempty"` // relative to the watched directory
 }
 

@@ -196,4 +196,3 @@ func forwardInterrupt(ctx, interrupted context.Context, c *client, id string, pi
 }
 
 func isNotFound(err error) bool { return errs.Is(err, errs.NotFound) }
-

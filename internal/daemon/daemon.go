@@ -70,7 +70,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		cfg: cfg, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
 		locks: map[string]*sync.Mutex{}, clients: map[string]*agentapi.Client{},
 		pauseCh: map[string]chan struct{}{},
-		bg: bg, cancel: cancel,
+		bg:      bg, cancel: cancel,
 	}, nil
 }
 
