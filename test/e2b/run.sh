@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs the E2B SDK suite against a real berth server: builds berth and
+# berth-agent, starts `berth serve` on a temporary data dir and a free port,
+# reads the admin key, runs `npm test`, and stops the server.
+#   test/e2b/run.sh [extra node --test args]
+# Needs root (berth serve runs sandboxes) and node >= 20.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+work="$(mktemp -d /tmp/berth-e2b-XXXXXX)"
+data="$work/data"
+mkdir -p "$data" "$work/bin"
+
+(cd "$root" && CGO_ENABLED=0 go build -o "$work/bin/berth-agent" ./cmd/berth-agent && go build -o "$work/bin/berth" ./cmd/berth)
+
+port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+"$work/bin/berth" serve --data-dir "$data" --listen "127.0.0.1:$port" >"$work/serve.log" 2>&1 &
+pid=$!
+cleanup() {
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  if [ "${KEEP:-}" = "" ]; then rm -rf "$work"; else echo "kept $work"; fi
+}
+trap cleanup EXIT
+
+for _ in $(seq 1 600); do
+  if [ -s "$data/admin.key" ] && curl -sS -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null; then break; fi
+  if ! kill -0 "$pid" 2>/dev/null; then echo "berth serve exited:"; cat "$work/serve.log"; exit 1; fi
+  sleep 0.5
+done
+[ -s "$data/admin.key" ] || { echo "no admin.key after 300 s"; cat "$work/serve.log"; exit 1; }
+
+cd "$here"
+[ -d node_modules ] || npm ci --no-audit --no-fund
+status=0
+BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$(cat "$data/admin.key")" npm test -- "$@" || status=$?
+if [ "$status" -ne 0 ]; then echo "--- berth serve log (tail) ---"; tail -n 200 "$work/serve.log"; fi
+exit "$status"
