@@ -90,17 +90,22 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("fork bomb stays inside the pid limit", func(t *testing.T) {
-		out, _ := s.run("exec", "--timeout", "5s", id, "--", "sh", "-c", "for i in $(seq 200); do sleep 30 & done; wait")
-		if !strings.Contains(out, "fork") && !strings.Contains(out, "resource") && !strings.Contains(out, "Resource") {
-			t.Logf("fork bomb output: %s", out)
+		out, _ := s.run("exec", id, "--", "sh", "-c", "for i in $(seq 200); do sleep 2 & done; ls -d /proc/[0-9]* | wc -l")
+		if !strings.Contains(out, "fork") {
+			t.Fatalf("200 forks under a limit of 64 did not fail: %s", out)
 		}
-		n := s.must("exec", "--user", "root", id, "--", "sh", "-c", "ls -d /proc/[0-9]* | wc -l")
-		var c int
-		fmt.Sscan(n, &c)
-		if c > 64 {
-			t.Fatalf("%d processes, above the limit of 64", c)
+		// Once the sleepers exit, the sandbox works again.
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			out, code := s.run("exec", id, "--", "echo", "recovered")
+			if code == 0 && strings.TrimSpace(out) == "recovered" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox did not recover after the fork bomb: %s", out)
+			}
+			time.Sleep(300 * time.Millisecond)
 		}
-		s.must("exec", "--user", "root", id, "--", "sh", "-c", "pkill sleep; true")
 	})
 	t.Run("disk filler gets ENOSPC", func(t *testing.T) {
 		out, code := s.run("exec", id, "--", "sh", "-c", "dd if=/dev/zero of=/home/user/fill bs=1M count=200 2>&1")
