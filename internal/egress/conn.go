@@ -79,16 +79,25 @@ func (p *Proxy) handle(ctx context.Context, c *net.TCPConn) {
 	}
 	upIP := netip.MustParseAddrPort(up.RemoteAddr().String()).Addr().Unmap()
 	var once sync.Once
-	ac := &activeConn{q: q, upIP: upIP, closer: func() {
-		once.Do(func() { _ = c.SetLinger(0); c.Close(); up.Close() })
-	}}
+	closeBoth := func(reset bool) {
+		once.Do(func() {
+			if reset {
+				_ = c.SetLinger(0)
+			}
+			c.Close()
+			up.Close()
+		})
+	}
+	// Revocation resets the sandbox's side; a normal end closes gracefully
+	// so no unsent tail is discarded.
+	ac := &activeConn{q: q, upIP: upIP, closer: func() { closeBoth(true) }}
 	if !p.track(st, ac) {
-		ac.closer()
+		closeBoth(true)
 		deny("policy-changed")
 		return
 	}
 	defer p.untrack(st, ac)
-	defer ac.closer()
+	defer closeBoth(false)
 
 	d.Verdict = "allow"
 	if len(grants) > 0 {

@@ -12,7 +12,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -53,7 +52,7 @@ const hostsFile = `203.0.113.10 good.test a.wild.test
 `
 
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	mgr     *Manager
 	px      *egress.Proxy
@@ -67,7 +66,7 @@ type env struct {
 	log []egress.Decision
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
 	for _, tool := range []string{"ip", "nft", "unshare", "nsenter", "curl", "getent"} {
@@ -322,5 +321,3 @@ func sandboxDialer(nsPath string) func(ctx context.Context, network, addr string
 		return c, err
 	}
 }
-
-var _ = io.Discard

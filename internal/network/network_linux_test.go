@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -303,5 +302,3 @@ func assertGone(t *testing.T, nsPath, veth string) {
 func runOut(args ...string) (string, error) {
 	return run(context.Background(), "", args[0], args[1:]...)
 }
-
-var _ = netip.Addr{}

@@ -24,7 +24,7 @@ func testPlanConfig() PlanConfig {
 		ProxyPort: 15001, DNSPort: 53}
 }
 
-func policy(t *testing.T, mode string, allow, deny []string) egress.Policy {
+func policy(t testing.TB, mode string, allow, deny []string) egress.Policy {
 	t.Helper()
 	p, err := egress.ParsePolicy(mode, allow, deny)
 	if err != nil {
