@@ -63,12 +63,13 @@ func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
 			writeStatus(w, http.StatusUnauthorized, "missing X-API-KEY header")
 			return
 		}
-		owner, err := s.d.Authenticate(r.Context(), key)
+		p, err := s.d.Authenticate(r.Context(), key)
 		if err != nil {
 			s.writeAPIError(w, r, err)
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, owner)))
+		// E2B has no admin view: even the admin key sees its own sandboxes.
+		h(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, p.Owner)))
 	}
 }
 

@@ -87,10 +87,12 @@ func (b *agentBackend) Pause(context.Context, string, string, sandbox.PauseMode)
 func (b *agentBackend) Resume(context.Context, string, string) (*sandbox.Sandbox, error) {
 	return nil, errControlPlaneUnused
 }
-func (b *agentBackend) Authenticate(context.Context, string) (string, error) {
-	return "", errs.E(errs.Unauthenticated, "no API keys in the envd test backend")
+func (b *agentBackend) Authenticate(context.Context, string) (daemon.Principal, error) {
+	return daemon.Principal{}, errs.E(errs.Unauthenticated, "no API keys in the envd test backend")
 }
 func (b *agentBackend) MemoryPauseSupported(string) bool { return false }
+
+var _ Backend = (*daemon.Daemon)(nil)
 
 // envdEnv is a real berth-agent behind the real envd handlers on 127.0.0.1.
 type envdEnv struct {

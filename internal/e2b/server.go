@@ -36,7 +36,7 @@ type Backend interface {
 	Resume(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	Agent(ctx context.Context, owner, id string) (*agentapi.Client, error)
 	SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error)
-	Authenticate(ctx context.Context, apiKey string) (string, error)
+	Authenticate(ctx context.Context, apiKey string) (daemon.Principal, error)
 	MemoryPauseSupported(runtimeName string) bool
 }
 
