@@ -115,6 +115,9 @@ func (o *OCI) state(ctx context.Context, id string) (ociState, error) {
 	if err := json.Unmarshal(out, &st); err != nil {
 		return ociState{}, errs.Wrap(errs.Internal, err, "%s state %s: decode %q", o.name, id, tail(string(out), 512))
 	}
+	if st.Created.IsZero() {
+		st.Created = o.runscCreated(id)
+	}
 	return st, nil
 }
 
@@ -130,6 +133,9 @@ func (o *OCI) List(ctx context.Context) ([]runtime.Status, error) {
 	}
 	res := make([]runtime.Status, 0, len(states))
 	for _, s := range states {
+		if s.Created.IsZero() {
+			s.Created = o.runscCreated(s.ID)
+		}
 		res = append(res, s.status())
 	}
 	return res, nil
@@ -189,4 +195,26 @@ func clampRlimits(cfg *specs.Spec) {
 		cfg.Process.Rlimits[i].Hard = min(r.Hard, cur.Max)
 		cfg.Process.Rlimits[i].Soft = min(r.Soft, cur.Max)
 	}
+}
+
+// runscCreated reads a container's creation time from runsc's state file
+// (<root>/<id>_sandbox:<sandbox>.state): `runsc state` does not report it.
+func (o *OCI) runscCreated(id string) time.Time {
+	if o.name != Runsc {
+		return time.Time{}
+	}
+	files, _ := filepath.Glob(filepath.Join(o.cfg.Root, id+"_sandbox:*.state"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var c struct {
+			CreatedAt time.Time `json:"createdAt"`
+		}
+		if json.Unmarshal(b, &c) == nil && !c.CreatedAt.IsZero() {
+			return c.CreatedAt
+		}
+	}
+	return time.Time{}
 }

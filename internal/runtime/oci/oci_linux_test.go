@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/runtime/runtimetest"
@@ -34,6 +35,12 @@ func newBackend(t *testing.T, name string) *OCI {
 		runtimetest.RequireHost(t, runscPath)
 		cfg.Binary = runscPath
 	}
+	// runsc bind-mounts a shared empty netns into its root and never
+	// unmounts it; TempDir's RemoveAll would fail with EBUSY.
+	t.Cleanup(func() {
+		for unix.Unmount(filepath.Join(cfg.Root, "null-netns"), unix.MNT_DETACH) == nil {
+		}
+	})
 	o, err := New(name, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -102,7 +102,7 @@ func GenerateSpec(s runtime.Spec, backend string) (*specs.Spec, error) {
 		Mounts:   append(standardMounts(), extraMounts(s.Mounts)...),
 		Linux: &specs.Linux{
 			CgroupsPath:   CgroupPath(s.ID),
-			Resources:     resources(s.Resources),
+			Resources:     resources(s.Resources, backend),
 			Namespaces:    namespaces,
 			MaskedPaths:   slices.Clone(maskedPaths),
 			ReadonlyPaths: slices.Clone(readonlyPaths),
@@ -153,7 +153,13 @@ func validate(s runtime.Spec, backend string) error {
 	return nil
 }
 
-func resources(r runtime.Resources) *specs.LinuxResources {
+// runscPidsOverhead is added to a runsc sandbox's pids limit: runsc
+// enforces it only on the host cgroup, where the Sentry's and gofer's own
+// threads count too (a limit of 16 kills the sandbox at start). Guest tasks
+// under systrap need host stub threads, so the limit still stops a fork bomb.
+const runscPidsOverhead = 64
+
+func resources(r runtime.Resources, backend string) *specs.LinuxResources {
 	out := &specs.LinuxResources{Devices: deviceRules()}
 	if r.CPUMillis > 0 {
 		quota := int64(r.CPUMillis) * cfsPeriod / 1000
@@ -166,7 +172,11 @@ func resources(r runtime.Resources) *specs.LinuxResources {
 		out.Memory = &specs.LinuxMemory{Limit: &limit, Swap: &swap}
 	}
 	if r.Pids > 0 {
-		out.Pids = &specs.LinuxPids{Limit: r.Pids}
+		limit := r.Pids
+		if backend == Runsc {
+			limit += runscPidsOverhead
+		}
+		out.Pids = &specs.LinuxPids{Limit: limit}
 	}
 	return out
 }

@@ -160,20 +160,49 @@ func (e *env) testMemoryLimit(t *testing.T) {
 
 func (e *env) testPidsLimit(t *testing.T) {
 	ctx := context.Background()
+	const bomb = 200
 	b := e.start(t, boxOpts{
 		res: runtime.Resources{CPUMillis: 1000, MemoryBytes: 256 << 20, Pids: 16},
 		// ash exits when fork fails, so the bomb runs in a subshell; PID 1
 		// then counts with builtins only (no pid is left to fork with).
-		script: `(i=0; while [ $i -lt 64 ]; do sleep 1000 & i=$((i+1)); done) 2> /run/x/err
+		script: `(i=0; while [ $i -lt 200 ]; do sleep 1000 & i=$((i+1)); done) 2> /run/x/err
 set -- /proc/[0-9]*; echo $# > /run/x/procs; exec sleep 100000`,
 	})
-	procs := b.waitFile(t, "procs", 30*time.Second)
-	n, _ := strconv.Atoi(procs)
-	if n == 0 || n > 17 {
-		t.Errorf("%s processes alive under a pids limit of 16 (fork errors: %q)", procs, tail(b.read("err"), 200))
+	stopped := false
+	waitFor(t, 60*time.Second, func() bool {
+		if b.read("procs") != "" {
+			return true
+		}
+		st, err := e.rt.State(ctx, b.id)
+		stopped = err == nil && st.State == "stopped"
+		return stopped
+	}, func() string { return "fork bomb neither stopped nor reported; log: " + b.log() })
+	if stopped {
+		// Known for runsc: the host pids limit also binds the Sentry, which
+		// dies when it cannot make a thread. The host is protected; the
+		// sandbox is lost.
+		t.Logf("%s sandbox died under its fork bomb (contained by the pids limit)", e.rt.Name())
+		if e.rt.Name() == "runc" {
+			t.Errorf("runc sandbox died under a fork bomb; want it to survive with fork failures")
+		}
+		return
 	}
-	if s, err := e.rt.Stats(ctx, b.id); err != nil || s.Pids > 16 {
-		t.Errorf("Stats = %+v, %v; want at most 16 pids", s, err)
+	n, _ := strconv.Atoi(b.read("procs"))
+	t.Logf("%d processes alive under a pids limit of 16; fork error: %q", n, tail(b.read("err"), 120))
+	// runc enforces the limit on the sandbox's own processes; runsc on the
+	// host tasks of the whole sandbox (limit + overhead, see oci).
+	max := bomb - 1
+	if e.rt.Name() == "runc" {
+		max = 17
+	}
+	if n == 0 || n > max {
+		t.Errorf("%d processes alive, want 1..%d: the fork bomb was not stopped", n, max)
+	}
+	if b.read("err") == "" {
+		t.Errorf("no fork failed")
+	}
+	if _, err := e.rt.Stats(ctx, b.id); err != nil {
+		t.Errorf("Stats after a fork bomb: %v", err)
 	}
 }
 
