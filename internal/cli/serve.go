@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/e2b"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/runtime/oci"
@@ -238,6 +239,9 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 }
 
 // routes assembles the HTTP surface on one listener.
+// The E2B surface sits in front of /v1: requests for a sandbox's envd
+// (routing headers, access token, or Host) and E2B control-plane paths go
+// to it, everything else to berth's own API.
 func routes(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	return server.New(d, log)
+	return e2b.New(d, log, e2b.Options{}).Handler(server.New(d, log))
 }

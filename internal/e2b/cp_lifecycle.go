@@ -130,9 +130,12 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	switch sb.State {
 	case sandbox.Running:
 	case sandbox.Paused:
-		// memory:false (onResume: 'reboot') asks for a cold boot; berth
-		// resumes from whatever the pause kept, which always includes disk.
-		if sb, err = s.d.Resume(ctx, owner, id); err != nil {
+		// memory:false (onResume: 'reboot') asks for a cold boot from disk.
+		resume := s.d.Resume
+		if body.Memory != nil && !*body.Memory {
+			resume = s.d.ResumeCold
+		}
+		if sb, err = resume(ctx, owner, id); err != nil {
 			if !errs.Is(err, errs.Conflict) {
 				s.writeAPIError(w, r, err)
 				return

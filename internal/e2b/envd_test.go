@@ -87,6 +87,9 @@ func (b *agentBackend) Pause(context.Context, string, string, sandbox.PauseMode)
 func (b *agentBackend) Resume(context.Context, string, string) (*sandbox.Sandbox, error) {
 	return nil, errControlPlaneUnused
 }
+func (b *agentBackend) ResumeCold(context.Context, string, string) (*sandbox.Sandbox, error) {
+	return nil, errControlPlaneUnused
+}
 func (b *agentBackend) Authenticate(context.Context, string) (daemon.Principal, error) {
 	return daemon.Principal{}, errs.E(errs.Unauthenticated, "no API keys in the envd test backend")
 }

@@ -34,6 +34,7 @@ type Backend interface {
 	SetExpiry(ctx context.Context, owner, id string, at time.Time) (*sandbox.Sandbox, error)
 	Pause(ctx context.Context, owner, id string, mode sandbox.PauseMode) (*sandbox.Sandbox, error)
 	Resume(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	ResumeCold(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	Agent(ctx context.Context, owner, id string) (*agentapi.Client, error)
 	SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error)
 	Authenticate(ctx context.Context, apiKey string) (daemon.Principal, error)
