@@ -45,9 +45,29 @@ install -d -o 1000 -g 1000 -m 0755 /home/user
 printf 'user ALL=(ALL:ALL) NOPASSWD:ALL\n' > /etc/sudoers.d/user
 chmod 0440 /etc/sudoers.d/user
 visudo -c -q -f /etc/sudoers.d/user
+# debootstrap copied the building host's hostname, hosts and resolv.conf
+# (with the host's modes); the runtime provides real ones per sandbox.
+rm -f /etc/hostname /etc/hosts /etc/resolv.conf
 printf 'localhost\n' > /etc/hostname
 printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts
 : > /etc/resolv.conf
+chmod 0644 /etc/hostname /etc/hosts /etc/resolv.conf
+# Like Debian's slim images: no docs, man pages or translations, now or
+# for packages installed later in the sandbox (saves ~80 MB of 300).
+cat > /etc/dpkg/dpkg.cfg.d/berth-slim <<'EOS'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+path-include /usr/share/locale/locale.alias
+path-exclude /usr/share/lintian/*
+EOS
+chmod 0644 /etc/dpkg/dpkg.cfg.d/berth-slim
+find /usr/share/doc -mindepth 1 ! -type d ! -name copyright -delete
+find /usr/share/doc -mindepth 1 -type d -empty -delete
+rm -rf /usr/share/man/* /usr/share/info/* /usr/share/lintian/*
+find /usr/share/locale -mindepth 1 -maxdepth 1 ! -name locale.alias -exec rm -rf {} +
 rm -f /etc/machine-id /var/lib/dbus/machine-id
 apt-get clean
 rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/debconf/*-old /var/lib/dpkg/*-old
@@ -56,7 +76,7 @@ rm -rf /tmp/* /var/tmp/* /root/.bash_history
 `
 
 var theDefaultRecipe = defaultRecipe{
-	Version: 1,
+	Version: 2,
 	Suite:   "bookworm",
 	Mirror:  "http://deb.debian.org/debian",
 	Variant: "minbase",
@@ -80,20 +100,39 @@ func DefaultTarName() string { return "default-" + recipeHash(theDefaultRecipe) 
 // BuildDefault builds (or reuses) the default template: Debian bookworm
 // minbase made by debootstrap from deb.debian.org with bash, python3, git,
 // curl, sudo and a few tools, a user "user" (uid/gid 1000, home /home/user,
-// shell /bin/bash, passwordless sudo), neutral /etc/hostname and no apt
-// caches. The result is a tar at cacheDir/default-<recipe hash>.tar (plus
-// a ".sha256" file with the tar's digest = its layer digest); when it exists
-// it is returned without building. Concurrent builders (other processes
+// shell /bin/bash, passwordless sudo), neutral /etc/hostname, no apt caches
+// and no docs, man pages or translations. The result is a tar at
+// cacheDir/default-<recipe hash>.tar plus a ".sha256" file holding the tar's
+// digest (= its layer digest); when the tar exists it is returned without
+// building, and after a build tars of older recipes are removed. Downloaded
+// packages are kept in cacheDir/debs. Concurrent builders (other processes
 // too) wait for one another. Needs root and debootstrap.
 func BuildDefault(ctx context.Context, cacheDir string, progress func(Progress)) (string, error) {
 	r := theDefaultRecipe
-	return buildCached(ctx, cacheDir, DefaultTarName(), progress, packOptions{}, func(ctx context.Context, rootfs string, progress func(Progress)) error {
-		if err := debootstrap(ctx, r, rootfs, progress); err != nil {
+	tarPath, err := buildCached(ctx, cacheDir, DefaultTarName(), progress, packOptions{}, func(ctx context.Context, rootfs string, progress func(Progress)) error {
+		if err := debootstrap(ctx, r, rootfs, filepath.Join(cacheDir, "debs"), progress); err != nil {
 			return err
 		}
 		progress(Progress{Phase: PhaseConfigure, Message: "configuring user, sudo and hostname; cleaning apt caches"})
 		return chrootScript(ctx, rootfs, r.Configure)
 	})
+	if err == nil {
+		pruneOld(cacheDir, "default-", DefaultTarName())
+	}
+	return tarPath, err
+}
+
+// pruneOld removes tars of earlier recipes (prefix*.tar and their digest
+// and lock files), keeping keep. Best effort: a leftover only costs disk.
+func pruneOld(cacheDir, prefix, keep string) {
+	old, _ := filepath.Glob(filepath.Join(cacheDir, prefix+"*.tar*"))
+	for _, p := range old {
+		base := filepath.Base(p)
+		if base == keep || strings.HasPrefix(base, keep+".") || strings.HasSuffix(base, ".build") {
+			continue
+		}
+		_ = os.Remove(p)
+	}
 }
 
 // buildCached runs build into a scratch rootfs and packs it to

@@ -129,6 +129,16 @@ func TestBuildDefault(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(root, "etc/hostname")); string(b) != "localhost\n" {
 		t.Errorf("hostname = %q", b)
 	}
+	for _, f := range []string{"etc/hostname", "etc/hosts", "etc/resolv.conf"} {
+		if fi, err := os.Stat(filepath.Join(root, f)); err != nil || fi.Mode().Perm() != 0o644 {
+			t.Errorf("%s: %v %v, want mode 0644", f, fi, err)
+		}
+	}
+	for _, d := range []string{"usr/share/man", "usr/share/info"} {
+		if ents, _ := os.ReadDir(filepath.Join(root, d)); len(ents) != 0 {
+			t.Errorf("%s not slimmed: %d entries", d, len(ents))
+		}
+	}
 	if fi, err := os.Stat(filepath.Join(root, "etc/sudoers.d/user")); err != nil || fi.Mode().Perm() != 0o440 {
 		t.Errorf("sudoers.d/user: %v %v", fi, err)
 	}

@@ -16,7 +16,7 @@ import (
 
 // debootstrap runs debootstrap into rootfs, turning its "I:" lines into
 // progress steps.
-func debootstrap(ctx context.Context, r defaultRecipe, rootfs string, progress func(Progress)) error {
+func debootstrap(ctx context.Context, r defaultRecipe, rootfs, debs string, progress func(Progress)) error {
 	bin, err := lookTool("debootstrap")
 	if err != nil {
 		return err
@@ -24,8 +24,13 @@ func debootstrap(ctx context.Context, r defaultRecipe, rootfs string, progress f
 	if os.Geteuid() != 0 {
 		return errs.E(errs.PermissionDenied, "debootstrap needs root")
 	}
+	// Downloaded .debs are kept beside the tars, so a recipe change
+	// rebuilds without downloading everything again.
+	if err := os.MkdirAll(debs, 0o755); err != nil {
+		return errs.Wrap(errs.Internal, err, "create deb cache")
+	}
 	args := []string{"--variant=" + r.Variant, "--include=" + strings.Join(r.Include, ","),
-		"--components=main", r.Suite, rootfs, r.Mirror}
+		"--components=main", "--cache-dir=" + debs, r.Suite, rootfs, r.Mirror}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "PATH="+hostPath(), "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
