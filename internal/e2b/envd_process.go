@@ -45,14 +45,27 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 	if dl, ok := ctx.Deadline(); ok {
 		er.TimeoutMs = max(time.Until(dl).Milliseconds(), 1)
 	}
-	st, err := targetFrom(ctx).agent.Exec(ctx, er, keepaliveSec(req.Header()))
+	ag := targetFrom(ctx).agent
+	st, err := ag.Exec(ctx, er, keepaliveSec(req.Header()))
 	if err != nil {
 		return connectError(err)
 	}
 	defer st.Close()
-	return pumpProcess(ctx, st, true, func(ev *process.ProcessEvent) error {
+	pid := uint32(0)
+	err = pumpProcess(ctx, st, true, func(ev *process.ProcessEvent) error {
+		if s := ev.GetStart(); s != nil {
+			pid = s.GetPid()
+		}
 		return stream.Send(&process.StartResponse{Event: ev})
 	})
+	if pid != 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The stream deadline and the agent's own timer race; kill here too so
+		// the process is gone (and unlisted) by the time the client sees the timeout.
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_ = ag.Signal(kctx, int(pid), 9)
+		cancel()
+	}
+	return err
 }
 
 // Connect re-attaches to a running process: start, then only new output,

@@ -30,6 +30,16 @@ for _ in $(seq 1 600); do
 done
 [ -s "$data/admin.key" ] || { echo "no admin.key after 300 s"; cat "$work/serve.log"; exit 1; }
 
+# The default template is built (first run) or imported from the cache on start.
+key="$(cat "$data/admin.key")"
+for _ in $(seq 1 1200); do
+  state="$(curl -sS -H "X-API-Key: $key" "http://127.0.0.1:$port/v1/templates/default" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("state",""))' 2>/dev/null || true)"
+  [ "$state" = ready ] && break
+  [ "$state" = failed ] && { echo "default template failed:"; cat "$work/serve.log"; exit 1; }
+  sleep 0.5
+done
+[ "$state" = ready ] || { echo "default template not ready after 600 s"; cat "$work/serve.log"; exit 1; }
+
 cd "$here"
 [ -d node_modules ] || npm ci --no-audit --no-fund
 status=0

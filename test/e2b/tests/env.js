@@ -26,7 +26,10 @@ export function sleep(ms) {
 // classes from different SDK copies compare equal).
 export async function rejectsWith(p, name, check) {
   await assert.rejects(p, (err) => {
-    assert.equal(err?.constructor?.name, name, `want ${name}, got ${err?.constructor?.name}: ${err?.message}`)
+    // Accept subclasses: 2.51 raises FileNotFoundError (a NotFoundError) for files.
+    const chain = []
+    for (let c = err?.constructor; c && c.name; c = Object.getPrototypeOf(c)) chain.push(c.name)
+    assert.ok(chain.includes(name), `want ${name}, got ${chain.join(' < ')}: ${err?.message}`)
     if (check) check(err)
     return true
   })
