@@ -64,6 +64,7 @@ func init() {
 	register("template", "template ls [--json] | template import NAME FILE.tar", runTemplate)
 	register("key", "key create --owner NAME", runKey)
 	register("info", "info [--json]", runInfo)
+	register("bench", benchUsage, runBench)
 }
 
 // Main runs one CLI invocation and returns the process exit code.

@@ -1,0 +1,425 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/server"
+)
+
+const (
+	defDensity   = "N idle sandboxes (agent only) created one after another; 2 s after the last, each sandbox's host memory is read from its cgroup (v1 memory.usage_in_bytes of /berth/ID, v2 memory.current): every process of the sandbox plus the kernel memory and page cache charged to it; for runsc the Sentry and gofer. One sample per sandbox, in MiB; per_gib = 1024 / p50."
+	defUpload64  = "Clock starts when PUT /v1/sandboxes/{id}/files of 64 MiB of random bytes (to the sandbox's workspace disk) is sent and stops when it answers; the agent fsyncs the file and its directory before answering."
+	defUploadSm  = "As upload-64MiB for 1000 files of 4 KiB, sent one after another; one sample is all 1000."
+	defDown64    = "Clock starts when GET /v1/sandboxes/{id}/files of the 64 MiB file is sent and stops when every byte has been written to a host file and fsynced."
+	defDownSm    = "As download-64MiB for the 1000 files of 4 KiB, one after another, each written and fsynced on the host; one sample is all 1000."
+	defHostWrite = "The same bytes written to new files in a host temp directory, each file and the directory fsynced."
+	defFork      = "A sandbox with 100 MiB written to its workspace is forked 10 times; the clock starts when POST /v1/sandboxes/{id}/fork is sent and stops when every child has returned `echo ok` output."
+	defCpWS      = "cp -a of a host directory holding the same 100 MiB, 10 times."
+	defPauseMem  = "A sandbox (memory limit 2 GiB) whose dd holds 1 GiB of random bytes resident; clock starts when POST /v1/sandboxes/{id}/pause {mode: memory} is sent and stops when it answers with pause_mode memory (checkpoint durable on disk, RAM freed)."
+	defResumeMem = "Clock starts when POST /v1/sandboxes/{id}/resume of the memory-paused sandbox is sent and stops when a following `echo ok` exec has returned its output; the workload is checked alive afterwards."
+	defRawCkpt   = "The same workload in a raw container; `runsc checkpoint --direct` (runc: CRIU checkpoint, image directory synced), clock around the one command."
+	defRawRest   = "`runsc restore --direct --detach` (runc: `restore --detach`) of that image, clock around the one command (no exec after it)."
+	defE2B       = "The unmodified npm e2b SDK (test/e2b) in node: clock starts before Sandbox.create(template) and stops when sandbox.commands.run('echo ok') resolved with stdout \"ok\\n\"; kill is outside the clock."
+)
+
+// createWarm needs warm pools, which are being built; until the server
+// serves /v1/pools the metric is reported as not available.
+func (r *Runner) createWarm(ctx context.Context, rt string) []Metric {
+	m := Metric{Name: "create-warm", Runtime: rt, Unit: "ms", Definition: defCreateWarm}
+	err := r.c.Call(ctx, "GET", "/v1/pools", nil, nil)
+	if noRoute(err) {
+		m.Reason = "warm pools have not landed: the server does not serve /v1/pools"
+		return []Metric{m}
+	}
+	if err != nil {
+		m.Reason = "GET /v1/pools: " + err.Error()
+		return []Metric{m}
+	}
+	m.Reason = "the server serves /v1/pools but this bench does not know its request shape yet"
+	return []Metric{m}
+}
+
+func (r *Runner) fork(ctx context.Context, rt string) []Metric {
+	m := Metric{Name: "fork", Runtime: rt, Unit: "ms", Definition: defFork}
+	err := r.c.Call(ctx, "POST", sbPath("bench0missing", "fork"), map[string]any{}, nil)
+	if noRoute(err) {
+		m.Reason = "fork has not landed: the server does not serve POST /v1/sandboxes/{id}/fork"
+		return []Metric{m}
+	}
+	m.Reason = "the server serves POST /v1/sandboxes/{id}/fork but this bench does not know its request shape yet"
+	return []Metric{m}
+}
+
+// cgroupMemory reads a sandbox's host memory from its cgroup; it works only
+// when the server runs on this host.
+func cgroupMemory(id string) (uint64, error) {
+	for _, p := range []string{"/sys/fs/cgroup/memory/berth/" + id + "/memory.usage_in_bytes", "/sys/fs/cgroup/berth/" + id + "/memory.current"} {
+		b, err := os.ReadFile(p)
+		if err == nil {
+			return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no cgroup for sandbox %s on this host (is the server local?)", id)
+}
+
+func (r *Runner) density(ctx context.Context, rt string) []Metric {
+	m := Metric{Name: "density", Runtime: rt, Unit: "MiB", Definition: defDensity, Available: true, Samples: []float64{}}
+	var ids []string
+	defer func() { r.removeAll(ctx, ids) }()
+	for range r.o.Runs {
+		sb, err := r.create(ctx, rt)
+		if err != nil {
+			m.Errors = append(m.Errors, err.Error())
+			continue
+		}
+		ids = append(ids, sb.ID)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(2 * time.Second):
+	}
+	for _, id := range ids {
+		b, err := cgroupMemory(id)
+		if err != nil {
+			return []Metric{notAvailable(m.Name, rt, m.Unit, m.Definition, err.Error())}
+		}
+		m.Samples = append(m.Samples, float64(b)/(1<<20))
+	}
+	if s := Summarize(m.Samples); s != nil && s.P50 > 0 {
+		m.Derived = map[string]float64{"per_gib": 1024 / s.P50}
+	}
+	return []Metric{m}
+}
+
+// writeSynced writes data to path and fsyncs it.
+func writeSynced(path string, data io.Reader) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (r *Runner) fileIO(ctx context.Context, rt string) []Metric {
+	u64 := Metric{Name: "upload-64MiB", Runtime: rt, Unit: "ms", Definition: defUpload64, Available: true}
+	u4 := Metric{Name: "upload-1000x4KiB", Runtime: rt, Unit: "ms", Definition: defUploadSm, Available: true}
+	d64 := Metric{Name: "download-64MiB", Runtime: rt, Unit: "ms", Definition: defDown64, Available: true}
+	d4 := Metric{Name: "download-1000x4KiB", Runtime: rt, Unit: "ms", Definition: defDownSm, Available: true}
+	all := []*Metric{&u64, &u4, &d64, &d4}
+	fail := func(err error) []Metric {
+		out := []Metric{}
+		for _, m := range all {
+			out = append(out, notAvailable(m.Name, m.Runtime, m.Unit, m.Definition, err.Error()))
+		}
+		return out
+	}
+	big := make([]byte, 64<<20)
+	_, _ = rand.Read(big)
+	small := big[:4<<10]
+	host, err := os.MkdirTemp("", "berth-bench-io-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(host)
+	sb, err := r.create(ctx, rt, func(c *server.CreateRequest) { c.DiskMiB = 1024 })
+	if err != nil {
+		return fail(fmt.Errorf("create failed: %w", err))
+	}
+	defer r.remove(ctx, sb.ID)
+	if _, err := r.c.Exec(ctx, sb.ID, "mkdir", "-p", "/home/user/small"); err != nil {
+		return fail(err)
+	}
+	n := 0
+	hostDir := func() string {
+		n++
+		d := filepath.Join(host, strconv.Itoa(n))
+		_ = os.MkdirAll(d, 0o755)
+		return d
+	}
+	syncDirFile := func(d string) error {
+		f, err := os.Open(d)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return f.Sync()
+	}
+	timed := func(fn func() error) (time.Duration, error) {
+		start := time.Now()
+		err := fn()
+		return time.Since(start), err
+	}
+	u64.Samples, u64.Errors = r.measure(ctx, func(ctx context.Context) (time.Duration, error) {
+		return timed(func() error { return r.c.WriteFile(ctx, sb.ID, "/home/user/big.bin", bytes.NewReader(big)) })
+	})
+	u4.Samples, u4.Errors = r.measure(ctx, func(ctx context.Context) (time.Duration, error) {
+		return timed(func() error {
+			for i := range 1000 {
+				if err := r.c.WriteFile(ctx, sb.ID, fmt.Sprintf("/home/user/small/f%04d", i), bytes.NewReader(small)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	d64.Samples, d64.Errors = r.measure(ctx, func(ctx context.Context) (time.Duration, error) {
+		dir := hostDir()
+		return timed(func() error {
+			f, err := os.Create(filepath.Join(dir, "big.bin"))
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if n, err := r.c.ReadFile(ctx, sb.ID, "/home/user/big.bin", f); err != nil || n != int64(len(big)) {
+				return fmt.Errorf("downloaded %d bytes: %v", n, err)
+			}
+			return f.Sync()
+		})
+	})
+	d4.Samples, d4.Errors = r.measure(ctx, func(ctx context.Context) (time.Duration, error) {
+		dir := hostDir()
+		return timed(func() error {
+			for i := range 1000 {
+				f, err := os.Create(filepath.Join(dir, fmt.Sprintf("f%04d", i)))
+				if err != nil {
+					return err
+				}
+				_, err = r.c.ReadFile(ctx, sb.ID, fmt.Sprintf("/home/user/small/f%04d", i), f)
+				if err == nil {
+					err = f.Sync()
+				}
+				f.Close()
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	hostBig := func(ctx context.Context) (time.Duration, error) {
+		dir := hostDir()
+		return timed(func() error {
+			if err := writeSynced(filepath.Join(dir, "big.bin"), bytes.NewReader(big)); err != nil {
+				return err
+			}
+			return syncDirFile(dir)
+		})
+	}
+	hostSmall := func(ctx context.Context) (time.Duration, error) {
+		dir := hostDir()
+		return timed(func() error {
+			for i := range 1000 {
+				if err := writeSynced(filepath.Join(dir, fmt.Sprintf("f%04d", i)), bytes.NewReader(small)); err != nil {
+					return err
+				}
+				if err := syncDirFile(dir); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	s, e := r.measure(ctx, hostBig)
+	u64.Baseline = baseline("host write+fsync", defHostWrite, s, e)
+	d64.Baseline = baseline("host write+fsync", defHostWrite, s, e)
+	s, e = r.measure(ctx, hostSmall)
+	u4.Baseline = baseline("host write+fsync", defHostWrite, s, e)
+	d4.Baseline = baseline("host write+fsync", defHostWrite, s, e)
+	for _, m := range all {
+		mib := 64.0
+		if strings.HasSuffix(m.Name, "x4KiB") {
+			mib = 1000 * 4.0 / 1024
+		}
+		if s := Summarize(m.Samples); s != nil && s.P50 > 0 {
+			m.Derived = map[string]float64{"mib_per_s": mib / (s.P50 / 1000)}
+		}
+	}
+	return []Metric{u64, u4, d64, d4}
+}
+
+func (r *Runner) memoryPause(ctx context.Context, rt string) []Metric {
+	p := Metric{Name: "pause-memory", Runtime: rt, Unit: "ms", Definition: defPauseMem, Available: true, Samples: []float64{}}
+	q := Metric{Name: "resume-memory", Runtime: rt, Unit: "ms", Definition: defResumeMem, Available: true, Samples: []float64{}}
+	both := func(reason string) []Metric {
+		return []Metric{notAvailable(p.Name, rt, p.Unit, p.Definition, reason), notAvailable(q.Name, rt, q.Unit, q.Definition, reason)}
+	}
+	if info := r.runtimeInfo(rt); !info.Checkpoint {
+		return both("the server cannot checkpoint " + rt + ": " + info.Reason)
+	}
+	sb, err := r.create(ctx, rt, func(c *server.CreateRequest) { c.MemoryMiB = 2048 })
+	if err != nil {
+		return both("create failed: " + err.Error())
+	}
+	defer r.remove(ctx, sb.ID)
+	if err := r.c.Start(ctx, sb.ID, MemoryWorkload...); err != nil {
+		return both(err.Error())
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		res, err := r.c.Exec(ctx, sb.ID, "cat", "/tmp/ready")
+		if err == nil && res.ExitCode == 0 {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return both("the 1 GiB workload did not become ready within 3 minutes")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	rss := workloadRSS(ctx, r.c, sb.ID)
+	for i := 0; i < r.o.Warmups+r.o.Runs && ctx.Err() == nil; i++ {
+		dp, dr, err := r.pauseResume(ctx, sb.ID, sandbox.PauseMemory)
+		if err != nil {
+			p.Errors = append(p.Errors, err.Error())
+			if len(p.Errors) > 2 {
+				break
+			}
+			continue
+		}
+		if i >= r.o.Warmups {
+			p.Samples, q.Samples = append(p.Samples, ms(dp)), append(q.Samples, ms(dr))
+		}
+	}
+	q.Errors = p.Errors
+	if res, err := r.c.Exec(ctx, sb.ID, "pidof", "dd"); err != nil || res.ExitCode != 0 {
+		q.Errors = append(q.Errors, "the workload (dd) did not survive the pause/resume cycles")
+	}
+	p.Derived = map[string]float64{"workload_rss_mib": rss}
+	if r.raw == nil {
+		p.Baseline = unavailableBaseline(rt+" checkpoint", defRawCkpt, r.rawEr)
+		q.Baseline = unavailableBaseline(rt+" restore", defRawRest, r.rawEr)
+	} else {
+		r.logf("raw %s checkpoint/restore baseline", rt)
+		c, rs, e := r.raw.CheckpointCycles(ctx, rt, r.o.Warmups, r.o.Runs)
+		p.Baseline = baseline(rt+" checkpoint", defRawCkpt, c, e)
+		q.Baseline = baseline(rt+" restore", defRawRest, rs, e)
+	}
+	return []Metric{p, q}
+}
+
+// workloadRSS is dd's VmRSS inside the sandbox, in MiB (0 if unknown).
+func workloadRSS(ctx context.Context, c *Client, id string) float64 {
+	res, err := c.Exec(ctx, id, "sh", "-c", "grep VmRSS /proc/$(pidof dd)/status")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(res.Stdout)
+	if len(f) < 2 {
+		return 0
+	}
+	kb, _ := strconv.ParseFloat(f[1], 64)
+	return kb / 1024
+}
+
+// e2bScript creates and kills sandboxes through the SDK and prints the samples as JSON.
+const e2bScript = `import { createRequire } from 'node:module'
+const require = createRequire(process.env.E2B_DIR + '/package.json')
+const { Sandbox } = require('e2b')
+const [tpl, total] = [process.env.TPL, Number(process.env.TOTAL)]
+const opts = { apiUrl: process.env.BERTH_URL, sandboxUrl: process.env.BERTH_URL, apiKey: process.env.BERTH_API_KEY, requestTimeoutMs: 120000 }
+const samples = [], errors = []
+for (let i = 0; i < total; i++) {
+  let sbx
+  try {
+    const t0 = performance.now()
+    sbx = await Sandbox.create(tpl, { ...opts, timeoutMs: 300000, metadata: { 'berth-bench': process.env.LABEL } })
+    const r = await sbx.commands.run('echo ok')
+    const t1 = performance.now()
+    if (r.stdout !== 'ok\n') throw new Error('stdout ' + JSON.stringify(r.stdout))
+    samples.push(t1 - t0)
+  } catch (e) { errors.push(String(e?.message ?? e)) }
+  try { await sbx?.kill() } catch (e) { errors.push('kill: ' + e) }
+}
+console.log(JSON.stringify({ samples, errors }))
+`
+
+// E2BDir finds test/e2b (with node_modules/e2b) near the working directory or the binary.
+func E2BDir() string {
+	self, _ := os.Executable()
+	for _, d := range []string{os.Getenv("BERTH_E2B_DIR"), "test/e2b", filepath.Join(filepath.Dir(self), "..", "test", "e2b")} {
+		if d == "" {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(d, "node_modules", "e2b", "package.json")); err == nil {
+			abs, _ := filepath.Abs(d)
+			return abs
+		}
+	}
+	return ""
+}
+
+func (r *Runner) e2bTTI(ctx context.Context) Metric {
+	m := Metric{Name: "e2b-tti", Unit: "ms", Definition: defE2B}
+	dir := r.o.E2BDir
+	if dir == "" {
+		dir = E2BDir()
+	}
+	if dir == "" {
+		m.Reason = "test/e2b/node_modules is missing (run npm ci in test/e2b, or set BERTH_E2B_DIR)"
+		return m
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		m.Reason = "node is not installed"
+		return m
+	}
+	if r.o.E2BTemplate == "" {
+		m.Reason = "no template with /bin/bash on the server (the E2B SDK runs commands with bash); pass --e2b-template"
+		return m
+	}
+	tmp, err := os.MkdirTemp("", "berth-bench-e2b-")
+	if err != nil {
+		m.Reason = err.Error()
+		return m
+	}
+	defer os.RemoveAll(tmp)
+	script := filepath.Join(tmp, "tti.mjs")
+	if err := os.WriteFile(script, []byte(e2bScript), 0o644); err != nil {
+		m.Reason = err.Error()
+		return m
+	}
+	cmd := exec.CommandContext(ctx, node, script)
+	cmd.Env = append(os.Environ(), "E2B_DIR="+dir, "TPL="+r.o.E2BTemplate, "TOTAL="+strconv.Itoa(r.o.Warmups+r.o.Runs),
+		"BERTH_URL="+r.c.Base, "BERTH_API_KEY="+r.c.Key, "LABEL="+r.label)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		m.Reason = fmt.Sprintf("node: %v: %s", err, oneLine(stderr.String(), 300))
+		return m
+	}
+	var res struct {
+		Samples []float64 `json:"samples"`
+		Errors  []string  `json:"errors"`
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(out), &res); err != nil {
+		m.Reason = fmt.Sprintf("node printed %q", oneLine(string(out), 200))
+		return m
+	}
+	m.Available = true
+	m.Errors = res.Errors
+	m.Samples = res.Samples
+	if len(m.Samples) > r.o.Warmups {
+		m.Samples = m.Samples[r.o.Warmups:]
+	}
+	m.Definition += " Template: " + r.o.E2BTemplate + "."
+	return m
+}

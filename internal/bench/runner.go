@@ -1,0 +1,244 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/server"
+)
+
+// Options are `berth bench`'s flags.
+type Options struct {
+	Only     []string // metric names; empty = all
+	Runs     int      // measured samples per metric
+	Warmups  int      // unmeasured runs first
+	Runtimes []string // runc, runsc
+	Template string
+	Burst    int    // concurrent creates in burst; 0 = 100, or 4×Runs when Runs < 25
+	E2BDir   string // directory holding node_modules/e2b; "" = look for test/e2b
+	// E2BTemplate is the template the E2B SDK creates from; it needs
+	// /bin/bash (the SDK runs commands with `bash -l -c`).
+	E2BTemplate string
+	Command     string
+	Self        bool
+	Log         io.Writer // progress
+}
+
+// Names are every metric, in measuring order.
+var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
+	"upload", "download", "fork", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "e2b-tti"}
+
+// Runner measures against one server.
+type Runner struct {
+	c     *Client
+	o     Options
+	raw   *Raw
+	rawEr error
+	info  server.Info
+	label string // every sandbox the run creates carries berth-bench=<label>
+	out   []Metric
+}
+
+// NewRunner checks the options against the server. raw may be nil, with
+// rawErr saying why the baselines that need it are not available.
+func NewRunner(c *Client, o Options, raw *Raw, rawErr error) (*Runner, error) {
+	if o.Runs < 1 {
+		return nil, fmt.Errorf("--runs must be at least 1")
+	}
+	for _, n := range o.Only {
+		if !slices.Contains(Names, n) {
+			return nil, fmt.Errorf("--only: unknown metric %q (allowed: %s)", n, strings.Join(Names, ", "))
+		}
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	return &Runner{c: c, o: o, raw: raw, rawEr: rawErr, label: newID("r")}, nil
+}
+
+// want reports whether a metric was selected; "upload" and "download"
+// select both of their sizes.
+func (r *Runner) want(name string) bool {
+	group, _, _ := strings.Cut(name, "-")
+	if group != "upload" && group != "download" {
+		group = name
+	}
+	return len(r.o.Only) == 0 || slices.Contains(r.o.Only, name) || slices.Contains(r.o.Only, group)
+}
+
+func (r *Runner) logf(format string, args ...any) {
+	fmt.Fprintf(r.o.Log, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// Run measures the selected metrics and returns the report.
+func (r *Runner) Run(ctx context.Context) (*Report, error) {
+	started := time.Now().UTC()
+	info, err := r.c.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.info = info
+	have := map[string]bool{}
+	for _, rt := range info.Runtimes {
+		have[rt.Name] = true
+	}
+	for _, rt := range r.o.Runtimes {
+		if !have[rt] {
+			return nil, fmt.Errorf("--runtime: the server has no %s runtime", rt)
+		}
+	}
+	defer r.cleanup()
+	perRuntime := []struct {
+		names []string
+		run   func(ctx context.Context, rt string) []Metric
+	}{
+		{[]string{"create-cold"}, r.createCold},
+		{[]string{"create-warm"}, r.createWarm},
+		{[]string{"exec-rtt"}, r.execRTT},
+		{[]string{"throughput"}, r.throughput},
+		{[]string{"burst"}, r.burst},
+		{[]string{"density"}, r.density},
+		{[]string{"upload", "download"}, r.fileIO},
+		{[]string{"fork"}, r.fork},
+		{[]string{"pause-memory", "resume-memory"}, r.memoryPause},
+		{[]string{"pause-freeze", "resume-freeze"}, r.freezePause},
+	}
+	for _, g := range perRuntime {
+		if !slices.ContainsFunc(g.names, r.want) {
+			continue
+		}
+		for _, rt := range r.o.Runtimes {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			r.logf("measuring %s on %s", strings.Join(g.names, ", "), rt)
+			// A group is measured together (e.g. pause and resume of the
+			// same sandbox), so all of its metrics are reported.
+			for _, m := range g.run(ctx, rt) {
+				m.Finish()
+				r.out = append(r.out, m)
+			}
+		}
+	}
+	if r.want("e2b-tti") {
+		r.logf("measuring e2b-tti")
+		m := r.e2bTTI(ctx)
+		m.Finish()
+		r.out = append(r.out, m)
+	}
+	return &Report{
+		Schema: Schema, StartedAt: started, Command: r.o.Command, Machine: MachineInfo(),
+		Server: Server{URL: r.c.Base, Version: info.Version, Self: r.o.Self, Template: r.o.Template, Runtimes: r.o.Runtimes},
+		Runs:   r.o.Runs, Warmups: r.o.Warmups, Metrics: r.out,
+	}, nil
+}
+
+// create makes a bench sandbox: labelled for cleanup, with a TTL so that
+// an interrupted run leaves nothing behind for long.
+func (r *Runner) create(ctx context.Context, rt string, mut ...func(*server.CreateRequest)) (*sandbox.Sandbox, error) {
+	req := server.CreateRequest{Template: r.o.Template, Runtime: rt, TTL: "30m", Labels: map[string]string{"berth-bench": r.label}}
+	for _, f := range mut {
+		f(&req)
+	}
+	return r.c.Create(ctx, req)
+}
+
+// remove deletes a sandbox outside any clock, on a context that outlives ctx's cancellation.
+func (r *Runner) remove(ctx context.Context, id string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := r.c.Delete(dctx, id); err != nil {
+		r.logf("delete %s: %v", id, err)
+	}
+}
+
+// cleanup deletes whatever this run left behind (e.g. after an error).
+func (r *Runner) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var page server.ListResponse
+	q := url.Values{"label": {"berth-bench=" + r.label}}
+	if err := r.c.Call(ctx, "GET", "/v1/sandboxes?"+q.Encode(), nil, &page); err != nil {
+		r.logf("cleanup: %v", err)
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for _, sb := range page.Sandboxes {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			r.remove(ctx, sb.ID)
+		}()
+	}
+	wg.Wait()
+}
+
+// measure runs fn Warmups+Runs times and keeps the last Runs durations (ms).
+func (r *Runner) measure(ctx context.Context, fn func(ctx context.Context) (time.Duration, error)) (samples []float64, errList []string) {
+	samples = []float64{}
+	for i := 0; i < r.o.Warmups+r.o.Runs && ctx.Err() == nil; i++ {
+		d, err := fn(ctx)
+		switch {
+		case err != nil:
+			errList = append(errList, err.Error())
+		case i >= r.o.Warmups:
+			samples = append(samples, ms(d))
+		}
+		if len(errList) > 3 && len(samples) == 0 {
+			break
+		}
+	}
+	return samples, errList
+}
+
+// baseline wraps measured baseline samples.
+func baseline(name, def string, samples []float64, errList []string) *Baseline {
+	return &Baseline{Name: name, Definition: def, Available: len(samples) > 0, Samples: samples, Errors: errList}
+}
+
+func unavailableBaseline(name, def string, err error) *Baseline {
+	return &Baseline{Name: name, Definition: def, Reason: err.Error(), Samples: []float64{}}
+}
+
+func notAvailable(name, rt, unit, def, reason string) Metric {
+	return Metric{Name: name, Runtime: rt, Unit: unit, Definition: def, Reason: reason, Samples: []float64{}}
+}
+
+// RuntimeBinaries finds runc, runsc and criu the way `berth serve` does:
+// BERTH_RUNSC/BERTH_CRIU, beside the berth binary, the host cache, PATH.
+func RuntimeBinaries(cacheDir string) (bins map[string]string, criu string) {
+	self, _ := os.Executable()
+	look := func(env string, cands ...string) string {
+		if v := os.Getenv(env); v != "" {
+			return v
+		}
+		for _, c := range cands {
+			if filepath.IsAbs(c) {
+				if st, err := os.Stat(c); err == nil && !st.IsDir() {
+					return c
+				}
+			} else if p, err := exec.LookPath(c); err == nil {
+				return p
+			}
+		}
+		return ""
+	}
+	bins = map[string]string{
+		"runc":  look("BERTH_RUNC", "runc"),
+		"runsc": look("BERTH_RUNSC", filepath.Join(filepath.Dir(self), "runsc"), filepath.Join(cacheDir, "bin", "runsc"), "runsc"),
+	}
+	return bins, look("BERTH_CRIU", filepath.Join(cacheDir, "bin", "criu"), "criu")
+}

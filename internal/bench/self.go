@@ -1,0 +1,169 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/server"
+)
+
+// SelfServer is a `berth serve` the bench started on a fresh data dir.
+type SelfServer struct {
+	URL, Key, DataDir, LogPath string
+	cmd                        *exec.Cmd
+	done                       chan struct{}
+}
+
+// StartSelf starts `berthBin serve` on a new data dir under /tmp with a
+// short name (agent socket paths must stay under 108 bytes), without the
+// default template, and imports the busybox "tiny" template.
+func StartSelf(ctx context.Context, berthBin string) (*SelfServer, error) {
+	dataDir, err := os.MkdirTemp("/tmp", "b")
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s := &SelfServer{URL: "http://" + addr, DataDir: dataDir, LogPath: dataDir + ".log", done: make(chan struct{})}
+	logf, err := os.Create(s.LogPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	// Not tied to ctx: the server is stopped explicitly (SIGTERM, then wait).
+	s.cmd = exec.Command(berthBin, "serve", "--data-dir", dataDir, "--listen", addr, "--no-default-template")
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
+	fail := func(err error) (*SelfServer, error) {
+		s.Stop()
+		b, _ := os.ReadFile(s.LogPath)
+		return nil, fmt.Errorf("%w\nserver log:\n%s", err, tailString(string(b), 2000))
+	}
+	if err := waitHealthy(ctx, s.URL, 60*time.Second); err != nil {
+		return fail(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dataDir, "admin.key"))
+	if err != nil {
+		return fail(err)
+	}
+	s.Key = strings.TrimSpace(string(b))
+	if err := s.importTiny(ctx); err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+// importTiny builds the busybox rootfs (as the e2e tests do) and imports it as "tiny".
+func (s *SelfServer) importTiny(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "berth-bench-tiny-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	root := filepath.Join(dir, "rootfs")
+	if err := rootfs.BusyboxRootFS(root); err != nil {
+		return err
+	}
+	tar := filepath.Join(dir, "tiny.tar")
+	if out, err := exec.CommandContext(ctx, "tar", "-C", root, "--numeric-owner", "-cf", tar, ".").CombinedOutput(); err != nil {
+		return fmt.Errorf("tar: %v: %s", err, out)
+	}
+	return ImportTemplate(ctx, NewClient(s.URL, s.Key), "tiny", tar)
+}
+
+// ImportTemplate uploads a rootfs tarball as template name.
+func ImportTemplate(ctx context.Context, c *Client, name, tarPath string) error {
+	f, err := os.Open(tarPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	resp, err := c.do(ctx, "PUT", "/v1/templates/"+url.PathEscape(name)+"/tar",
+		url.Values{"source": {"import " + filepath.Base(tarPath)}}, f, "application/x-tar")
+	if err != nil {
+		return fmt.Errorf("import template %s: %w", name, err)
+	}
+	return resp.Body.Close()
+}
+
+// TemplateReady reports whether the server has template name, ready.
+func TemplateReady(ctx context.Context, c *Client, name string) bool {
+	var t server.Template
+	if err := c.Call(ctx, "GET", "/v1/templates/"+url.PathEscape(name), nil, &t); err != nil {
+		return false
+	}
+	return t.State == "ready"
+}
+
+// Stop deletes every sandbox, stops the server (SIGTERM, SIGKILL after 20 s)
+// and removes its data dir unless something is still mounted under it.
+func (s *SelfServer) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var errList []error
+	if s.Key != "" {
+		c := NewClient(s.URL, s.Key)
+		var page server.ListResponse
+		if err := c.Call(ctx, "GET", "/v1/sandboxes", nil, &page); err == nil {
+			for _, sb := range page.Sandboxes {
+				if err := c.Delete(ctx, sb.ID); err != nil {
+					errList = append(errList, err)
+				}
+			}
+		}
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(20 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+	detachRuntimeNetns(s.DataDir)
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), s.DataDir+"/") {
+		return errors.Join(append(errList, fmt.Errorf("mounts remain under %s; left in place", s.DataDir))...)
+	}
+	if err := os.RemoveAll(s.DataDir); err != nil {
+		errList = append(errList, err)
+	}
+	if len(errList) == 0 {
+		os.Remove(s.LogPath)
+	}
+	return errors.Join(errList...)
+}
+
+// detachRuntimeNetns unmounts the namespace files the runsc backend keeps
+// under its state root for the daemon's lifetime (runtime/runsc/null-netns):
+// the stopped daemon no longer needs them and they pin the data dir.
+func detachRuntimeNetns(dataDir string) {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || !strings.HasPrefix(f[4], filepath.Join(dataDir, "runtime")+"/") {
+			continue
+		}
+		if _, fstype, ok := strings.Cut(line, " - "); ok && strings.HasPrefix(fstype, "nsfs ") {
+			_ = unix.Unmount(f[4], unix.MNT_DETACH)
+		}
+	}
+}
