@@ -83,6 +83,9 @@ type Agent struct {
 	running      atomic.Int64
 	openStreams  atomic.Int64
 
+	// forkID is BERTH_SANDBOX_ID after a restore as a fork (the image has the parent's).
+	forkID atomic.Pointer[string]
+
 	procWG sync.WaitGroup // process lifecycles
 }
 

@@ -84,6 +84,9 @@ func (a *Agent) buildEnv(acct account, reqEnv map[string]string, tty bool) (map[
 	if a.cfg.SandboxID != "" {
 		env["BERTH_SANDBOX_ID"] = a.cfg.SandboxID
 	}
+	if id := a.forkID.Load(); id != nil {
+		env["BERTH_SANDBOX_ID"] = *id
+	}
 	if n := a.restoreCount.Load(); n > 0 {
 		env["BERTH_RESTORE_COUNT"] = strconv.FormatInt(n, 10)
 	}

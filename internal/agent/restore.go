@@ -29,6 +29,10 @@ func (a *Agent) handleRestored(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.restoreCount.Store(int64(req.RestoreCount))
+	if req.SandboxID != "" {
+		id := req.SandboxID
+		a.forkID.Store(&id)
+	}
 	if err := os.MkdirAll(filepath.Dir(a.cfg.RestoreCountFile), 0o755); err == nil {
 		if err := os.WriteFile(a.cfg.RestoreCountFile, []byte(strconv.Itoa(req.RestoreCount)+"\n"), 0o644); err != nil {
 			a.log.Warn("write restore count", "path", a.cfg.RestoreCountFile, "err", err)

@@ -163,4 +163,8 @@ type FSEvent struct {
 type RestoredRequest struct {
 	RestoreCount int       `json:"restore_count"`
 	HostTime     time.Time `json:"host_time"`
+	// SandboxID is set when the image was restored as a fork: the new
+	// sandbox's id, exported as BERTH_SANDBOX_ID from then on (the memory
+	// image carries the parent's).
+	SandboxID string `json:"sandbox_id,omitempty"`
 }

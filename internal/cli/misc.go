@@ -174,6 +174,8 @@ func runTemplate(e *env, args []string) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", t.Name, t.State, t.Fingerprint, len(t.Layers), t.Source, detail)
 		}
 		return tw.Flush()
+	case "from-snapshot":
+		return templateFromSnapshot(e, c, args[1:])
 	case "import":
 		fs := flag.NewFlagSet("template import", flag.ContinueOnError)
 		pos, err := parse(fs, args[1:])

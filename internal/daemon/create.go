@@ -103,6 +103,9 @@ func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Temp
 
 // Create makes a sandbox and returns once its agent answers (ready).
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbox, error) {
+	if err := d.applySnapshot(ctx, &req); err != nil {
+		return nil, err
+	}
 	tpl, err := d.normalize(ctx, &req)
 	if err != nil {
 		return nil, err
@@ -191,7 +194,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 		}
 		tpl = &t
 	}
-	lowers, err := d.layersOf(tpl)
+	lowers, err := d.lowersFor(sb, tpl)
 	if err != nil {
 		return err
 	}

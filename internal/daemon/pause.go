@@ -249,7 +249,7 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 	if err != nil {
 		return err
 	}
-	lowers, err := d.layersOf(&tpl)
+	lowers, err := d.lowersFor(sb, &tpl)
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,8 @@ type CreateRequest struct {
 	Workstation  bool // expiry action pause by default
 	// Extra is feature-specific persisted data (network policy, lineage ...).
 	Extra map[string]string
+	// FromSnapshot starts the sandbox from a snapshot's layers (snapshot.go).
+	FromSnapshot string
 }
 
 // ListFilter selects sandboxes visible to an owner ("" = all, admin only).

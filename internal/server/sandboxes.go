@@ -62,6 +62,7 @@ type CreateRequest struct {
 	AutoResume   bool              `json:"auto_resume,omitempty"`
 	Workstation  bool              `json:"workstation,omitempty"`
 	Owner        string            `json:"owner,omitempty"` // admin key only
+	FromSnapshot string            `json:"from_snapshot,omitempty"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
@@ -92,6 +93,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 		Resources: sandbox.Resources{CPUMillis: int(req.CPU * 1000), MemoryMiB: req.MemoryMiB,
 			DiskMiB: req.DiskMiB, Pids: req.Pids},
 		Labels: req.Labels, Env: req.Env, AutoResume: req.AutoResume, Workstation: req.Workstation,
+		FromSnapshot: req.FromSnapshot,
 	})
 	if err != nil {
 		return err

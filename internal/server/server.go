@@ -56,6 +56,12 @@ func (s *Server) routes() {
 	s.handle("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
 	s.handle("POST /v1/sandboxes/{id}/lease", s.leaseSandbox)
 	s.handle("GET /v1/sandboxes/{id}/events", s.sandboxEvents)
+	s.handle("POST /v1/sandboxes/{id}/snapshot", s.snapshotSandbox)
+	s.handle("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
+	s.handle("GET /v1/snapshots", s.listSnapshots)
+	s.handle("GET /v1/snapshots/{id}", s.getSnapshot)
+	s.handle("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
+	s.handle("POST /v1/snapshots/{id}/template", s.promoteSnapshot)
 
 	s.handle("POST /v1/sandboxes/{id}/exec", s.exec)
 	s.handle("GET /v1/sandboxes/{id}/processes", s.listProcesses)

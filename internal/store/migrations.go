@@ -91,4 +91,67 @@ CREATE TABLE settings (
 `,
 	// 2: look up sandboxes by their envd access token (E2B's old-SDK routing).
 	`CREATE INDEX sandboxes_access_token ON sandboxes (access_token);`,
+	// snapshots (a sandbox's filesystem as a layer, optionally a memory image).
+	`
+CREATE TABLE snapshots (
+	id             TEXT PRIMARY KEY,
+	owner          TEXT NOT NULL,
+	name           TEXT NOT NULL,
+	source_sandbox TEXT NOT NULL,
+	template       TEXT NOT NULL,
+	template_id    TEXT NOT NULL,
+	runtime        TEXT NOT NULL,
+	layers         TEXT,            -- JSON array
+	memory_path    TEXT NOT NULL,
+	created_at     INTEGER NOT NULL,
+	extra          TEXT             -- JSON object or NULL
+) STRICT;
+CREATE INDEX snapshots_owner ON snapshots (owner, created_at, id);
+CREATE UNIQUE INDEX snapshots_owner_name ON snapshots (owner, name) WHERE name != '';
+`,
+	// N: metering (per-sandbox cursor and lifetime row, hourly usage buckets)
+	// and per-owner quotas set through the admin API.
+	`
+CREATE TABLE usage (
+	sandbox_id     TEXT PRIMARY KEY,
+	owner          TEXT NOT NULL,
+	template       TEXT NOT NULL,
+	state          TEXT NOT NULL,
+	cpu_millis     INTEGER NOT NULL,
+	memory_mib     INTEGER NOT NULL,
+	disk_mib       INTEGER NOT NULL,
+	created_at     INTEGER NOT NULL,
+	last_sample_at INTEGER NOT NULL,
+	last_cpu_nanos INTEGER NOT NULL,
+	disk_bytes     INTEGER NOT NULL,
+	last_active_at INTEGER NOT NULL,
+	signals        TEXT NOT NULL     -- reaper signal state, JSON
+) STRICT;
+CREATE INDEX usage_owner ON usage (owner, sandbox_id);
+
+CREATE TABLE usage_hours (
+	sandbox_id      TEXT NOT NULL,
+	hour            INTEGER NOT NULL, -- unix nanoseconds of the hour's start
+	owner           TEXT NOT NULL,
+	cpu_seconds     REAL NOT NULL,
+	mem_gib_seconds REAL NOT NULL,
+	mem_peak_bytes  INTEGER NOT NULL,
+	running_seconds REAL NOT NULL,
+	frozen_seconds  REAL NOT NULL,
+	paused_seconds  REAL NOT NULL,
+	stopped_seconds REAL NOT NULL,
+	disk_gib_hours  REAL NOT NULL,
+	PRIMARY KEY (sandbox_id, hour)
+) STRICT;
+CREATE INDEX usage_hours_owner ON usage_hours (owner, hour);
+
+CREATE TABLE quotas (
+	owner      TEXT PRIMARY KEY,
+	sandboxes  INTEGER NOT NULL,
+	cpu        REAL NOT NULL,
+	memory_mib INTEGER NOT NULL,
+	disk_mib   INTEGER NOT NULL,
+	snapshots  INTEGER NOT NULL
+) STRICT;
+`,
 }

@@ -68,6 +68,14 @@ type Store interface {
 	GetSetting(ctx context.Context, key string) (string, error)
 	PutSetting(ctx context.Context, key, val string) error
 
+	// CreateSnapshot inserts a snapshot; a duplicate id or a duplicate
+	// non-empty name of the same owner is AlreadyExists.
+	CreateSnapshot(ctx context.Context, sn Snapshot) error
+	GetSnapshot(ctx context.Context, id string) (Snapshot, error)
+	// ListSnapshots lists owner's snapshots ("" = every owner), oldest first.
+	ListSnapshots(ctx context.Context, owner string) ([]Snapshot, error)
+	DeleteSnapshot(ctx context.Context, id string) error
+
 	Close() error
 }
 

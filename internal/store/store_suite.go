@@ -35,6 +35,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"APIKeys", suiteAPIKeys},
 		{"Templates", suiteTemplates},
 		{"Settings", suiteSettings},
+		{"Snapshots", suiteSnapshots},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}

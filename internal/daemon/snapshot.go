@@ -1,0 +1,317 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+	"github.com/berth-dev/berth/internal/template"
+)
+
+// Keys in Sandbox.Extra written by snapshots and forks.
+const (
+	extraLayers     = "layers"          // comma-joined layer digests (top first) when not the template's
+	extraSnapshot   = "snapshot"        // snapshot the sandbox was started from
+	extraParent     = "fork_parent"     // sandbox it was forked from
+	extraGeneration = "fork_generation" // 0 = not a fork
+	extraForkMode   = "fork_mode"       // memory | disk
+)
+
+func (d *Daemon) snapshotDir(id string) string { return filepath.Join(d.cfg.DataDir, "snapshots", id) }
+
+// upperExporter is a runtime that keeps a container's rootfs writes to
+// itself (runsc's in-sandbox overlay) and can export them as an overlay
+// upper tar. runc writes to the host upper dir, which the daemon copies.
+type upperExporter interface {
+	ExportUpper(ctx context.Context, id, file string) error
+}
+
+// layerDigests are the lower layers sb runs on, top first.
+func (d *Daemon) layerDigests(ctx context.Context, sb *sandbox.Sandbox) ([]string, error) {
+	if l := sb.Extra[extraLayers]; l != "" {
+		return strings.Split(l, ","), nil
+	}
+	tpl, err := d.store.GetTemplate(ctx, sb.Template)
+	if err != nil {
+		return nil, errs.Wrap(errs.FailedPrecondition, err, "template %s of sandbox %s", sb.Template, sb.ID)
+	}
+	if tpl.Fingerprint != sb.TemplateID {
+		return nil, errs.E(errs.FailedPrecondition, "template %s changed since sandbox %s started (fingerprint %s, now %s)",
+			sb.Template, sb.ID, sb.TemplateID, tpl.Fingerprint)
+	}
+	return tpl.Layers, nil
+}
+
+// lowersFor resolves the layers a sandbox boots on to host paths: the
+// snapshot's layers for a sandbox started from a snapshot, else the template's.
+func (d *Daemon) lowersFor(sb *sandbox.Sandbox, tpl *store.Template) ([]string, error) {
+	l := sb.Extra[extraLayers]
+	if l == "" {
+		return d.layersOf(tpl)
+	}
+	var out []string
+	for _, dg := range strings.Split(l, ",") {
+		p := d.templates.LayerPath(dg)
+		if _, err := os.Stat(p); err != nil {
+			return nil, errs.Wrap(errs.FailedPrecondition, err, "layer %s of sandbox %s is missing", dg, sb.ID)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// captureUpper stores sb's workspace changes as a new read-only layer. A
+// running sandbox is frozen for the copy, so the layer is one instant.
+func (d *Daemon) captureUpper(ctx context.Context, sb *sandbox.Sandbox, running bool) (template.Layer, error) {
+	rt, err := d.runtimeFor(sb)
+	if err != nil {
+		return template.Layer{}, err
+	}
+	if running && rt.Capabilities(ctx).Freeze {
+		if err := rt.Freeze(ctx, sb.ID); err != nil {
+			return template.Layer{}, errs.Wrap(errs.Internal, err, "freeze %s for a consistent snapshot", sb.ID)
+		}
+		defer func() {
+			if err := rt.Thaw(context.WithoutCancel(ctx), sb.ID); err != nil {
+				d.log.Error("thaw after snapshot", "sandbox_id", sb.ID, "err", err)
+			}
+		}()
+	}
+	exp, ok := rt.(upperExporter)
+	if ok && running && sb.Runtime == "runsc" {
+		tmp, err := os.CreateTemp(filepath.Join(d.cfg.DataDir, "snapshots"), ".upper-*.tar")
+		if err != nil {
+			return template.Layer{}, errs.Wrap(errs.Internal, err, "snapshot scratch file")
+		}
+		tmp.Close()
+		defer os.Remove(tmp.Name())
+		if err := exp.ExportUpper(ctx, sb.ID, tmp.Name()); err != nil {
+			return template.Layer{}, err
+		}
+		return d.templates.ImportDir(ctx, func(dir string) error {
+			f, err := os.Open(tmp.Name())
+			if err != nil {
+				return errs.Wrap(errs.Internal, err, "open upper tar")
+			}
+			defer f.Close()
+			return rootfs.ExtractUpperTar(ctx, f, dir)
+		})
+	}
+	upper := rootfs.LayoutOf(d.sandboxDir(sb.ID)).Upper
+	return d.templates.ImportDir(ctx, func(dir string) error { return rootfs.CopyUpper(ctx, upper, dir) })
+}
+
+// SnapshotRequest asks for a snapshot of a running sandbox.
+type SnapshotRequest struct {
+	Owner string // "" = admin
+	Actor string
+	ID    string
+	Name  string
+}
+
+// Snapshot captures a running sandbox's workspace as a new layer; the
+// sandbox keeps running (frozen for the copy only).
+func (d *Daemon) Snapshot(ctx context.Context, req SnapshotRequest) (store.Snapshot, error) {
+	if req.Name != "" {
+		if err := ValidTemplateName(req.Name); err != nil {
+			return store.Snapshot{}, errs.Field("name", "snapshot names are 1-63 chars of lowercase letters, digits, '.', '_', '-', got %q", req.Name)
+		}
+	}
+	unlock := d.lock(req.ID)
+	defer unlock()
+	sb, err := d.visible(ctx, req.Owner, req.ID)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	return d.snapshotLocked(ctx, sb, req.Name, req.Actor, "")
+}
+
+// snapshotLocked captures sb (locked by the caller). memory is the path of
+// a memory image that belongs with it, if any.
+func (d *Daemon) snapshotLocked(ctx context.Context, sb *sandbox.Sandbox, name, actor, memory string) (store.Snapshot, error) {
+	if sb.State != sandbox.Running {
+		return store.Snapshot{}, errs.E(errs.Conflict, "sandbox %s is %s; only a running sandbox can be snapshotted", sb.ID, sb.State)
+	}
+	base, err := d.layerDigests(ctx, sb)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	if err := os.MkdirAll(filepath.Join(d.cfg.DataDir, "snapshots"), 0o700); err != nil {
+		return store.Snapshot{}, errs.Wrap(errs.Internal, err, "create snapshots dir")
+	}
+	start := time.Now()
+	layer, err := d.captureUpper(ctx, sb, true)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	return d.recordSnapshot(ctx, "", sb, name, actor, layer, base, memory, time.Since(start))
+}
+
+// recordSnapshot stores a snapshot record (id "" = a fresh one) and an event.
+func (d *Daemon) recordSnapshot(ctx context.Context, id string, sb *sandbox.Sandbox, name, actor string, layer template.Layer, base []string, memory string, took time.Duration) (store.Snapshot, error) {
+	if id == "" {
+		id = sandbox.NewID()
+	}
+	sn := store.Snapshot{
+		ID: id, Owner: sb.Owner, Name: name, SourceSandbox: sb.ID, Template: sb.Template,
+		TemplateID: sb.TemplateID, Runtime: sb.Runtime, Layers: append([]string{layer.Digest}, base...),
+		MemoryPath: memory, CreatedAt: d.cfg.Now().UTC(),
+		Extra: map[string]string{"layer_bytes": formatInt(layer.TarSize), "layer_entries": formatInt(layer.Entries),
+			"capture_ms": formatInt(took.Milliseconds())},
+	}
+	if err := d.store.CreateSnapshot(ctx, sn); err != nil {
+		if errs.Is(err, errs.AlreadyExists) {
+			return store.Snapshot{}, errs.Field("name", "you already have a snapshot named %q", name)
+		}
+		return store.Snapshot{}, err
+	}
+	d.event(ctx, sb, actor, "snapshot", "snapshot_taken", "", map[string]string{
+		"snapshot": sn.ID, "layer": layer.Digest, "capture_ms": formatInt(took.Milliseconds())})
+	d.log.Info("snapshot taken", "sandbox_id", sb.ID, "snapshot", sn.ID, "layer", layer.Digest, "ms", took.Milliseconds())
+	return sn, nil
+}
+
+// GetSnapshot returns a snapshot visible to owner ("" = admin).
+func (d *Daemon) GetSnapshot(ctx context.Context, owner, id string) (store.Snapshot, error) {
+	notFound := errs.E(errs.NotFound, "snapshot %q not found", id)
+	if !sandbox.ValidID(id) {
+		return store.Snapshot{}, notFound
+	}
+	sn, err := d.store.GetSnapshot(ctx, id)
+	if errs.Is(err, errs.NotFound) || (err == nil && owner != "" && sn.Owner != owner) {
+		return store.Snapshot{}, notFound
+	}
+	return sn, err
+}
+
+// ListSnapshots lists owner's snapshots ("" = every owner).
+func (d *Daemon) ListSnapshots(ctx context.Context, owner string) ([]store.Snapshot, error) {
+	return d.store.ListSnapshots(ctx, owner)
+}
+
+// snapshotUsers are the live sandboxes started from snapshot id.
+func (d *Daemon) snapshotUsers(ctx context.Context, id string) ([]string, error) {
+	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil {
+		return nil, err
+	}
+	var users []string
+	for _, sb := range all {
+		if sb.State != sandbox.Deleted && sb.Extra[extraSnapshot] == id {
+			users = append(users, sb.ID)
+		}
+	}
+	return users, nil
+}
+
+// DeleteSnapshot removes a snapshot no sandbox uses, with its memory image
+// and its own layer unless a template or another snapshot shares it.
+func (d *Daemon) DeleteSnapshot(ctx context.Context, owner, id string) error {
+	sn, err := d.GetSnapshot(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	users, err := d.snapshotUsers(ctx, id)
+	if err != nil {
+		return err
+	}
+	if len(users) > 0 {
+		return errs.E(errs.Conflict, "snapshot %s is used by %d sandbox(es): %s", id, len(users), strings.Join(users, ", "))
+	}
+	if err := d.store.DeleteSnapshot(ctx, id); err != nil {
+		return err
+	}
+	_ = os.RemoveAll(d.snapshotDir(id))
+	if used, err := d.layerUsed(ctx, sn.Layers[0]); err == nil && !used {
+		if err := d.templates.RemoveLayer(sn.Layers[0]); err != nil && !errs.Is(err, errs.NotFound) {
+			d.log.Warn("remove snapshot layer", "snapshot", id, "err", err)
+		}
+	}
+	return nil
+}
+
+// layerUsed reports whether a template, a snapshot or a sandbox uses layer dg.
+func (d *Daemon) layerUsed(ctx context.Context, dg string) (bool, error) {
+	tpls, err := d.store.ListTemplates(ctx)
+	if err != nil {
+		return true, err
+	}
+	for _, t := range tpls {
+		if slices.Contains(t.Layers, dg) {
+			return true, nil
+		}
+	}
+	sns, err := d.store.ListSnapshots(ctx, "")
+	if err != nil {
+		return true, err
+	}
+	for _, s := range sns {
+		if slices.Contains(s.Layers, dg) {
+			return true, nil
+		}
+	}
+	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil {
+		return true, err
+	}
+	for _, sb := range all {
+		if strings.Contains(sb.Extra[extraLayers], dg) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// TemplateFromSnapshot promotes a snapshot to a template named name.
+func (d *Daemon) TemplateFromSnapshot(ctx context.Context, owner, id, name string) (store.Template, error) {
+	if err := ValidTemplateName(name); err != nil {
+		return store.Template{}, err
+	}
+	sn, err := d.GetSnapshot(ctx, owner, id)
+	if err != nil {
+		return store.Template{}, err
+	}
+	if _, err := d.store.GetTemplate(ctx, name); err == nil {
+		return store.Template{}, errs.E(errs.AlreadyExists, "template %s already exists", name)
+	}
+	t := store.Template{Name: name, Layers: sn.Layers, State: store.TemplateReady, Source: "snapshot " + sn.ID}
+	if src, err := d.store.GetTemplate(ctx, sn.Template); err == nil {
+		t.StartCmd, t.Env, t.Workdir, t.User, t.Resources = src.StartCmd, src.Env, src.Workdir, src.User, src.Resources
+	}
+	t.Fingerprint = fingerprint(t)
+	return d.store.PutTemplate(ctx, t)
+}
+
+// applySnapshot points a create request at a snapshot: its template, its
+// layers as lowers. Called before normalize.
+func (d *Daemon) applySnapshot(ctx context.Context, req *CreateRequest) error {
+	if req.FromSnapshot == "" {
+		return nil
+	}
+	sn, err := d.GetSnapshot(ctx, req.Owner, req.FromSnapshot)
+	if errs.Is(err, errs.NotFound) {
+		return errs.Field("from_snapshot", "unknown snapshot %q (see `berth snapshot ls`)", req.FromSnapshot)
+	}
+	if err != nil {
+		return err
+	}
+	if req.Template != "" && req.Template != sn.Template {
+		return errs.Field("template", "snapshot %s was taken from template %s; leave template empty or use %s", sn.ID, sn.Template, sn.Template)
+	}
+	req.Template = sn.Template
+	extra := map[string]string{}
+	for k, v := range req.Extra {
+		extra[k] = v
+	}
+	extra[extraLayers] = strings.Join(sn.Layers, ",")
+	extra[extraSnapshot] = sn.ID
+	req.Extra = extra
+	return nil
+}

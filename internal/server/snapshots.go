@@ -1,0 +1,124 @@
+package server
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// Snapshot is the API view of a snapshot.
+type Snapshot struct {
+	ID            string            `json:"id"`
+	Owner         string            `json:"owner"`
+	Name          string            `json:"name,omitempty"`
+	SourceSandbox string            `json:"source_sandbox"`
+	Template      string            `json:"template"`
+	TemplateID    string            `json:"template_id,omitempty"`
+	Runtime       string            `json:"runtime"`
+	Layers        []string          `json:"layers"`
+	Memory        bool              `json:"memory"`
+	CreatedAt     time.Time         `json:"created_at"`
+	Extra         map[string]string `json:"extra,omitempty"`
+}
+
+func snapshotView(s store.Snapshot) Snapshot {
+	return Snapshot{ID: s.ID, Owner: s.Owner, Name: s.Name, SourceSandbox: s.SourceSandbox, Template: s.Template,
+		TemplateID: s.TemplateID, Runtime: s.Runtime, Layers: s.Layers, Memory: s.MemoryPath != "",
+		CreatedAt: s.CreatedAt, Extra: s.Extra}
+}
+
+type snapshotRequest struct {
+	Name string `json:"name,omitempty"`
+}
+
+func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req snapshotRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	sn, err := s.d.Snapshot(r.Context(), daemon.SnapshotRequest{Owner: owner(r, p), Actor: p.Owner, ID: r.PathValue("id"), Name: req.Name})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, snapshotView(sn))
+	return nil
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	list, err := s.d.ListSnapshots(r.Context(), owner(r, p))
+	if err != nil {
+		return err
+	}
+	out := make([]Snapshot, 0, len(list))
+	for _, sn := range list {
+		out = append(out, snapshotView(sn))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	sn, err := s.d.GetSnapshot(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, snapshotView(sn))
+	return nil
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	if err := s.d.DeleteSnapshot(r.Context(), owner(r, p), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+type promoteRequest struct {
+	Name string `json:"name"`
+}
+
+// promoteSnapshot makes a template of a snapshot. Templates are shared by
+// every owner, so like an import it takes the admin key.
+func (s *Server) promoteSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	if !p.Admin {
+		return errs.E(errs.PermissionDenied, "only the admin key may create templates")
+	}
+	var req promoteRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Name == "" {
+		return errs.Field("name", "must be set")
+	}
+	t, err := s.d.TemplateFromSnapshot(r.Context(), owner(r, p), r.PathValue("id"), req.Name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, templateView(t))
+	return nil
+}
+
+type forkRequest struct {
+	Count *int `json:"count,omitempty"`
+}
+
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req forkRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	n := 1
+	if req.Count != nil {
+		n = *req.Count
+	}
+	res, err := s.d.Fork(r.Context(), owner(r, p), r.PathValue("id"), p.Owner, n)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, res)
+	return nil
+}
