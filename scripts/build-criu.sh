@@ -10,7 +10,13 @@ DEST=${CRIU_DEST:-/var/cache/berth/bin/criu}
 WORK=${CRIU_WORK:-/var/cache/berth/src}
 URL=http://deb.debian.org/debian/pool/main/c/criu/criu_${VERSION}.orig.tar.xz
 
-if [ -x "$DEST" ] && "$DEST" check >/dev/null 2>&1; then
+# Local patches, applied in order; their hash is stamped next to the binary
+# so a changed patch set rebuilds.
+HERE=$(cd "$(dirname "$0")" && pwd)
+PATCHES="$HERE/criu-rlimit-eperm.patch"
+STAMP=$(cat $PATCHES | sha256sum | cut -c1-16)
+
+if [ -x "$DEST" ] && [ "$(cat "$DEST.stamp" 2>/dev/null)" = "$STAMP" ] && "$DEST" check >/dev/null 2>&1; then
 	echo "criu: $DEST already built and 'criu check' passes"
 	exit 0
 fi
@@ -31,6 +37,9 @@ fi
 rm -rf "criu-${VERSION}"
 tar -xJf "criu_${VERSION}.orig.tar.xz"
 cd "criu-${VERSION}"
+for p in $PATCHES; do
+	patch -p1 --quiet <"$p"
+done
 # Without the nftables default the network lock calls ip6tables-restore,
 # which is not installed, and every dump fails.
 make -j2 criu NETWORK_LOCK_DEFAULT=NETWORK_LOCK_NFTABLES >build.log 2>&1 || {
@@ -39,4 +48,5 @@ make -j2 criu NETWORK_LOCK_DEFAULT=NETWORK_LOCK_NFTABLES >build.log 2>&1 || {
 }
 install -m 0755 criu/criu "$DEST.tmp"
 mv "$DEST.tmp" "$DEST"
+echo "$STAMP" >"$DEST.stamp"
 "$DEST" check
