@@ -94,6 +94,9 @@ func extractTar(ctx context.Context, r io.Reader, dir string, tick func(entries 
 			return st, err
 		}
 		fail := func(err error) error { return entryError(hdr.Name, err) }
+		if name == "." && hdr.Typeflag != tar.TypeDir && hdr.Typeflag != tar.TypeXGlobalHeader {
+			return st, errs.Field("archive", "entry %q: the root must be a directory", hdr.Name)
+		}
 		fi := hdr.FileInfo()
 		mode := fi.Mode() & (os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky)
 		if name != "." {

@@ -229,6 +229,8 @@ func TestImportTarRefusesEscapes(t *testing.T) {
 		{"nested symlink chain", []entry{dir("a/", 0o755), symlink("a/b", ".."), symlink("a/c", "b/.."), file("a/c/victim", "pwned")}},
 		{"hardlink target escapes", []entry{hardlink("passwd", "../../../../../etc/passwd")}},
 		{"hardlink through absolute symlink", []entry{symlink("evil", outside), hardlink("stolen", "evil/victim")}},
+		{"root replaced by a file", []entry{file("x", "keep"), file(".", "")}},
+		{"root replaced by a symlink", []entry{symlink(".", outside)}},
 		{"symlink to parent then overwrite", []entry{symlink("etc", outside), file("etc/victim", "pwned")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
