@@ -66,6 +66,9 @@ func init() {
 	register("fork", "fork ID [-n N] [--json]", runFork)
 	register("key", "key create --owner NAME", runKey)
 	register("info", "info [--json]", runInfo)
+	register("usage", "usage [--owner O] [--since T] [--sandbox ID] [--sandboxes] [--json]", runUsage)
+	register("report", "report orphans [--days N] [--owner O] [--json]", runReport)
+	register("quota", "quota set OWNER [--sandboxes N] [--cpu N] [--memory MiB] [--disk MiB] [--snapshots N] | get OWNER | ls | rm OWNER", runQuota)
 	register("bench", benchUsage, runBench)
 }
 

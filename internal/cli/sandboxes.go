@@ -46,6 +46,7 @@ func runCreate(e *env, args []string) error {
 	fs.BoolVar(&req.AutoResume, "auto-resume", false, "resume on exec/files while paused")
 	fs.StringVar(&req.Owner, "owner", "", "owner (admin key only)")
 	fs.StringVar(&req.FromSnapshot, "from-snapshot", "", "start from this snapshot's files (berth snapshot ls)")
+	fs.StringVar(&req.IdlePolicy, "idle-policy", "", "reaper idle policy name, or never (default: the template's or server's)")
 	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
 	pos, err := parse(fs, args)
 	if err != nil {

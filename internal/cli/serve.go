@@ -19,6 +19,9 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/e2b"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/metering"
+	"github.com/berth-dev/berth/internal/quota"
+	"github.com/berth-dev/berth/internal/reaper"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/runtime/oci"
 	"github.com/berth-dev/berth/internal/server"
@@ -42,6 +45,11 @@ type ServeConfig struct {
 	CriuPath        string `json:"criu_path"`
 	AgentPath       string `json:"agent_path"`
 	LogLevel        string `json:"log_level"`
+	// Reaper policies, per-owner quotas and prices (see internal/reaper,
+	// internal/quota, internal/metering); zero values are the defaults.
+	Reaper reaper.Config   `json:"reaper,omitzero"`
+	Quotas quota.Config    `json:"quotas,omitzero"`
+	Prices metering.Prices `json:"prices,omitzero"`
 }
 
 func defaultServeConfig() ServeConfig {
@@ -196,6 +204,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	d, err := daemon.New(daemon.Config{
 		DataDir: cfg.DataDir, DefaultRuntime: cfg.Runtime, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTTL: defTTL, MaxTTL: maxTTL, AgentPath: agent, Log: log,
+		Reaper: cfg.Reaper, Quotas: cfg.Quotas, Prices: cfg.Prices,
 	}, st, runtimes, tpl)
 	if err != nil {
 		return err

@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/metering"
+	"github.com/berth-dev/berth/internal/quota"
+	"github.com/berth-dev/berth/internal/reaper"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -22,6 +25,11 @@ type Config struct {
 	ReadyTimeout     time.Duration // how long a new sandbox's agent may take to answer
 	Log              *slog.Logger
 	Now              func() time.Time
+	// Reaper, quotas and prices (reaper.go, quota.go, usage.go).
+	Reaper     reaper.Config
+	Quotas     quota.Config
+	Prices     metering.Prices
+	CgroupRoot string // cgroup v1 mount root, for throttling; default /sys/fs/cgroup
 }
 
 // maxSocketPath is sun_path's limit (108) minus the NUL byte.
@@ -49,7 +57,7 @@ func (c *Config) Validate() error {
 	if c.AgentPath == "" {
 		return errs.Field("agent_path", "must be set (berth-agent is looked up beside the berth executable)")
 	}
-	return nil
+	return c.validateAccounting()
 }
 
 func (c *Config) setDefaults() {
@@ -79,5 +87,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	c.Reaper.SetDefaults()
+	if c.Prices == (metering.Prices{}) {
+		c.Prices = metering.DefaultPrices()
+	}
+	if c.CgroupRoot == "" {
+		c.CgroupRoot = "/sys/fs/cgroup"
 	}
 }

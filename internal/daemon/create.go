@@ -127,7 +127,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	}
 	// Intent first: a crash from here on leaves a "creating" row that
 	// reconciliation finishes or cleans up.
-	if err := d.store.CreateSandbox(ctx, sb); err != nil {
+	if err := d.admit(ctx, sb); err != nil { // quota check + intent, under one lock (quota.go)
 		return nil, err
 	}
 	d.event(ctx, sb, actor, "transition", "created", "", map[string]string{"template": sb.Template, "runtime": sb.Runtime})
@@ -147,6 +147,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		d.fail(ctx, sb, "create_failed", err)
 		return nil, err
 	}
+	d.acct().observeCreate(d.cfg.Now().Sub(now))
 	d.log.Info("sandbox created", "sandbox_id", sb.ID, "owner", sb.Owner, "template", sb.Template,
 		"runtime", sb.Runtime, "ms", time.Since(start).Milliseconds())
 	return out, nil

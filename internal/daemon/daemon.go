@@ -39,6 +39,9 @@ type Daemon struct {
 	pauseMu sync.Mutex
 	pauseCh map[string]chan struct{}
 
+	accounting *accounting // reaper signals, quota admission, metrics (accounting.go)
+	acctOnce   sync.Once
+
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
 	bg     context.Context

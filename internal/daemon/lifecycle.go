@@ -160,6 +160,7 @@ func (d *Daemon) Agent(ctx context.Context, owner, id string) (*agentapi.Client,
 	if err != nil {
 		return nil, err
 	}
+	d.noteAPI(id) // reaper signal: last API activity
 	if sb.State == sandbox.Paused && sb.AutoResume {
 		if _, err := d.resume(ctx, owner, id, "auto-resume", false); err != nil && !errs.Is(err, errs.Conflict) {
 			return nil, err

@@ -63,6 +63,7 @@ type CreateRequest struct {
 	Workstation  bool              `json:"workstation,omitempty"`
 	Owner        string            `json:"owner,omitempty"` // admin key only
 	FromSnapshot string            `json:"from_snapshot,omitempty"`
+	IdlePolicy   string            `json:"idle_policy,omitempty"` // reaper policy name, or "never"
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
@@ -93,7 +94,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 		Resources: sandbox.Resources{CPUMillis: int(req.CPU * 1000), MemoryMiB: req.MemoryMiB,
 			DiskMiB: req.DiskMiB, Pids: req.Pids},
 		Labels: req.Labels, Env: req.Env, AutoResume: req.AutoResume, Workstation: req.Workstation,
-		FromSnapshot: req.FromSnapshot,
+		FromSnapshot: req.FromSnapshot, Extra: withIdlePolicy(nil, req.IdlePolicy),
 	})
 	if err != nil {
 		return err

@@ -81,6 +81,14 @@ func (s *Server) routes() {
 	s.handle("PUT /v1/templates/{name}/tar", s.importTemplate)
 	s.handle("POST /v1/keys", s.createKey)
 
+	s.handle("GET /v1/usage", s.usage)
+	s.handle("GET /v1/reports/orphans", s.orphans)
+	s.handle("GET /v1/quotas", s.listQuotas)
+	s.handle("GET /v1/quotas/{owner}", s.getQuota)
+	s.handle("PUT /v1/quotas/{owner}", s.putQuota)
+	s.handle("DELETE /v1/quotas/{owner}", s.deleteQuota)
+	s.handle("GET /metrics", s.metrics)
+
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})
@@ -91,6 +99,9 @@ func (s *Server) handle(pattern string, h handler) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.d.Authenticate(r.Context(), apiKey(r))
 		if err == nil {
+			// A request on a sandbox is a connected client until it ends
+			// (exec/attach streams, file transfers): the reaper leaves it be.
+			defer s.d.OpenStream(r.PathValue("id"))()
 			err = h(w, r, p)
 		}
 		if err != nil {

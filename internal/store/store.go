@@ -10,6 +10,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/berth-dev/berth/internal/metering"
+	"github.com/berth-dev/berth/internal/quota"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -75,6 +77,19 @@ type Store interface {
 	// ListSnapshots lists owner's snapshots ("" = every owner), oldest first.
 	ListSnapshots(ctx context.Context, owner string) ([]Snapshot, error)
 	DeleteSnapshot(ctx context.Context, id string) error
+
+	// RecordUsage writes metering steps in one transaction: each record's
+	// Usage replaces the sandbox's cursor row, its Inc is added to the hour
+	// bucket starting at Hour (skipped when Hour is zero).
+	RecordUsage(ctx context.Context, recs []UsageRecord) error
+	// ListUsage sums hour buckets per sandbox, ordered by sandbox id.
+	ListUsage(ctx context.Context, f UsageFilter) ([]metering.Usage, error)
+	// PutQuota stores owner's limits; GetQuota is NotFound when none are
+	// stored; DeleteQuota is NotFound when there was nothing to delete.
+	PutQuota(ctx context.Context, owner string, l quota.Limits) error
+	GetQuota(ctx context.Context, owner string) (quota.Limits, error)
+	ListQuotas(ctx context.Context) (map[string]quota.Limits, error)
+	DeleteQuota(ctx context.Context, owner string) error
 
 	Close() error
 }

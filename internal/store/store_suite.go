@@ -36,6 +36,8 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Templates", suiteTemplates},
 		{"Settings", suiteSettings},
 		{"Snapshots", suiteSnapshots},
+		{"Usage", suiteUsage},
+		{"Quotas", suiteQuotas},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}

@@ -1,0 +1,148 @@
+package daemon
+
+import (
+	"context"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/quota"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// admit validates a new sandbox's idle policy, checks its owner's quota and
+// writes the creating intent, all under one lock: two concurrent creates
+// can never both fit under a limit that has room for one, and a refused
+// create leaves nothing behind (no row, no event, no directory).
+func (d *Daemon) admit(ctx context.Context, sb *sandbox.Sandbox) error {
+	if p, ok := sb.Extra[ExtraIdlePolicy]; ok {
+		if err := d.cfg.Reaper.CheckName("idle_policy", p); err != nil {
+			return err
+		}
+	}
+	a := d.acct()
+	a.admitMu.Lock()
+	defer a.admitMu.Unlock()
+	lim, _, err := d.limitsOf(ctx, sb.Owner)
+	if err != nil {
+		return err
+	}
+	if lim != (quota.Limits{}) {
+		use, err := d.useOf(ctx, sb.Owner)
+		if err != nil {
+			return err
+		}
+		if err := quota.Check(sb.Owner, lim, use, sb.Resources); err != nil {
+			a.observeRejection(errs.FieldOf(err))
+			return err
+		}
+	}
+	return d.store.CreateSandbox(ctx, sb)
+}
+
+// limitsOf returns owner's effective limits and where they come from:
+// "stored" (admin API), "config" or "none".
+func (d *Daemon) limitsOf(ctx context.Context, owner string) (quota.Limits, string, error) {
+	l, err := d.store.GetQuota(ctx, owner)
+	switch {
+	case err == nil:
+		return l, "stored", nil
+	case !errs.Is(err, errs.NotFound):
+		return quota.Limits{}, "", err
+	}
+	l = d.cfg.Quotas.For(owner)
+	if l == (quota.Limits{}) {
+		return l, "none", nil
+	}
+	return l, "config", nil
+}
+
+// useOf tallies what owner holds now.
+func (d *Daemon) useOf(ctx context.Context, owner string) (quota.Use, error) {
+	list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{Owner: owner})
+	if err != nil {
+		return quota.Use{}, err
+	}
+	return quota.Tally(list), nil
+}
+
+// QuotaInfo is one owner's limits and current use.
+type QuotaInfo struct {
+	Owner  string       `json:"owner"`
+	Source string       `json:"source"` // stored | config | none
+	Limits quota.Limits `json:"limits"`
+	Use    quota.Use    `json:"use"`
+}
+
+// Quota reports owner's limits and use.
+func (d *Daemon) Quota(ctx context.Context, owner string) (QuotaInfo, error) {
+	if err := ValidOwner("owner", owner); err != nil {
+		return QuotaInfo{}, err
+	}
+	l, src, err := d.limitsOf(ctx, owner)
+	if err != nil {
+		return QuotaInfo{}, err
+	}
+	u, err := d.useOf(ctx, owner)
+	if err != nil {
+		return QuotaInfo{}, err
+	}
+	return QuotaInfo{Owner: owner, Source: src, Limits: l, Use: u}, nil
+}
+
+// Quotas lists every owner with stored or configured limits.
+func (d *Daemon) Quotas(ctx context.Context) ([]QuotaInfo, error) {
+	stored, err := d.store.ListQuotas(ctx)
+	if err != nil {
+		return nil, err
+	}
+	owners := map[string]bool{}
+	for o := range stored {
+		owners[o] = true
+	}
+	for o := range d.cfg.Quotas.Owners {
+		owners[o] = true
+	}
+	out := []QuotaInfo{}
+	for _, o := range sortedKeys(owners) {
+		qi, err := d.Quota(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, qi)
+	}
+	return out, nil
+}
+
+// SetQuota stores owner's limits (admin). Existing sandboxes are never
+// evicted by a lower limit; it only refuses new ones.
+func (d *Daemon) SetQuota(ctx context.Context, owner string, l quota.Limits) (QuotaInfo, error) {
+	if err := ValidOwner("owner", owner); err != nil {
+		return QuotaInfo{}, err
+	}
+	if err := l.Validate(""); err != nil {
+		return QuotaInfo{}, err
+	}
+	if err := d.store.PutQuota(ctx, owner, l); err != nil {
+		return QuotaInfo{}, err
+	}
+	return d.Quota(ctx, owner)
+}
+
+// DeleteQuota removes owner's stored limits; configured ones apply again.
+func (d *Daemon) DeleteQuota(ctx context.Context, owner string) error {
+	return d.store.DeleteQuota(ctx, owner)
+}
+
+// AdmitSnapshot checks owner's snapshot limit given how many it holds; the
+// snapshot feature calls it (under its own lock) before capturing.
+func (d *Daemon) AdmitSnapshot(ctx context.Context, owner string, held int) error {
+	l, _, err := d.limitsOf(ctx, owner)
+	if err != nil {
+		return err
+	}
+	if err := quota.CheckSnapshot(owner, l, quota.Use{Snapshots: held}); err != nil {
+		d.acct().observeRejection("snapshots")
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,172 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/metering"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// UsageLine is one sandbox's (or one owner's) metered usage with its cost
+// on both bases.
+type UsageLine struct {
+	SandboxID string            `json:"sandbox_id,omitempty"`
+	Owner     string            `json:"owner"`
+	Template  string            `json:"template,omitempty"`
+	State     sandbox.State     `json:"state,omitempty"`
+	Reserved  sandbox.Resources `json:"reserved,omitzero"`
+	Sandboxes int               `json:"sandboxes,omitempty"` // owner lines
+
+	CPUSeconds     float64   `json:"cpu_seconds"`
+	MemGiBSeconds  float64   `json:"memory_gib_seconds"`
+	MemAvgMiB      float64   `json:"memory_avg_mib"`
+	MemPeakMiB     float64   `json:"memory_peak_mib"`
+	RunningSeconds float64   `json:"running_seconds"`
+	FrozenSeconds  float64   `json:"frozen_seconds"`
+	PausedSeconds  float64   `json:"paused_seconds"`
+	StoppedSeconds float64   `json:"stopped_seconds"`
+	DiskGiBHours   float64   `json:"disk_gib_hours"`
+	CostReserved   float64   `json:"cost_reserved"`
+	CostActive     float64   `json:"cost_active"`
+	LastActiveAt   time.Time `json:"last_active_at,omitzero"`
+}
+
+// UsageReport is the body of GET /v1/usage.
+type UsageReport struct {
+	Since     time.Time       `json:"since,omitzero"`
+	Prices    metering.Prices `json:"prices"`
+	Owners    []UsageLine     `json:"owners"`
+	Sandboxes []UsageLine     `json:"sandboxes"`
+}
+
+func line(u metering.Usage, p metering.Prices) UsageLine {
+	c := metering.Price(u, p)
+	return UsageLine{SandboxID: u.SandboxID, Owner: u.Owner, Template: u.Template, State: u.State, Reserved: u.Reserved,
+		CPUSeconds: u.CPUSeconds, MemGiBSeconds: u.MemGiBSeconds, MemAvgMiB: u.MemAvgBytes() / (1 << 20),
+		MemPeakMiB: float64(u.MemPeakBytes) / (1 << 20), RunningSeconds: u.RunningSeconds, FrozenSeconds: u.FrozenSeconds,
+		PausedSeconds: u.PausedSeconds, StoppedSeconds: u.StoppedSeconds, DiskGiBHours: u.DiskGiBHours,
+		CostReserved: c.Reserved, CostActive: c.Active, LastActiveAt: u.LastActiveAt}
+}
+
+// Usage reports metered usage of owner ("" = every owner, admin) since a time.
+func (d *Daemon) Usage(ctx context.Context, owner string, since time.Time, sandboxID string) (UsageReport, error) {
+	if owner != "" {
+		if err := ValidOwner("owner", owner); err != nil {
+			return UsageReport{}, err
+		}
+	}
+	list, err := d.store.ListUsage(ctx, store.UsageFilter{Owner: owner, Since: since, SandboxID: sandboxID})
+	if err != nil {
+		return UsageReport{}, err
+	}
+	rep := UsageReport{Since: since, Prices: d.cfg.Prices, Owners: []UsageLine{}, Sandboxes: []UsageLine{}}
+	byOwner := map[string]UsageLine{}
+	for _, u := range list {
+		l := line(u, d.cfg.Prices)
+		rep.Sandboxes = append(rep.Sandboxes, l)
+		o := byOwner[u.Owner]
+		o.Owner = u.Owner
+		o.Sandboxes++
+		o.CPUSeconds += l.CPUSeconds
+		o.MemGiBSeconds += l.MemGiBSeconds
+		o.MemPeakMiB = max(o.MemPeakMiB, l.MemPeakMiB)
+		o.RunningSeconds += l.RunningSeconds
+		o.FrozenSeconds += l.FrozenSeconds
+		o.PausedSeconds += l.PausedSeconds
+		o.StoppedSeconds += l.StoppedSeconds
+		o.DiskGiBHours += l.DiskGiBHours
+		o.CostReserved += l.CostReserved
+		o.CostActive += l.CostActive
+		o.LastActiveAt = later(o.LastActiveAt, l.LastActiveAt)
+		byOwner[u.Owner] = o
+	}
+	for _, o := range sortedKeys(byOwner) {
+		l := byOwner[o]
+		if t := l.RunningSeconds + l.FrozenSeconds; t > 0 {
+			l.MemAvgMiB = l.MemGiBSeconds / t * 1024
+		}
+		rep.Owners = append(rep.Owners, l)
+	}
+	return rep, nil
+}
+
+// Orphan is one thing nobody touched for the report's window.
+type Orphan struct {
+	Kind         string            `json:"kind"` // sandbox | template
+	ID           string            `json:"id"`
+	Owner        string            `json:"owner,omitempty"`
+	State        string            `json:"state"`
+	Template     string            `json:"template,omitempty"`
+	CreatedAt    time.Time         `json:"created_at"`
+	LastActiveAt time.Time         `json:"last_active_at,omitzero"`
+	AgeDays      float64           `json:"age_days"`
+	IdleDays     float64           `json:"idle_days"`
+	CostReserved float64           `json:"cost_reserved"`
+	CostActive   float64           `json:"cost_active"`
+	Reserved     sandbox.Resources `json:"reserved,omitzero"`
+}
+
+// OrphanReport is the body of GET /v1/reports/orphans.
+type OrphanReport struct {
+	Days  int      `json:"days"`
+	Items []Orphan `json:"items"`
+}
+
+// Orphans lists sandboxes (of owner; "" = all) and, for the admin, templates
+// nobody touched for days: no API call, client, write or CPU for sandboxes;
+// no sandbox started from a template.
+func (d *Daemon) Orphans(ctx context.Context, owner string, admin bool, days int) (OrphanReport, error) {
+	if days < 0 || days > 3650 {
+		return OrphanReport{}, errs.Field("days", "must be between 0 and 3650")
+	}
+	now := d.cfg.Now()
+	cutoff := now.Add(-time.Duration(days) * 24 * time.Hour)
+	rep := OrphanReport{Days: days, Items: []Orphan{}}
+	list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{Owner: owner})
+	if err != nil {
+		return rep, err
+	}
+	usage, err := d.store.ListUsage(ctx, store.UsageFilter{Owner: owner})
+	if err != nil {
+		return rep, err
+	}
+	byID := map[string]metering.Usage{}
+	for _, u := range usage {
+		byID[u.SandboxID] = u
+	}
+	lastUse := map[string]time.Time{} // template → latest sandbox creation or activity
+	for _, sb := range list {
+		u := byID[sb.ID]
+		active := later(sb.CreatedAt, u.LastActiveAt)
+		lastUse[sb.Template] = later(lastUse[sb.Template], active)
+		if sb.State == sandbox.Deleted || active.After(cutoff) {
+			continue
+		}
+		u.Reserved = sb.Resources
+		c := metering.Price(u, d.cfg.Prices)
+		rep.Items = append(rep.Items, Orphan{Kind: "sandbox", ID: sb.ID, Owner: sb.Owner, State: string(sb.State),
+			Template: sb.Template, CreatedAt: sb.CreatedAt, LastActiveAt: u.LastActiveAt,
+			AgeDays: days2(now.Sub(sb.CreatedAt)), IdleDays: days2(now.Sub(active)),
+			CostReserved: c.Reserved, CostActive: c.Active, Reserved: sb.Resources})
+	}
+	if admin && owner == "" {
+		tpls, err := d.store.ListTemplates(ctx)
+		if err != nil {
+			return rep, err
+		}
+		for _, t := range tpls {
+			active := later(t.UpdatedAt, lastUse[t.Name])
+			if active.After(cutoff) {
+				continue
+			}
+			rep.Items = append(rep.Items, Orphan{Kind: "template", ID: t.Name, State: t.State, CreatedAt: t.CreatedAt,
+				LastActiveAt: lastUse[t.Name], AgeDays: days2(now.Sub(t.CreatedAt)), IdleDays: days2(now.Sub(active))})
+		}
+	}
+	return rep, nil
+}
+
+func days2(d time.Duration) float64 { return float64(int(d.Hours()/24*100)) / 100 }
