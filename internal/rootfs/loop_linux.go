@@ -1,11 +1,13 @@
 package rootfs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -76,6 +78,48 @@ func openLoopDev(n int) (*os.File, error) {
 		return nil, errs.Wrap(errs.Internal, err, "open %s", path)
 	}
 	return f, nil
+}
+
+// detachTimeout bounds how long a workspace image may stay attached after
+// its last mount is gone in this namespace (a killed sandbox's mount
+// namespace can outlive `runc delete` by a few milliseconds).
+const detachTimeout = 10 * time.Second
+
+// attachedLoops lists the loop devices backed by image.
+func attachedLoops(image string) []string {
+	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var out []string
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil || strings.TrimSuffix(string(b), "\n") != image {
+			continue
+		}
+		out = append(out, filepath.Base(filepath.Dir(filepath.Dir(m))))
+	}
+	return out
+}
+
+// waitDetached waits until no loop device is backed by image. Mounting an
+// ext4 image through two loop devices at once corrupts it, so this is the
+// guard every (re)mount passes.
+func waitDetached(ctx context.Context, image string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	delay := time.Millisecond
+	for {
+		devs := attachedLoops(image)
+		if len(devs) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errs.E(errs.Unavailable, "workspace image %s is still attached to %s after %s (still mounted in another mount namespace?)", image, strings.Join(devs, ","), limit)
+		}
+		select {
+		case <-ctx.Done():
+			return errs.Wrap(errs.Unavailable, ctx.Err(), "waiting for %s to detach", image)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 50*time.Millisecond)
+	}
 }
 
 // detachLoops clears every loop device still backed by image. Normally there

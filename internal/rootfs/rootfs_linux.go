@@ -100,6 +100,11 @@ func Remount(ctx context.Context, dir string, lowers []string) (string, error) {
 	}
 	wsMounted := isMountPoint(l.WS)
 	if !wsMounted {
+		// The image may still be mounted through a dying sandbox's mount
+		// namespace; a second loop device on it would corrupt the workspace.
+		if err := waitDetached(ctx, l.Image, detachTimeout); err != nil {
+			return "", err
+		}
 		if err := os.MkdirAll(l.WS, 0o755); err != nil {
 			return "", errs.Wrap(errs.Internal, err, "create %s", l.WS)
 		}
@@ -139,6 +144,13 @@ func Teardown(ctx context.Context, dir string) error {
 	}
 	if err := detachLoops(l.Image); err != nil {
 		all = append(all, err)
+	}
+	if len(all) == 0 {
+		// Teardown returns only once nothing holds the workspace, so the
+		// next mount of the image is the only one.
+		if err := waitDetached(ctx, l.Image, detachTimeout); err != nil {
+			all = append(all, err)
+		}
 	}
 	return errors.Join(all...)
 }
