@@ -96,7 +96,10 @@ func (o *OCI) globalArgs(netns bool) []string {
 		if netns {
 			network = "sandbox"
 		}
-		args = append(args, "--network="+network, "--host-uds=all")
+		// --overlay2=none: gVisor's default keeps rootfs writes in a memory
+		// overlay, which a disk pause would lose and the disk limit would not
+		// bound. Writes must land in the sandbox's workspace image.
+		args = append(args, "--network="+network, "--host-uds=all", "--overlay2=none")
 		args = append(args, o.cfg.RunscFlags...)
 	}
 	return args
