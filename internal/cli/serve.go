@@ -182,6 +182,11 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	}
 	runtimes := map[string]runtime.Runtime{}
 	criu := lookBinary(cfg.CriuPath, filepath.Join(cfg.CacheDir, "bin", "criu"))
+	if _, err := os.Stat(criu); criu != "" && err != nil {
+		// Without CRIU, runc memory pauses fall back to disk (and say so).
+		log.Warn("criu not found; runc memory checkpoints disabled", "criu_path", criu)
+		criu = ""
+	}
 	if p := lookBinary(cfg.RuncPath, "runc"); p != "" {
 		r, err := oci.New("runc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runc"), CRIU: criu, Logger: log})
 		if err != nil {
