@@ -133,7 +133,6 @@ func TestPauseModes(t *testing.T) {
 	}
 }
 
-
 // TestPauseCycles: ten pause/resume cycles in a row in each mode, with
 // writes between them, lose nothing.
 func TestPauseCycles(t *testing.T) {
