@@ -44,7 +44,7 @@ APT_UPDATED=0
 apt_update() {
 	if [ "$APT_UPDATED" -eq 0 ]; then
 		log "apt-get update"
-		apt-get update -q >/dev/null
+		apt-get update -q -o Acquire::Retries=3 >/dev/null
 		APT_UPDATED=1
 	fi
 }
@@ -52,7 +52,9 @@ installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install o
 
 # --no-install-recommends everywhere: runc recommends bookworm's criu 3.17,
 # which fails on current kernels (CRIU >= 4 is built below instead).
-PKGS=(runc debootstrap iproute2 nftables busybox-static e2fsprogs xz-utils ca-certificates curl unzip)
+# python3 and procps are for the test scripts (free ports, process checks);
+# unzip unpacks a Go toolchain when Go is missing.
+PKGS=(runc debootstrap iproute2 nftables busybox-static e2fsprogs xz-utils ca-certificates curl unzip python3 procps)
 MISSING=()
 for p in "${PKGS[@]}"; do installed "$p" || MISSING+=("$p"); done
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
@@ -61,7 +63,7 @@ fi
 if [ "${#MISSING[@]}" -gt 0 ]; then
 	apt_update
 	log "installing ${MISSING[*]}"
-	apt-get install -y -q --no-install-recommends "${MISSING[@]}" >/dev/null
+	apt-get install -y -q -o Acquire::Retries=3 --no-install-recommends "${MISSING[@]}" >/dev/null
 else
 	log "packages present: ${PKGS[*]} node"
 fi
