@@ -30,7 +30,10 @@ import (
 // as it was imported (a gzip-compressed input is hashed after
 // decompression, so the same tar gzipped or not is the same layer). Importing
 // the same tar stream twice yields the same layer; a re-packed tar of the
-// same files (different order or timestamps) is a different layer.
+// same files (different order or timestamps) is a different layer. Layers
+// stored from a directory (ImportDir, for snapshots) are named by
+// TreeDigest of their content instead; both are sha256 and share the
+// namespace.
 //
 // Layers appear atomically: a layer is extracted into layers/.tmp-* and
 // renamed into place, so layers/<digest>/ either exists complete or not at
@@ -46,7 +49,7 @@ type Store struct {
 type Layer struct {
 	Digest    string    `json:"digest"`     // lowercase hex sha256 of the tar stream
 	Path      string    `json:"path"`       // rootfs directory
-	TarSize   int64     `json:"tar_size"`   // bytes of the uncompressed tar stream
+	TarSize   int64     `json:"tar_size"`   // bytes of the uncompressed tar stream (ImportDir: of regular files)
 	Entries   int64     `json:"entries"`    // tar entries extracted
 	Skipped   int64     `json:"skipped"`    // device nodes, fifos and other entries not extracted
 	CreatedAt time.Time `json:"created_at"` // when it was imported
