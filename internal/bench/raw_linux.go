@@ -52,7 +52,10 @@ func NewRaw(bins map[string]string, criu string) (*Raw, error) {
 }
 
 // Close removes the environment; prepared bundles are torn down by their own cleanup.
-func (x *Raw) Close() error { return os.RemoveAll(x.dir) }
+func (x *Raw) Close() error {
+	detachNetns(x.dir) // runsc's null-netns under its --root
+	return os.RemoveAll(x.dir)
+}
 
 func (x *Raw) global(rt string) []string {
 	args := []string{"--root", filepath.Join(x.dir, "state-"+rt)}
@@ -111,6 +114,15 @@ func (x *Raw) bundle(ctx context.Context, rt, id string, args []string, memMiB i
 		_ = rootfs.Teardown(cctx, dir)
 		_ = os.RemoveAll(dir)
 	}
+	if err := writeConfig(rt, id, dir, root, args, memMiB); err != nil {
+		cleanup()
+		return "", nil, err
+	}
+	return dir, cleanup, nil
+}
+
+// writeConfig writes the config.json berth would generate for id into dir.
+func writeConfig(rt, id, dir, root string, args []string, memMiB int64) error {
 	spec := runtime.Spec{ID: id, BundleDir: dir, RootFS: root, Hostname: id, Args: args, Cwd: "/",
 		Resources: runtime.Resources{CPUMillis: 1000, MemoryBytes: memMiB << 20, Pids: 1024}}
 	cfg, err := oci.GenerateSpec(spec, rt)
@@ -128,11 +140,7 @@ func (x *Raw) bundle(ctx context.Context, rt, id string, args []string, memMiB i
 			err = os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
 		}
 	}
-	if err != nil {
-		cleanup()
-		return "", nil, err
-	}
-	return dir, cleanup, nil
+	return err
 }
 
 // EchoOK is the create-cold baseline: `RT run` of `echo ok` in the
@@ -198,6 +206,12 @@ func (x *Raw) CheckpointCycles(ctx context.Context, rt string, warm, runs int) (
 	if err := detached("run", "--detach", "--bundle", dir, id); err != nil {
 		return nil, nil, []string{err.Error()}
 	}
+	cur, ids := id, []string{}
+	defer func() {
+		for _, id := range ids {
+			_ = x.run(context.WithoutCancel(ctx), rt, "delete", "-f", id)
+		}
+	}()
 	deadline := time.Now().Add(3 * time.Minute)
 	for x.run(ctx, rt, "exec", id, "/bin/cat", "/tmp/ready") != nil {
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -217,7 +231,7 @@ func (x *Raw) CheckpointCycles(ctx context.Context, rt string, warm, runs int) (
 			args = append(args, "--work-path", work)
 		}
 		start := time.Now()
-		err := x.run(ctx, rt, append(args, id)...)
+		err := x.run(ctx, rt, append(args, cur)...)
 		if err == nil && rt == oci.Runc {
 			err = syncDir(img) // runsc --direct is durable on return; CRIU writes through the page cache
 		}
@@ -225,7 +239,15 @@ func (x *Raw) CheckpointCycles(ctx context.Context, rt string, warm, runs int) (
 		if err != nil {
 			return ckpt, restore, append(errList, err.Error())
 		}
-		_ = x.run(ctx, rt, "delete", "-f", id) // runsc may still list it as running
+		// runsc may still list the checkpointed container as running, so
+		// the image is restored under a new id (as a berth fork would be),
+		// with the config.json berth would generate for it.
+		_ = x.run(ctx, rt, "delete", "-f", cur)
+		cur = newID("bm")
+		ids = append(ids, cur)
+		if err := writeConfig(rt, cur, dir, rootfs.LayoutOf(dir).RootFS, MemoryWorkload, 2048); err != nil {
+			return ckpt, restore, append(errList, err.Error())
+		}
 		rargs := []string{"restore", "--detach", "--image-path", img, "--bundle", dir}
 		if rt == oci.Runsc {
 			rargs = append(rargs, "--direct")
@@ -233,7 +255,7 @@ func (x *Raw) CheckpointCycles(ctx context.Context, rt string, warm, runs int) (
 			rargs = append(rargs, "--work-path", work)
 		}
 		start = time.Now()
-		err = detached(append(rargs, id)...)
+		err = detached(append(rargs, cur)...)
 		dr := time.Since(start)
 		if err != nil {
 			return ckpt, restore, append(errList, err.Error())

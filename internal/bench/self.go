@@ -152,14 +152,17 @@ func (s *SelfServer) Stop() error {
 	return errors.Join(errList...)
 }
 
-// detachRuntimeNetns unmounts the namespace files the runsc backend keeps
-// under its state root for the daemon's lifetime (runtime/runsc/null-netns):
-// the stopped daemon no longer needs them and they pin the data dir.
-func detachRuntimeNetns(dataDir string) {
+// detachRuntimeNetns unmounts the namespace files runsc keeps under its
+// state root (runtime/runsc/null-netns) for as long as its user lives: once
+// the daemon has stopped nothing needs them, and they pin the data dir.
+func detachRuntimeNetns(dataDir string) { detachNetns(filepath.Join(dataDir, "runtime")) }
+
+// detachNetns lazily unmounts every nsfs mount below dir.
+func detachNetns(dir string) {
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 5 || !strings.HasPrefix(f[4], filepath.Join(dataDir, "runtime")+"/") {
+		if len(f) < 5 || !strings.HasPrefix(f[4], filepath.Clean(dir)+"/") {
 			continue
 		}
 		if _, fstype, ok := strings.Cut(line, " - "); ok && strings.HasPrefix(fstype, "nsfs ") {
