@@ -60,6 +60,15 @@ func sandboxGone(w http.ResponseWriter, id, msg string) {
 func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 	ctx := r.Context()
 	token := r.Header.Get(headerAccessToken)
+	if token == "" && id != "" && r.Method == http.MethodGet && r.URL.Path == "/health" {
+		// §8: /health needs no auth; it only says whether the sandbox runs.
+		if sb, err := s.d.Get(ctx, "", id); err == nil && sb.State == sandbox.Running {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		sandboxGone(w, id, "sandbox not found")
+		return
+	}
 	if token == "" {
 		writeStatus(w, http.StatusUnauthorized, "missing X-Access-Token header (the envdAccessToken of sandbox "+strconv.Quote(id)+")")
 		return

@@ -4,6 +4,8 @@ import (
 	"crypto/rand"
 	"regexp"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -101,22 +103,32 @@ var idRe = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 // ValidID reports whether s is syntactically a sandbox id.
 func ValidID(s string) bool { return idRe.MatchString(s) }
 
-var labelKeyRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
 
 // ValidateLabels checks label keys and values; the error names the field.
 func ValidateLabels(field string, labels map[string]string) error {
 	if len(labels) > 64 {
 		return errs.Field(field, "at most 64 entries allowed, got %d", len(labels))
 	}
+	// Keys are free text (E2B metadata keys may hold spaces) but never '='
+	// (filters are written key=value) nor control characters.
 	for k, v := range labels {
-		if !labelKeyRe.MatchString(k) {
-			return errs.Field(field, "key %q must be 1-64 chars of letters, digits, '.', '_', '/', '-' starting and ending alphanumeric", k)
+		if k == "" || len(k) > 128 || strings.Contains(k, "=") || hasControl(k) || !utf8.ValidString(k) {
+			return errs.Field(field, "key %q must be 1-128 bytes of printable UTF-8 without '='", k)
 		}
-		if len(v) > 256 || strings.ContainsAny(v, "\x00\n") {
-			return errs.Field(field, "value of %q must be at most 256 chars without newlines", k)
+		if len(v) > 1024 || hasControl(v) || !utf8.ValidString(v) {
+			return errs.Field(field, "value of %q must be at most 1024 bytes of printable UTF-8", k)
 		}
 	}
 	return nil
+}
+
+func hasControl(s string) bool {
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return true
+		}
+	}
+	return false
 }
 
 // ValidateResources checks limits against server maxima; zero fields mean "use default".

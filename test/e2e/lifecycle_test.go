@@ -177,7 +177,7 @@ func TestBadInputNamesTheField(t *testing.T) {
 		{map[string]any{"template": "tiny", "memory_mib": 1}, "memory"},
 		{map[string]any{"template": "tiny", "disk_mib": -5}, "disk"},
 		{map[string]any{"template": "tiny", "cpu": 1000}, "cpu"},
-		{map[string]any{"template": "tiny", "labels": map[string]string{"bad key!": "x"}}, "labels"},
+		{map[string]any{"template": "tiny", "labels": map[string]string{"bad=key": "x"}}, "labels"},
 		{map[string]any{"template": "tiny", "runtime": "docker"}, "runtime"},
 		{map[string]any{"template": "tiny", "expiry_action": "explode"}, "expiry_action"},
 		{map[string]any{"template": "tiny", "colour": "red"}, "colour"},
