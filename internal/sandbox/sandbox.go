@@ -4,9 +4,9 @@ import (
 	"crypto/rand"
 	"regexp"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
-	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
 )
@@ -102,7 +102,6 @@ var idRe = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 
 // ValidID reports whether s is syntactically a sandbox id.
 func ValidID(s string) bool { return idRe.MatchString(s) }
-
 
 // ValidateLabels checks label keys and values; the error names the field.
 func ValidateLabels(field string, labels map[string]string) error {
