@@ -64,6 +64,7 @@ func init() {
 	register("template", "template ls [--json] | template import NAME FILE.tar | template from-snapshot SNAPSHOT NAME", runTemplate)
 	register("snapshot", "snapshot ID [--name N] [--json] | snapshot ls [--json] | snapshot rm SNAPSHOT...", runSnapshot)
 	register("fork", "fork ID [-n N] [--json]", runFork)
+	register("pool", poolUsage, runPool)
 	register("key", "key create --owner NAME", runKey)
 	register("info", "info [--json]", runInfo)
 	register("usage", "usage [--owner O] [--since T] [--sandbox ID] [--sandboxes] [--json]", runUsage)

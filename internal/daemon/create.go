@@ -110,6 +110,9 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	if err != nil {
 		return nil, err
 	}
+	if sb, ok := d.claimFromPool(ctx, req, tpl); ok { // warm pool hit (pool.go)
+		return sb, nil
+	}
 	now := d.cfg.Now()
 	sb := &sandbox.Sandbox{
 		ID: sandbox.NewID(), Owner: req.Owner, Template: tpl.Name, TemplateID: tpl.Fingerprint,

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
@@ -38,10 +39,14 @@ func (d *Daemon) List(ctx context.Context, f ListFilter) ([]*sandbox.Sandbox, st
 			}
 		}
 	}
-	return d.store.ListSandboxes(ctx, store.SandboxFilter{
+	list, next, err := d.store.ListSandboxes(ctx, store.SandboxFilter{
 		Owner: f.Owner, States: states, Labels: f.Labels, Template: f.Template,
 		CreatedAfter: f.CreatedAfter, Order: f.Order, Limit: f.Limit, After: f.Cursor,
 	})
+	if f.Owner != PoolOwner { // unclaimed warm pool members are nobody's (pool.go)
+		list = slices.DeleteFunc(list, IsPoolMember)
+	}
+	return list, next, err
 }
 
 // Stop halts a sandbox's processes and keeps its workspace.

@@ -263,6 +263,9 @@ func (d *Daemon) policyOf(sb *sandbox.Sandbox) reaper.Policy {
 // reapOne decides and acts on one sandbox. Every action is an event
 // carrying the signals that led to it.
 func (d *Daemon) reapOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, now time.Time) {
+	if IsPoolMember(sb) { // idle by design until claimed (pool.go)
+		return
+	}
 	pol := d.policyOf(sb)
 	sig := d.signalsOf(sb, tr, now)
 	dec := reaper.Decide(now, reaper.Sandbox{State: sb.State, PauseActual: sb.PauseActual,

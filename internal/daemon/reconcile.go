@@ -112,6 +112,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
 func (d *Daemon) Run() {
 	d.goBackground("expiry", d.expiryLoop)
 	d.goBackground("watch", d.watchLoop)
+	d.goBackground("pools", d.poolLoop) // pool_fill.go
 	d.goBackground("reaper", d.reaperLoop) // reaper.go: signals, metering, idle ladder
 }
 

@@ -62,6 +62,9 @@ func (s *Server) routes() {
 	s.handle("GET /v1/snapshots/{id}", s.getSnapshot)
 	s.handle("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
 	s.handle("POST /v1/snapshots/{id}/template", s.promoteSnapshot)
+	s.handle("GET /v1/pools", s.listPools)
+	s.handle("PUT /v1/pools/{template}", s.setPool)
+	s.handle("DELETE /v1/pools/{template}", s.deletePool)
 
 	s.handle("POST /v1/sandboxes/{id}/exec", s.exec)
 	s.handle("GET /v1/sandboxes/{id}/processes", s.listProcesses)
