@@ -1,0 +1,49 @@
+package daemon
+
+import (
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+func TestPoolable(t *testing.T) {
+	base := CreateRequest{Template: "tiny", Runtime: "runc", Resources: sandbox.Resources{CPUMillis: 1000, MemoryMiB: 512, DiskMiB: 2048, Pids: 1024}}
+	for _, tc := range []struct {
+		name string
+		edit func(r *CreateRequest)
+		want bool
+	}{
+		{"plain", func(r *CreateRequest) {}, true},
+		{"personalised", func(r *CreateRequest) {
+			r.Owner, r.Actor, r.TTL, r.ExpiryAction = "bob", "bob", time.Hour, sandbox.ExpireDelete
+			r.Labels, r.Env, r.AutoResume, r.Workstation = map[string]string{"a": "b"}, map[string]string{"K": "V"}, true, true
+			r.Extra = map[string]string{}
+		}, true},
+		{"from snapshot", func(r *CreateRequest) { r.FromSnapshot = "s1" }, false},
+		{"extra (network policy, idle policy)", func(r *CreateRequest) { r.Extra = map[string]string{"idle_policy": "x"} }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := base
+			tc.edit(&r)
+			if got := poolable(r); got != tc.want {
+				t.Errorf("poolable = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPoolKeyFillsDefaults(t *testing.T) {
+	d := &Daemon{cfg: Config{DefaultRuntime: "runc", DefaultResources: sandbox.Resources{CPUMillis: 1000, MemoryMiB: 512, DiskMiB: 2048, Pids: 1024}}}
+	a := d.poolKey("fp", "", sandbox.Resources{})
+	b := d.poolKey("fp", "runc", sandbox.Resources{CPUMillis: 1000, MemoryMiB: 512, DiskMiB: 2048, Pids: 1024})
+	if a != b {
+		t.Errorf("defaults not filled: %q vs %q", a, b)
+	}
+	if c := d.poolKey("fp2", "runc", sandbox.Resources{}); c == a {
+		t.Errorf("fingerprint not part of the key")
+	}
+	if c := d.poolKey("fp", "runsc", sandbox.Resources{}); c == a {
+		t.Errorf("runtime not part of the key")
+	}
+}
