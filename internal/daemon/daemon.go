@@ -25,6 +25,7 @@ import (
 // Daemon owns every sandbox on this host.
 type Daemon struct {
 	cfg       Config
+	agent     agentInstall
 	log       *slog.Logger
 	store     store.Store
 	runtimes  map[string]runtime.Runtime
@@ -41,6 +42,9 @@ type Daemon struct {
 
 	accounting *accounting // reaper signals, quota admission, metrics (accounting.go)
 	acctOnce   sync.Once
+
+	// net is sandbox networking (network.go); nil until StartNetwork.
+	net *netState
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -67,10 +71,9 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	if err != nil {
 		return nil, err
 	}
-	cfg.AgentPath = agent
 	bg, cancel := context.WithCancel(context.Background())
 	return &Daemon{
-		cfg: cfg, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
+		cfg: cfg, agent: agent, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
 		locks: map[string]*sync.Mutex{}, clients: map[string]*agentapi.Client{},
 		pauseCh: map[string]chan struct{}{},
 		bg:      bg, cancel: cancel,

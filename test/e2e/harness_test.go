@@ -80,8 +80,14 @@ func freePort(t *testing.T) string {
 func startServer(t *testing.T, extra ...string) *server {
 	t.Helper()
 	testutil.RequireRoot(t)
+	return startServerFrom(t, testutil.BuildBinaries(t), extra...)
+}
+
+// startServerFrom is startServer with the binaries in bin.
+func startServerFrom(t *testing.T, bin string, extra ...string) *server {
+	t.Helper()
+	testutil.RequireRoot(t)
 	testutil.RequireTool(t, "runc")
-	bin := testutil.BuildBinaries(t)
 	dataDir, err := os.MkdirTemp("", "be")
 	if err != nil {
 		t.Fatal(err)
