@@ -110,8 +110,14 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	if sb, ok := d.claimFromPool(ctx, req, tpl); ok { // warm pool hit (pool.go)
-		return sb, nil
+	release, err := d.admitClaim(ctx, req) // a pool claim is admitted under the quota lock (quota.go)
+	if err != nil {
+		return nil, err
+	}
+	claimed, hit := d.claimFromPool(ctx, req, tpl)
+	release()
+	if hit { // warm pool hit (pool.go)
+		return claimed, nil
 	}
 	now := d.cfg.Now()
 	sb := &sandbox.Sandbox{

@@ -77,6 +77,21 @@ func (d *Daemon) WriteMetrics(ctx context.Context, w io.Writer) error {
 	}
 	a.mMu.Unlock()
 
+	if pools, err := d.Pools(ctx); err == nil {
+		family("berth_pool_hits_total", "counter", "Creates served from a warm pool.")
+		for _, p := range pools {
+			sample("berth_pool_hits_total", []string{"template", p.Template}, float64(p.Hits))
+		}
+		family("berth_pool_misses_total", "counter", "Creates a warm pool could not serve.")
+		for _, p := range pools {
+			sample("berth_pool_misses_total", []string{"template", p.Template}, float64(p.Misses))
+		}
+		family("berth_pool_ready", "gauge", "Ready members per warm pool.")
+		for _, p := range pools {
+			sample("berth_pool_ready", []string{"template", p.Template}, float64(p.Ready))
+		}
+	}
+
 	byOwner := map[string][]metering.Usage{}
 	for _, u := range usage {
 		byOwner[u.Owner] = append(byOwner[u.Owner], u)

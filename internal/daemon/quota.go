@@ -22,21 +22,46 @@ func (d *Daemon) admit(ctx context.Context, sb *sandbox.Sandbox) error {
 	a := d.acct()
 	a.admitMu.Lock()
 	defer a.admitMu.Unlock()
-	lim, _, err := d.limitsOf(ctx, sb.Owner)
+	if err := d.checkQuotaLocked(ctx, sb.Owner, sb.Resources); err != nil {
+		return err
+	}
+	return d.store.CreateSandbox(ctx, sb)
+}
+
+// admitClaim checks a create's quota before a warm pool claim and holds the
+// admission lock until release, so the claim (an ownership transfer in one
+// store write) cannot race other creates past a limit. On a pool miss the
+// caller releases and admit checks again as usual.
+func (d *Daemon) admitClaim(ctx context.Context, req CreateRequest) (release func(), err error) {
+	if p, ok := req.Extra[ExtraIdlePolicy]; ok {
+		if err := d.cfg.Reaper.CheckName("idle_policy", p); err != nil {
+			return nil, err
+		}
+	}
+	a := d.acct()
+	a.admitMu.Lock()
+	if err := d.checkQuotaLocked(ctx, req.Owner, req.Resources); err != nil {
+		a.admitMu.Unlock()
+		return nil, err
+	}
+	return a.admitMu.Unlock, nil
+}
+
+// checkQuotaLocked runs quota.Check for one more sandbox; admitMu is held.
+func (d *Daemon) checkQuotaLocked(ctx context.Context, owner string, r sandbox.Resources) error {
+	lim, _, err := d.limitsOf(ctx, owner)
+	if err != nil || lim == (quota.Limits{}) {
+		return err
+	}
+	use, err := d.useOf(ctx, owner)
 	if err != nil {
 		return err
 	}
-	if lim != (quota.Limits{}) {
-		use, err := d.useOf(ctx, sb.Owner)
-		if err != nil {
-			return err
-		}
-		if err := quota.Check(sb.Owner, lim, use, sb.Resources); err != nil {
-			a.observeRejection(errs.FieldOf(err))
-			return err
-		}
+	if err := quota.Check(owner, lim, use, r); err != nil {
+		d.acct().observeRejection(errs.FieldOf(err))
+		return err
 	}
-	return d.store.CreateSandbox(ctx, sb)
+	return nil
 }
 
 // limitsOf returns owner's effective limits and where they come from:

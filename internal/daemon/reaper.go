@@ -266,6 +266,9 @@ func (d *Daemon) reapOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, 
 	if IsPoolMember(sb) { // idle by design until claimed (pool.go)
 		return
 	}
+	if IsPoolMember(sb) {
+		return // warm pool members idle by design; the pool sizes itself
+	}
 	pol := d.policyOf(sb)
 	sig := d.signalsOf(sb, tr, now)
 	dec := reaper.Decide(now, reaper.Sandbox{State: sb.State, PauseActual: sb.PauseActual,

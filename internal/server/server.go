@@ -99,12 +99,15 @@ func (s *Server) routes() {
 
 // handle registers an authenticated route.
 func (s *Server) handle(pattern string, h handler) {
+	client := clientRoute(pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.d.Authenticate(r.Context(), apiKey(r))
 		if err == nil {
-			// A request on a sandbox is a connected client until it ends
-			// (exec/attach streams, file transfers): the reaper leaves it be.
-			defer s.d.OpenStream(r.PathValue("id"))()
+			if client {
+				// A client of the sandbox until the request ends (exec/attach
+				// streams, file transfers): the reaper leaves it be.
+				defer s.d.OpenStream(r.PathValue("id"))()
+			}
 			err = h(w, r, p)
 		}
 		if err != nil {

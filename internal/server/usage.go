@@ -3,6 +3,7 @@ package server
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/daemon"
@@ -137,4 +138,13 @@ func withIdlePolicy(extra map[string]string, policy string) map[string]string {
 	}
 	extra[daemon.ExtraIdlePolicy] = policy
 	return extra
+}
+
+// clientRoute reports whether requests on a route make the caller a client
+// of the sandbox for the reaper: everything under /v1/sandboxes/{id}/ except
+// reading its events. Reading the sandbox's record does not count, so a
+// dashboard polling `berth ls` keeps nothing awake.
+func clientRoute(pattern string) bool {
+	_, path, _ := strings.Cut(pattern, " ")
+	return strings.HasPrefix(path, "/v1/sandboxes/{id}/") && path != "/v1/sandboxes/{id}/events"
 }
