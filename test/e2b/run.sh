@@ -19,6 +19,18 @@ pid=$!
 cleanup() {
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
+  # Sandboxes outlive the daemon by design: remove any the suite left, and
+  # every mount under the work dir, before deleting it.
+  for rt in runc runsc; do
+    bin="$rt"; [ "$rt" = runsc ] && [ -x /var/cache/berth/bin/runsc ] && bin=/var/cache/berth/bin/runsc
+    [ -d "$data/runtime/$rt" ] || continue
+    for c in $("$bin" --root "$data/runtime/$rt" list -q 2>/dev/null); do
+      "$bin" --root "$data/runtime/$rt" delete --force "$c" >/dev/null 2>&1 || true
+    done
+  done
+  awk -v w="$work/" 'index($5, w) == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
   if [ "${KEEP:-}" = "" ]; then rm -rf "$work"; else echo "kept $work"; fi
 }
 trap cleanup EXIT
