@@ -19,7 +19,8 @@ type accounting struct {
 	live map[string]*liveSignals
 
 	// admitMu serialises quota check + insert of new sandboxes (quota.go).
-	admitMu sync.Mutex
+	admitMu          sync.Mutex
+	snapshotsPending map[string]int // owner → captures in progress (under admitMu)
 
 	mMu           sync.Mutex
 	creates       uint64
@@ -42,7 +43,7 @@ var createBounds = []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60}
 
 func newAccounting(now time.Time) *accounting {
 	return &accounting{started: now, live: map[string]*liveSignals{}, createBuckets: make([]uint64, len(createBounds)),
-		rejections: map[string]uint64{}, actions: map[[2]string]uint64{}}
+		rejections: map[string]uint64{}, actions: map[[2]string]uint64{}, snapshotsPending: map[string]int{}}
 }
 
 func (a *accounting) entry(id string) *liveSignals {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"sync"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/quota"
@@ -87,7 +88,13 @@ func (d *Daemon) useOf(ctx context.Context, owner string) (quota.Use, error) {
 	if err != nil {
 		return quota.Use{}, err
 	}
-	return quota.Tally(list), nil
+	u := quota.Tally(list)
+	snaps, err := d.store.ListSnapshots(ctx, owner)
+	if err != nil {
+		return quota.Use{}, err
+	}
+	u.Snapshots = len(snaps)
+	return u, nil
 }
 
 // QuotaInfo is one owner's limits and current use.
@@ -158,16 +165,36 @@ func (d *Daemon) DeleteQuota(ctx context.Context, owner string) error {
 	return d.store.DeleteQuota(ctx, owner)
 }
 
-// AdmitSnapshot checks owner's snapshot limit given how many it holds; the
-// snapshot feature calls it (under its own lock) before capturing.
-func (d *Daemon) AdmitSnapshot(ctx context.Context, owner string, held int) error {
+// reserveSnapshot checks owner's snapshot limit counting stored snapshots
+// and captures in progress, and reserves one until release: a capture takes
+// seconds, so it is counted rather than run under the admission lock.
+func (d *Daemon) reserveSnapshot(ctx context.Context, owner string) (release func(), err error) {
+	a := d.acct()
+	a.admitMu.Lock()
+	defer a.admitMu.Unlock()
 	l, _, err := d.limitsOf(ctx, owner)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := quota.CheckSnapshot(owner, l, quota.Use{Snapshots: held}); err != nil {
-		d.acct().observeRejection("snapshots")
-		return err
+	if l.Snapshots > 0 {
+		list, err := d.store.ListSnapshots(ctx, owner)
+		if err != nil {
+			return nil, err
+		}
+		if err := quota.CheckSnapshot(owner, l, quota.Use{Snapshots: len(list) + a.snapshotsPending[owner]}); err != nil {
+			a.observeRejection("snapshots")
+			return nil, err
+		}
 	}
-	return nil
+	a.snapshotsPending[owner]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.admitMu.Lock()
+			if a.snapshotsPending[owner]--; a.snapshotsPending[owner] <= 0 {
+				delete(a.snapshotsPending, owner)
+			}
+			a.admitMu.Unlock()
+		})
+	}, nil
 }

@@ -139,6 +139,11 @@ func (d *Daemon) snapshotLocked(ctx context.Context, sb *sandbox.Sandbox, name, 
 	if sb.State != sandbox.Running {
 		return store.Snapshot{}, errs.E(errs.Conflict, "sandbox %s is %s; only a running sandbox can be snapshotted", sb.ID, sb.State)
 	}
+	release, err := d.reserveSnapshot(ctx, sb.Owner) // owner's snapshot quota (quota.go)
+	if err != nil {
+		return store.Snapshot{}, err
+	}
+	defer release()
 	base, err := d.layerDigests(ctx, sb)
 	if err != nil {
 		return store.Snapshot{}, err

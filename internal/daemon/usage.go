@@ -95,7 +95,7 @@ func (d *Daemon) Usage(ctx context.Context, owner string, since time.Time, sandb
 
 // Orphan is one thing nobody touched for the report's window.
 type Orphan struct {
-	Kind         string            `json:"kind"` // sandbox | template
+	Kind         string            `json:"kind"` // sandbox, snapshot or template
 	ID           string            `json:"id"`
 	Owner        string            `json:"owner,omitempty"`
 	State        string            `json:"state"`
@@ -151,6 +151,29 @@ func (d *Daemon) Orphans(ctx context.Context, owner string, admin bool, days int
 			Template: sb.Template, CreatedAt: sb.CreatedAt, LastActiveAt: u.LastActiveAt,
 			AgeDays: days2(now.Sub(sb.CreatedAt)), IdleDays: days2(now.Sub(active)),
 			CostReserved: c.Reserved, CostActive: c.Active, Reserved: sb.Resources})
+	}
+	snaps, err := d.store.ListSnapshots(ctx, owner)
+	if err != nil {
+		return rep, err
+	}
+	snapUse := map[string]time.Time{} // snapshot → latest activity of a sandbox started from it
+	for _, sb := range list {
+		if id := sb.Extra[extraSnapshot]; id != "" {
+			snapUse[id] = later(snapUse[id], later(sb.CreatedAt, byID[sb.ID].LastActiveAt))
+		}
+	}
+	for _, sn := range snaps {
+		active := later(sn.CreatedAt, snapUse[sn.ID])
+		if active.After(cutoff) {
+			continue
+		}
+		state := "disk"
+		if sn.MemoryPath != "" {
+			state = "disk+memory"
+		}
+		rep.Items = append(rep.Items, Orphan{Kind: "snapshot", ID: sn.ID, Owner: sn.Owner, State: state,
+			Template: sn.Template, CreatedAt: sn.CreatedAt, LastActiveAt: snapUse[sn.ID],
+			AgeDays: days2(now.Sub(sn.CreatedAt)), IdleDays: days2(now.Sub(active))})
 	}
 	if admin && owner == "" {
 		tpls, err := d.store.ListTemplates(ctx)

@@ -312,9 +312,18 @@ func TestQuotaConcurrentCreates(t *testing.T) {
 	if code, b := s.api(s.key, "PUT", "/v1/quotas/alice", map[string]any{"cpu": -1}); code != http.StatusBadRequest || b["field"] != "cpu" {
 		t.Errorf("negative quota = %d %v", code, b)
 	}
+	// Snapshot quota: one allowed, the second is 429 naming snapshots.
+	s.must("quota", "set", "alice", "--sandboxes", "4", "--snapshots", "1")
+	victim := list[0].ID
+	if c, b := s.api(alice, "POST", "/v1/sandboxes/"+victim+"/snapshot", map[string]any{}); c/100 != 2 {
+		t.Fatalf("first snapshot: %d %v", c, b)
+	}
+	if c, b := s.api(alice, "POST", "/v1/sandboxes/"+victim+"/snapshot", map[string]any{}); c != http.StatusTooManyRequests || b["field"] != "snapshots" {
+		t.Errorf("second snapshot over a limit of 1: %d %v", c, b)
+	}
 	// The orphans report runs (nothing is 1 day old here) and knows the templates.
 	rep := s.must("report", "orphans", "--days", "0", "--json")
-	if !strings.Contains(rep, `"kind": "sandbox"`) || !strings.Contains(rep, `"kind": "template"`) {
+	if !strings.Contains(rep, `"kind": "sandbox"`) || !strings.Contains(rep, `"kind": "template"`) || !strings.Contains(rep, `"kind": "snapshot"`) {
 		t.Errorf("report orphans --days 0:\n%s", rep)
 	}
 }
