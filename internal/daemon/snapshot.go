@@ -84,28 +84,41 @@ func (d *Daemon) captureUpper(ctx context.Context, sb *sandbox.Sandbox, running 
 			}
 		}()
 	}
-	exp, ok := rt.(upperExporter)
-	if ok && running && sb.Runtime == "runsc" {
-		tmp, err := os.CreateTemp(filepath.Join(d.cfg.DataDir, "snapshots"), ".upper-*.tar")
-		if err != nil {
-			return template.Layer{}, errs.Wrap(errs.Internal, err, "snapshot scratch file")
+	if exp, ok := rt.(upperExporter); ok && running && sb.Runtime == "runsc" {
+		if l, ok, err := d.exportUpper(ctx, exp, sb); ok || err != nil {
+			return l, err
 		}
-		tmp.Close()
-		defer os.Remove(tmp.Name())
-		if err := exp.ExportUpper(ctx, sb.ID, tmp.Name()); err != nil {
-			return template.Layer{}, err
-		}
-		return d.templates.ImportDir(ctx, func(dir string) error {
-			f, err := os.Open(tmp.Name())
-			if err != nil {
-				return errs.Wrap(errs.Internal, err, "open upper tar")
-			}
-			defer f.Close()
-			return rootfs.ExtractUpperTar(ctx, f, dir)
-		})
 	}
 	upper := rootfs.LayoutOf(d.sandboxDir(sb.ID)).Upper
 	return d.templates.ImportDir(ctx, func(dir string) error { return rootfs.CopyUpper(ctx, upper, dir) })
+}
+
+// exportUpper asks runsc for the rootfs writes it keeps in its own
+// in-sandbox overlay (--overlay2 root:memory|self). ok is false when the
+// sandbox has no such overlay (--overlay2=none: writes reach the host upper
+// dir, which the caller copies).
+func (d *Daemon) exportUpper(ctx context.Context, exp upperExporter, sb *sandbox.Sandbox) (template.Layer, bool, error) {
+	tmp, err := os.CreateTemp(filepath.Join(d.cfg.DataDir, "snapshots"), ".upper-*.tar")
+	if err != nil {
+		return template.Layer{}, false, errs.Wrap(errs.Internal, err, "snapshot scratch file")
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name())
+	if err := exp.ExportUpper(ctx, sb.ID, tmp.Name()); err != nil {
+		if strings.Contains(err.Error(), "not an overlayfs") {
+			return template.Layer{}, false, nil
+		}
+		return template.Layer{}, false, err
+	}
+	l, err := d.templates.ImportDir(ctx, func(dir string) error {
+		f, err := os.Open(tmp.Name())
+		if err != nil {
+			return errs.Wrap(errs.Internal, err, "open upper tar")
+		}
+		defer f.Close()
+		return rootfs.ExtractUpperTar(ctx, f, dir)
+	})
+	return l, true, err
 }
 
 // SnapshotRequest asks for a snapshot of a running sandbox.

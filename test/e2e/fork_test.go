@@ -163,6 +163,7 @@ func TestForkMemoryRunsc(t *testing.T) {
 	s.must("exec", "--user", "root", parent, "--", "sh", "-c",
 		"(i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done) >/dev/null 2>&1 &")
 	s.must("exec", parent, "--", "sh", "-c", "sleep 0.5")
+	s.must("exec", "--user", "root", parent, "--", "sh", "-c", "echo pre > /root/pre")
 	res := s.fork(parent, 3)
 	if res.Mode != "memory" {
 		t.Fatalf("runsc fork mode %q (%s), want memory", res.Mode, res.Reason)
@@ -179,5 +180,15 @@ func TestForkMemoryRunsc(t *testing.T) {
 		if f[2] != c || f[3] != c {
 			t.Errorf("%s: hostname %q, BERTH_SANDBOX_ID %q", c, f[2], f[3])
 		}
+		if out := s.must("exec", "--user", "root", c, "--", "cat", "/root/pre"); out != "pre" {
+			t.Errorf("%s: file written before the fork reads %q", c, out)
+		}
+	}
+	// The files also survive a cold boot of a child (they are in its snapshot layer).
+	child := res.Sandboxes[0].ID
+	s.must("pause", child, "--mode", "disk")
+	s.must("resume", child)
+	if out := s.must("exec", "--user", "root", child, "--", "cat", "/root/pre"); out != "pre" {
+		t.Errorf("after a disk pause the child reads %q", out)
 	}
 }
