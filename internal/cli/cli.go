@@ -48,7 +48,7 @@ func register(name, usage string, run func(e *env, args []string) error) {
 func init() {
 	// The verb table is data, assembled in one place so `berth help` lists it.
 	register("serve", "serve [--data-dir DIR] [--listen ADDR] [--config FILE] [--runtime runc|runsc]", runServe)
-	register("create", "create [--template T] [--runtime R] [--ttl D] [--cpu N] [--memory MiB] [--disk MiB] [--label k=v]... [--env K=V]... [--expiry-action stop|delete|pause] [--workstation] [--auto-resume] [--owner O] [--json]", runCreate)
+	register("create", "create [--template T] [--runtime R] [--ttl D] [--cpu N] [--memory MiB] [--disk MiB] [--label k=v]... [--env K=V]... [--expiry-action stop|delete|pause] [--workstation] [--auto-resume] [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... [--secret NAME]... [--owner O] [--json]", runCreate)
 	register("ls", "ls [--state S] [--label k=v]... [--owner O] [--json]", runList)
 	register("inspect", "inspect ID", runInspect)
 	register("exec", "exec [-i] [-t] [--env K=V]... [--cwd DIR] [--user U] [--timeout D] ID -- CMD...", runExec)
@@ -67,6 +67,9 @@ func init() {
 	register("pool", poolUsage, runPool)
 	register("key", "key create --owner NAME", runKey)
 	register("info", "info [--json]", runInfo)
+	register("net", "net set ID [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... | net show ID [--json] | net log ID [--json] [--limit N]", runNet)
+	register("secret", "secret set NAME --host HOST [--header 'Authorization: Bearer {{value}}'] < value | secret ls [--json] | secret rm NAME", runSecret)
+	register("port", "port ID PORT [--token] [--close] | port ID   (expose a sandbox port through berth's HTTP proxy)", runPort)
 	register("usage", "usage [--owner O] [--since T] [--sandbox ID] [--sandboxes] [--json]", runUsage)
 	register("report", "report orphans [--days N] [--owner O] [--json]", runReport)
 	register("quota", "quota set OWNER [--sandboxes N] [--cpu N] [--memory MiB] [--disk MiB] [--snapshots N] | get OWNER | ls | rm OWNER", runQuota)

@@ -45,6 +45,9 @@ func runCreate(e *env, args []string) error {
 	fs.BoolVar(&req.Workstation, "workstation", false, "long-lived: pause instead of stop at expiry")
 	fs.BoolVar(&req.AutoResume, "auto-resume", false, "resume on exec/files while paused")
 	fs.StringVar(&req.Owner, "owner", "", "owner (admin key only)")
+	allow, deny, mode := policyFlags(fs)
+	var secrets multi
+	fs.Var(&secrets, "secret", "grant secret NAME: env NAME holds a placeholder, the proxy injects the value (repeatable)")
 	fs.StringVar(&req.FromSnapshot, "from-snapshot", "", "start from this snapshot's files (berth snapshot ls)")
 	fs.StringVar(&req.IdlePolicy, "idle-policy", "", "reaper idle policy name, or never (default: the template's or server's)")
 	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
@@ -61,6 +64,7 @@ func runCreate(e *env, args []string) error {
 	if req.Env, err = kvs("env", envs); err != nil {
 		return err
 	}
+	req.Network, req.Allow, req.Deny, req.Secrets = *mode, *allow, *deny, secrets
 	c, err := newClient()
 	if err != nil {
 		return err

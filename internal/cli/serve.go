@@ -45,6 +45,7 @@ type ServeConfig struct {
 	CriuPath        string `json:"criu_path"`
 	AgentPath       string `json:"agent_path"`
 	LogLevel        string `json:"log_level"`
+	NetworkServeConfig
 	// Reaper policies, per-owner quotas and prices (see internal/reaper,
 	// internal/quota, internal/metering); zero values are the defaults.
 	Reaper reaper.Config   `json:"reaper,omitzero"`
@@ -92,7 +93,7 @@ func (c *ServeConfig) Validate() error {
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return errs.Field("log_level", "must be debug, info, warn or error")
 	}
-	return nil
+	return c.NetworkServeConfig.Validate()
 }
 
 func envOverride(c *ServeConfig) {
@@ -117,6 +118,7 @@ func runServe(e *env, args []string) error {
 	rt := pre.String("runtime", "", "default runtime: runc or runsc")
 	noBuild := pre.Bool("no-default-template", false, "do not build the default template on start")
 	logLevel := pre.String("log-level", "", "debug, info, warn, error")
+	applyNetFlags := networkFlags(pre)
 	if err := pre.Parse(args); err != nil {
 		return usageError{err.Error()}
 	}
@@ -131,6 +133,7 @@ func runServe(e *env, args []string) error {
 			*p = v
 		}
 	}
+	applyNetFlags(&cfg.NetworkServeConfig)
 	if *noBuild {
 		cfg.BuildDefault = false
 	}
@@ -216,6 +219,9 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	}
 	defer d.Close()
 	if _, err := d.EnsureAdminKey(ctx); err != nil {
+		return err
+	}
+	if err := startNetwork(ctx, d, cfg.NetworkServeConfig); err != nil {
 		return err
 	}
 	if err := d.Reconcile(ctx); err != nil {

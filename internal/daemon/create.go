@@ -17,8 +17,12 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// agentInSandbox is where the host's berth-agent binary is bind-mounted.
-const agentInSandbox = "/.berth/berth-agent"
+// agentMount is where the installed agent directory is bind-mounted
+// (read-only); agentInSandbox is the agent binary inside it.
+const (
+	agentMount     = "/.berth"
+	agentInSandbox = agentMount + "/berth-agent"
+)
 
 var envKeyOK = func(k string) bool {
 	if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -118,6 +122,9 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	release()
 	if hit { // warm pool hit (pool.go)
 		return claimed, nil
+	}
+	if err := d.prepareNetwork(ctx, &req); err != nil {
+		return nil, err
 	}
 	now := d.cfg.Now()
 	sb := &sandbox.Sandbox{
@@ -238,6 +245,10 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if err := d.writeEnv(sb); err != nil {
 		return err
 	}
+	if err := d.netUp(ctx, sb, root); err != nil {
+		return err
+	}
+	undo = append(undo, func(c context.Context) error { return d.netDown(c, sb) })
 	_ = os.Remove(d.socketPath(sb.ID))
 	spec := d.spec(sb, tpl, root)
 	if err := rt.Run(ctx, spec); err != nil {
@@ -262,17 +273,17 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 	}
 	return runtime.Spec{
 		ID: sb.ID, BundleDir: d.sandboxDir(sb.ID), RootFS: root, Hostname: sb.ID,
-		Args: []string{agentInSandbox}, Env: env, Cwd: "/",
-		Mounts: []runtime.Mount{
-			{Source: d.cfg.AgentPath, Target: agentInSandbox, ReadOnly: true},
+		Args: d.agent.Args, Env: env, Cwd: "/",
+		Mounts: append([]runtime.Mount{
+			{Source: d.agent.Dir, Target: agentMount, ReadOnly: true},
 			{Source: d.runDir(sb.ID), Target: agentapi.SocketDir},
-		},
+		}, d.netMounts(sb)...),
 		Resources: runtime.Resources{
 			CPUMillis:   sb.Resources.CPUMillis,
 			MemoryBytes: sb.Resources.MemoryMiB << 20,
 			Pids:        sb.Resources.Pids,
 		},
-		NetNSPath: sb.Extra["netns_path"],
+		NetNSPath: d.netnsPath(sb),
 		LogPath:   filepath.Join(d.runDir(sb.ID), "runtime.log"),
 	}
 }
@@ -305,6 +316,9 @@ func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
 			errList = append(errList, err)
 		}
 	} else {
+		errList = append(errList, err)
+	}
+	if err := d.netDown(ctx, sb); err != nil {
 		errList = append(errList, err)
 	}
 	if err := rootfs.Teardown(ctx, d.sandboxDir(sb.ID)); err != nil {

@@ -277,6 +277,9 @@ func (d *Daemon) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers []
 	if err != nil {
 		return err
 	}
+	if err := d.netUp(ctx, sb, root); err != nil {
+		return err
+	}
 	_ = os.Remove(d.socketPath(sb.ID))
 	if err := rt.Restore(ctx, d.spec(sb, nil, root), img); err != nil {
 		_ = rt.Delete(ctx, sb.ID)
@@ -300,6 +303,7 @@ func (d *Daemon) forkChild(ctx context.Context, parent *sandbox.Sandbox, sn stor
 	lineage := map[string]string{
 		extraParent: parent.ID, extraGeneration: strconv.Itoa(gen), extraForkMode: mode,
 	}
+	maps.Copy(lineage, networkExtra(parent)) // children keep the parent's policy and grants
 	if mode == ForkDisk {
 		ttl := parent.ExpiresAt.Sub(d.cfg.Now())
 		if ttl < time.Minute {

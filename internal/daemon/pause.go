@@ -139,8 +139,13 @@ func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := syncDir(filepath.Dir(final)); err != nil {
 		return err
 	}
-	// The container is gone; release its filesystem (the workspace image stays).
+	// The container is gone; release its filesystem (the workspace image stays)
+	// and its network: restore attaches a fresh namespace (CRIU leaves its
+	// network-lock table in the old one, and a restore there fails).
 	_ = rt.Delete(ctx, sb.ID)
+	if err := d.netDown(ctx, sb); err != nil {
+		d.log.Warn("detach network after checkpoint", "sandbox_id", sb.ID, "err", err)
+	}
 	return rootfs.Teardown(ctx, d.sandboxDir(sb.ID))
 }
 
@@ -255,6 +260,9 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 	}
 	root, err := rootfs.Remount(ctx, d.sandboxDir(sb.ID), lowers)
 	if err != nil {
+		return err
+	}
+	if err := d.netUp(ctx, sb, root); err != nil {
 		return err
 	}
 	_ = os.Remove(d.socketPath(sb.ID))

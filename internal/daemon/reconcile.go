@@ -57,6 +57,7 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 		}
 		errList = append(errList, os.RemoveAll(dir))
 	}
+	errList = append(errList, d.reconcileNetwork(ctx))
 	return errors.Join(errList...)
 }
 
@@ -112,7 +113,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
 func (d *Daemon) Run() {
 	d.goBackground("expiry", d.expiryLoop)
 	d.goBackground("watch", d.watchLoop)
-	d.goBackground("pools", d.poolLoop) // pool_fill.go
+	d.goBackground("pools", d.poolLoop)    // pool_fill.go
 	d.goBackground("reaper", d.reaperLoop) // reaper.go: signals, metering, idle ladder
 }
 

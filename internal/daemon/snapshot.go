@@ -184,6 +184,9 @@ func (d *Daemon) recordSnapshot(ctx context.Context, id string, sb *sandbox.Sand
 		Extra: map[string]string{"layer_bytes": formatInt(layer.TarSize), "layer_entries": formatInt(layer.Entries),
 			"capture_ms": formatInt(took.Milliseconds())},
 	}
+	if p := sb.Extra[extraPolicy]; p != "" {
+		sn.Extra[extraPolicy] = p
+	}
 	if err := d.store.CreateSnapshot(ctx, sn); err != nil {
 		if errs.Is(err, errs.AlreadyExists) {
 			return store.Snapshot{}, errs.Field("name", "you already have a snapshot named %q", name)
@@ -330,6 +333,9 @@ func (d *Daemon) applySnapshot(ctx context.Context, req *CreateRequest) error {
 	}
 	extra[extraLayers] = strings.Join(sn.Layers, ",")
 	extra[extraSnapshot] = sn.ID
+	if p := sn.Extra[extraPolicy]; p != "" && extra[extraPolicy] == "" {
+		extra[extraPolicy] = p // the snapshot's network policy, unless the request names one
+	}
 	req.Extra = extra
 	return nil
 }

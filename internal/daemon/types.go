@@ -22,6 +22,10 @@ type CreateRequest struct {
 	Workstation  bool // expiry action pause by default
 	// Extra is feature-specific persisted data (network policy, lineage ...).
 	Extra map[string]string
+	// Network is the egress policy mode ("" = server default), Allow and
+	// Deny its rules, Secrets the secrets to grant (netpolicy.go).
+	Network              string
+	Allow, Deny, Secrets []string
 	// FromSnapshot starts the sandbox from a snapshot's layers (snapshot.go).
 	FromSnapshot string
 }

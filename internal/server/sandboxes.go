@@ -62,8 +62,14 @@ type CreateRequest struct {
 	AutoResume   bool              `json:"auto_resume,omitempty"`
 	Workstation  bool              `json:"workstation,omitempty"`
 	Owner        string            `json:"owner,omitempty"` // admin key only
-	FromSnapshot string            `json:"from_snapshot,omitempty"`
-	IdlePolicy   string            `json:"idle_policy,omitempty"` // reaper policy name, or "never"
+	// Network is the egress policy mode (deny-all | allow-all | rules; "" =
+	// server default); Allow/Deny its rules; Secrets the secrets to grant.
+	Network      string   `json:"network,omitempty"`
+	Allow        []string `json:"allow,omitempty"`
+	Deny         []string `json:"deny,omitempty"`
+	Secrets      []string `json:"secrets,omitempty"`
+	FromSnapshot string   `json:"from_snapshot,omitempty"`
+	IdlePolicy   string   `json:"idle_policy,omitempty"` // reaper policy name, or "never"
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
@@ -94,6 +100,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 		Resources: sandbox.Resources{CPUMillis: int(req.CPU * 1000), MemoryMiB: req.MemoryMiB,
 			DiskMiB: req.DiskMiB, Pids: req.Pids},
 		Labels: req.Labels, Env: req.Env, AutoResume: req.AutoResume, Workstation: req.Workstation,
+		Network: req.Network, Allow: req.Allow, Deny: req.Deny, Secrets: req.Secrets,
 		FromSnapshot: req.FromSnapshot, Extra: withIdlePolicy(nil, req.IdlePolicy),
 	})
 	if err != nil {

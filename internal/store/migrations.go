@@ -154,4 +154,37 @@ CREATE TABLE quotas (
 	snapshots  INTEGER NOT NULL
 ) STRICT;
 `,
+	// 3: egress log (every network decision, queryable after a restart) and
+	// secrets (values sealed by the daemon; never plaintext).
+	`
+CREATE TABLE egress_log (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	sandbox_id  TEXT NOT NULL,
+	owner       TEXT NOT NULL,
+	time        INTEGER NOT NULL,
+	proto       TEXT NOT NULL,
+	dst_ip      TEXT NOT NULL,
+	dst_port    INTEGER NOT NULL,
+	host        TEXT NOT NULL,
+	rule        TEXT NOT NULL,
+	verdict     TEXT NOT NULL,
+	reason      TEXT NOT NULL,
+	intercepted INTEGER NOT NULL,
+	bytes_out   INTEGER NOT NULL,
+	bytes_in    INTEGER NOT NULL,
+	duration_ns INTEGER NOT NULL
+) STRICT;
+CREATE INDEX egress_log_sandbox ON egress_log (sandbox_id, seq);
+
+CREATE TABLE secrets (
+	owner      TEXT NOT NULL,
+	name       TEXT NOT NULL,
+	host       TEXT NOT NULL,
+	header     TEXT NOT NULL,
+	sealed     BLOB NOT NULL,
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	PRIMARY KEY (owner, name)
+) STRICT;
+`,
 }

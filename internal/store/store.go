@@ -70,6 +70,20 @@ type Store interface {
 	GetSetting(ctx context.Context, key string) (string, error)
 	PutSetting(ctx context.Context, key, val string) error
 
+	// AppendEgress stores egress decisions in one transaction, assigning
+	// increasing Seq numbers (Time defaults to now).
+	AppendEgress(ctx context.Context, entries []EgressEntry) error
+	// ListEgress returns matching entries in ascending Seq order.
+	ListEgress(ctx context.Context, f EgressFilter) ([]EgressEntry, error)
+
+	// PutSecret inserts or replaces the secret (Owner, Name) and returns what
+	// was stored (CreatedAt kept from an existing row).
+	PutSecret(ctx context.Context, s Secret) (Secret, error)
+	GetSecret(ctx context.Context, owner, name string) (Secret, error)
+	// ListSecrets lists owner's secrets ("" = every owner) by owner, name.
+	ListSecrets(ctx context.Context, owner string) ([]Secret, error)
+	DeleteSecret(ctx context.Context, owner, name string) error
+
 	// CreateSnapshot inserts a snapshot; a duplicate id or a duplicate
 	// non-empty name of the same owner is AlreadyExists.
 	CreateSnapshot(ctx context.Context, sn Snapshot) error

@@ -35,6 +35,8 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"APIKeys", suiteAPIKeys},
 		{"Templates", suiteTemplates},
 		{"Settings", suiteSettings},
+		{"EgressLog", suiteEgressLog},
+		{"Secrets", suiteSecrets},
 		{"Snapshots", suiteSnapshots},
 		{"Usage", suiteUsage},
 		{"Quotas", suiteQuotas},

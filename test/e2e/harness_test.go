@@ -34,6 +34,7 @@ type server struct {
 	cmd     *exec.Cmd
 	log     *bytes.Buffer
 	extra   []string
+	netArgs []string // this server's own bridge, table and subnet (network_test.go)
 }
 
 var tinyOnce struct {
@@ -92,7 +93,7 @@ func startServerFrom(t *testing.T, bin string, extra ...string) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{t: t, bin: bin, dataDir: dataDir, extra: extra}
+	s := &server{t: t, bin: bin, dataDir: dataDir, extra: extra, netArgs: testNetwork(t)}
 	s.start()
 	t.Cleanup(func() { s.cleanup() })
 	if out, code := s.run("template", "import", "tiny", tinyTar(t)); code != 0 {
@@ -106,7 +107,8 @@ func (s *server) start() {
 	addr := freePort(s.t)
 	s.url = "http://" + addr
 	s.log = &bytes.Buffer{}
-	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", addr, "--no-default-template"}, s.extra...)
+	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", addr, "--no-default-template"}, s.netArgs...)
+	args = append(args, s.extra...)
 	s.cmd = exec.Command(filepath.Join(s.bin, "berth"), args...)
 	s.cmd.Stdout, s.cmd.Stderr = &lockedWriter{w: s.log}, &lockedWriter{w: s.log}
 	if err := s.cmd.Start(); err != nil {

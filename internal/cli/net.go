@@ -1,0 +1,303 @@
+package cli
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/server"
+)
+
+// policyFlags registers --allow, --deny and --network (create and net set).
+func policyFlags(fs *flag.FlagSet) (allow, deny *multi, mode *string) {
+	allow, deny = &multi{}, &multi{}
+	fs.Var(allow, "allow", "allow egress to RULE: CIDR, IP, host or *.domain, optionally :PORT (repeatable)")
+	fs.Var(deny, "deny", "deny egress to RULE (repeatable)")
+	mode = fs.String("network", "", "default for what no rule matches: deny-all or allow-all (default: the server's)")
+	return allow, deny, mode
+}
+
+func runNet(e *env, args []string) error {
+	if len(args) == 0 {
+		return usageError{"net: expected set, show or log"}
+	}
+	switch args[0] {
+	case "set":
+		return runNetSet(e, args[1:])
+	case "show":
+		return runNetShow(e, args[1:])
+	case "log":
+		return runNetLog(e, args[1:])
+	}
+	return usageError{fmt.Sprintf("net: unknown subcommand %q (want set, show or log)", args[0])}
+}
+
+func runNetSet(e *env, args []string) error {
+	fs := flag.NewFlagSet("net set", flag.ContinueOnError)
+	allow, deny, mode := policyFlags(fs)
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := one(fs, pos, "sandbox id")
+	if err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	var info daemon.NetworkInfo
+	req := server.NetworkRequest{Mode: *mode, Allow: *allow, Deny: *deny}
+	if err := c.call(e.ctx, "PUT", sbPath(id, "net"), nil, req, &info); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, info)
+	}
+	return printNetwork(e.stdout, &info)
+}
+
+func runNetShow(e *env, args []string) error {
+	fs := flag.NewFlagSet("net show", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "JSON output")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := one(fs, pos, "sandbox id")
+	if err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	var info daemon.NetworkInfo
+	if err := c.call(e.ctx, "GET", sbPath(id, "net"), nil, nil, &info); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, info)
+	}
+	return printNetwork(e.stdout, &info)
+}
+
+func printNetwork(w io.Writer, info *daemon.NetworkInfo) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "sandbox\t%s\n", info.SandboxID)
+	fmt.Fprintf(tw, "mode\t%s\n", info.Policy.Mode)
+	for _, r := range info.Policy.Allow {
+		fmt.Fprintf(tw, "allow\t%s\n", r)
+	}
+	for _, r := range info.Policy.Deny {
+		fmt.Fprintf(tw, "deny\t%s\n", r)
+	}
+	if info.Attached {
+		fmt.Fprintf(tw, "address\t%s\n", info.IP)
+	} else {
+		fmt.Fprintf(tw, "address\t(not attached: the sandbox is not running)\n")
+	}
+	if len(info.Secrets) > 0 {
+		fmt.Fprintf(tw, "secrets\t%s\n", strings.Join(info.Secrets, ", "))
+	}
+	for _, p := range info.Ports {
+		tok := ""
+		if p.Token {
+			tok = " (token)"
+		}
+		fmt.Fprintf(tw, "port\t%d%s\n", p.Port, tok)
+	}
+	return tw.Flush()
+}
+
+func runNetLog(e *env, args []string) error {
+	fs := flag.NewFlagSet("net log", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "JSON output (one array)")
+	limit := fs.Int("limit", 0, "at most this many entries (default all)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	id, err := one(fs, pos, "sandbox id")
+	if err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	var all []server.EgressEntry
+	q := url.Values{}
+	for {
+		var page server.EgressLogResponse
+		if err := c.call(e.ctx, "GET", sbPath(id, "net", "log"), q, nil, &page); err != nil {
+			return err
+		}
+		all = append(all, page.Entries...)
+		if len(page.Entries) == 0 || (*limit > 0 && len(all) >= *limit) {
+			break
+		}
+		q.Set("after", strconv.FormatInt(page.Next, 10))
+	}
+	if *limit > 0 && len(all) > *limit {
+		all = all[:*limit]
+	}
+	if *asJSON {
+		if all == nil {
+			all = []server.EgressEntry{}
+		}
+		return printJSON(e.stdout, all)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tPROTO\tDESTINATION\tHOST\tVERDICT\tRULE\tOUT\tIN")
+	for _, en := range all {
+		dst := en.DstIP
+		if dst == "" {
+			dst = "-"
+		} else if en.DstPort != 0 {
+			dst += ":" + strconv.Itoa(en.DstPort)
+		}
+		verdict := en.Verdict
+		if en.Reason != "" {
+			verdict += " (" + en.Reason + ")"
+		}
+		if en.Intercepted {
+			verdict += " [injected]"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", en.Time.Local().Format(time.TimeOnly), en.Proto, dst,
+			en.Host, verdict, en.Rule, en.BytesOut, en.BytesIn)
+	}
+	return tw.Flush()
+}
+
+func runSecret(e *env, args []string) error {
+	if len(args) == 0 {
+		return usageError{"secret: expected set, ls or rm"}
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("secret "+sub, flag.ContinueOnError)
+	host := fs.String("host", "", "the only host the secret is injected into, e.g. api.example.com")
+	header := fs.String("header", "", `header template (default "Authorization: Bearer {{value}}")`)
+	own := fs.String("owner", "", "owner (admin key only)")
+	asJSON := fs.Bool("json", false, "JSON output")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	q := url.Values{}
+	if *own != "" {
+		q.Set("owner", *own)
+	}
+	switch sub {
+	case "set":
+		name, err := one(fs, pos, "secret name")
+		if err != nil {
+			return err
+		}
+		if *host == "" {
+			return usageError{"secret set: --host is required"}
+		}
+		// The value comes from stdin so it never shows in argv or shell history.
+		val, err := io.ReadAll(io.LimitReader(e.stdin, 64<<10))
+		if err != nil {
+			return err
+		}
+		val = bytes.TrimRight(val, "\r\n")
+		var info daemon.SecretInfo
+		req := server.SecretRequest{Host: *host, Header: *header, Value: string(val)}
+		if err := c.call(e.ctx, "PUT", "/v1/secrets/"+url.PathEscape(name), q, req, &info); err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(e.stdout, info)
+		}
+		fmt.Fprintf(e.stdout, "%s (injected into requests to %s as %q)\n", info.Name, info.Host, info.Header)
+		return nil
+	case "ls":
+		var out struct {
+			Secrets []daemon.SecretInfo `json:"secrets"`
+		}
+		if err := c.call(e.ctx, "GET", "/v1/secrets", q, nil, &out); err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(e.stdout, out.Secrets)
+		}
+		tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tHOST\tHEADER\tUPDATED")
+		for _, s := range out.Secrets {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, s.Host, s.Header, s.UpdatedAt.Local().Format(time.RFC3339))
+		}
+		return tw.Flush()
+	case "rm":
+		name, err := one(fs, pos, "secret name")
+		if err != nil {
+			return err
+		}
+		return c.call(e.ctx, "DELETE", "/v1/secrets/"+url.PathEscape(name), q, nil, nil)
+	}
+	return usageError{fmt.Sprintf("secret: unknown subcommand %q (want set, ls or rm)", sub)}
+}
+
+func runPort(e *env, args []string) error {
+	fs := flag.NewFlagSet("port", flag.ContinueOnError)
+	withToken := fs.Bool("token", false, "also let a per-port token in (printed once, part of the URL)")
+	closePort := fs.Bool("close", false, "stop exposing the port")
+	asJSON := fs.Bool("json", false, "JSON output")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	c, err := newClient()
+	if err != nil {
+		return err
+	}
+	switch len(pos) {
+	case 1:
+		var out struct {
+			Ports []server.PortResponse `json:"ports"`
+		}
+		if err := c.call(e.ctx, "GET", sbPath(pos[0], "ports"), nil, nil, &out); err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(e.stdout, out.Ports)
+		}
+		for _, p := range out.Ports {
+			fmt.Fprintf(e.stdout, "%d\t%s\n", p.Port, p.URL)
+		}
+		return nil
+	case 2:
+	default:
+		return usageError{"port: expected ID [PORT]"}
+	}
+	port, err := strconv.Atoi(pos[1])
+	if err != nil {
+		return usageError{fmt.Sprintf("port: %q is not a port number", pos[1])}
+	}
+	if *closePort {
+		return c.call(e.ctx, "DELETE", sbPath(pos[0], "ports", strconv.Itoa(port)), nil, nil, nil)
+	}
+	var resp server.PortResponse
+	if err := c.call(e.ctx, "POST", sbPath(pos[0], "ports"), nil, server.PortRequest{Port: port, Token: *withToken}, &resp); err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, resp)
+	}
+	fmt.Fprintln(e.stdout, resp.URL)
+	return nil
+}

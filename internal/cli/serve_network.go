@@ -1,0 +1,103 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"net/netip"
+	"os"
+
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/egress"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/network"
+)
+
+// NetworkServeConfig is the networking part of `berth serve`'s config,
+// embedded in ServeConfig (its keys sit at the top level of the file).
+type NetworkServeConfig struct {
+	DefaultNetwork  string `json:"default_network"`   // deny-all (default) or allow-all
+	UpstreamCA      string `json:"upstream_ca"`       // PEM bundle trusted for upstream TLS
+	EgressHosts     string `json:"egress_hosts_file"` // hosts file the egress resolver reads first
+	NetworkDisabled bool   `json:"network_disabled"`  // no bridge, no proxy: every sandbox deny-all
+	Bridge          string `json:"network_bridge"`    // default berth0
+	Subnet          string `json:"network_subnet"`    // default 10.88.0.0/16
+	Table           string `json:"network_table"`     // nftables table, default berth
+	VethPrefix      string `json:"network_veth_prefix"`
+	ProxyPort       int    `json:"egress_proxy_port"` // default 15001
+	DNSPort         int    `json:"egress_dns_port"`   // default 53
+}
+
+// networkFlags registers serve's networking flags; apply copies the ones
+// given over the config.
+func networkFlags(fs *flag.FlagSet) (apply func(*NetworkServeConfig)) {
+	var n NetworkServeConfig
+	fs.StringVar(&n.DefaultNetwork, "default-network", "", "policy of sandboxes created without one: deny-all (default) or allow-all")
+	fs.StringVar(&n.UpstreamCA, "upstream-ca", "", "PEM file of CAs the egress proxy trusts for upstream TLS (besides the host's)")
+	fs.StringVar(&n.EgressHosts, "egress-hosts", "", "hosts file the egress resolver reads before the host's resolver")
+	noNet := fs.Bool("no-network", false, "disable sandbox networking (every sandbox deny-all, no proxy)")
+	fs.StringVar(&n.Bridge, "network-bridge", "", "bridge name (default berth0)")
+	fs.StringVar(&n.Subnet, "network-subnet", "", "sandbox subnet (default 10.88.0.0/16)")
+	fs.StringVar(&n.Table, "network-table", "", "nftables table name (default berth)")
+	fs.StringVar(&n.VethPrefix, "network-veth-prefix", "", "host-side veth name prefix, 1-4 chars (default bv)")
+	fs.IntVar(&n.ProxyPort, "egress-proxy-port", 0, "egress proxy port on the gateway (default 15001)")
+	fs.IntVar(&n.DNSPort, "egress-dns-port", 0, "egress resolver port on the gateway (default 53)")
+	return func(c *NetworkServeConfig) {
+		for p, v := range map[*string]string{&c.DefaultNetwork: n.DefaultNetwork, &c.UpstreamCA: n.UpstreamCA,
+			&c.EgressHosts: n.EgressHosts, &c.Bridge: n.Bridge, &c.Subnet: n.Subnet, &c.Table: n.Table, &c.VethPrefix: n.VethPrefix} {
+			if v != "" {
+				*p = v
+			}
+		}
+		if n.ProxyPort != 0 {
+			c.ProxyPort = n.ProxyPort
+		}
+		if n.DNSPort != 0 {
+			c.DNSPort = n.DNSPort
+		}
+		if *noNet {
+			c.NetworkDisabled = true
+		}
+	}
+}
+
+// Validate names the bad key.
+func (c *NetworkServeConfig) Validate() error {
+	switch egress.Mode(c.DefaultNetwork) {
+	case "", egress.DenyAll, egress.AllowAll:
+	default:
+		return errs.Field("default_network", "must be deny-all or allow-all, got %q", c.DefaultNetwork)
+	}
+	if c.Subnet != "" {
+		if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() {
+			return errs.Field("network_subnet", "must be an IPv4 CIDR like 10.88.0.0/16, got %q", c.Subnet)
+		}
+	}
+	for k, v := range map[string]int{"egress_proxy_port": c.ProxyPort, "egress_dns_port": c.DNSPort} {
+		if v < 0 || v > 65535 {
+			return errs.Field(k, "must be 1-65535, got %d", v)
+		}
+	}
+	for k, v := range map[string]string{"upstream_ca": c.UpstreamCA, "egress_hosts_file": c.EgressHosts} {
+		if v == "" {
+			continue
+		}
+		if _, err := os.Stat(v); err != nil {
+			return errs.Field(k, "cannot read %s: %v", v, err)
+		}
+	}
+	return nil
+}
+
+// startNetwork sets up sandbox networking unless it is disabled.
+func startNetwork(ctx context.Context, d *daemon.Daemon, c NetworkServeConfig) error {
+	if c.NetworkDisabled {
+		return nil
+	}
+	ncfg := network.Config{BridgeName: c.Bridge, Table: c.Table, VethPrefix: c.VethPrefix,
+		ProxyPort: uint16(c.ProxyPort), DNSPort: uint16(c.DNSPort)}
+	if c.Subnet != "" {
+		ncfg.Subnet = netip.MustParsePrefix(c.Subnet)
+	}
+	return d.StartNetwork(ctx, daemon.NetworkOptions{Network: ncfg, UpstreamCA: c.UpstreamCA, HostsFile: c.EgressHosts,
+		DefaultMode: egress.Mode(c.DefaultNetwork)})
+}

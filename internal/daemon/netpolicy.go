@@ -1,0 +1,247 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+
+	"github.com/berth-dev/berth/internal/egress"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// NetworkInfo is a sandbox's network as the API shows it.
+type NetworkInfo struct {
+	SandboxID string        `json:"sandbox_id"`
+	Policy    egress.Policy `json:"policy"`
+	Attached  bool          `json:"attached"`
+	IP        string        `json:"ip,omitempty"`
+	Secrets   []string      `json:"secrets,omitempty"`
+	Ports     []PortInfo    `json:"ports,omitempty"`
+}
+
+// grantRef is a secret granted to a sandbox: its name and the placeholder
+// the sandbox sees in env var Name. The value is looked up at boot.
+type grantRef struct {
+	Name        string `json:"name"`
+	Placeholder string `json:"placeholder"`
+}
+
+// policyOf reads a sandbox's stored policy; none stored is deny-all.
+func policyOf(sb *sandbox.Sandbox) (egress.Policy, error) {
+	return egress.UnmarshalPolicy([]byte(sb.Extra[extraPolicy]))
+}
+
+func grantRefs(sb *sandbox.Sandbox) []grantRef {
+	var refs []grantRef
+	_ = json.Unmarshal([]byte(sb.Extra[extraSecrets]), &refs)
+	return refs
+}
+
+// BuildPolicy turns a mode and rule strings into a policy, as `berth create`
+// and `berth net set` take them. mode "" is the server default; deny-all
+// with rules means "deny by default, allow these" (mode rules). A malformed
+// rule is an InvalidArgument error naming it.
+func (d *Daemon) BuildPolicy(mode string, allow, deny []string) (egress.Policy, error) {
+	m := egress.Mode(mode)
+	switch m {
+	case "":
+		m = egress.DenyAll
+		if d.net != nil {
+			m = d.net.def
+		}
+		if len(allow) > 0 || (m == egress.DenyAll && len(deny) > 0) {
+			m = egress.Rules
+		}
+	case egress.DenyAll:
+		if len(allow)+len(deny) > 0 {
+			m = egress.Rules
+		}
+	case egress.AllowAll, egress.Rules:
+	default:
+		return egress.Policy{}, errs.Field("network", "must be deny-all, allow-all or rules, got %q", mode)
+	}
+	pol, err := egress.ParsePolicy(string(m), allow, deny)
+	if err != nil {
+		return egress.Policy{}, err
+	}
+	if d.net == nil && pol.Mode != egress.DenyAll && !(pol.Mode == egress.Rules && len(pol.Allow) == 0) {
+		return egress.Policy{}, errs.E(errs.FailedPrecondition, "networking is disabled on this server: only deny-all is possible")
+	}
+	return pol, nil
+}
+
+// prepareNetwork fills a create request's network part: the policy (from
+// Network/Allow/Deny, or the server default), the granted secrets (their
+// hosts allowed, placeholders in env), all persisted in Extra. A request
+// whose Extra already holds a policy (a fork) keeps it unless it names one.
+func (d *Daemon) prepareNetwork(ctx context.Context, req *CreateRequest) error {
+	if req.Extra == nil {
+		req.Extra = map[string]string{}
+	}
+	var pol egress.Policy
+	var err error
+	if prev := req.Extra[extraPolicy]; prev != "" && req.Network == "" && len(req.Allow)+len(req.Deny) == 0 {
+		if pol, err = egress.UnmarshalPolicy([]byte(prev)); err != nil {
+			return err
+		}
+	} else if pol, err = d.BuildPolicy(req.Network, req.Allow, req.Deny); err != nil {
+		return err
+	}
+	refs := []grantRef{}
+	_ = json.Unmarshal([]byte(req.Extra[extraSecrets]), &refs)
+	for _, name := range req.Secrets {
+		if d.net == nil {
+			return errs.E(errs.FailedPrecondition, "networking is disabled on this server: secrets cannot be granted")
+		}
+		sec, err := d.store.GetSecret(ctx, req.Owner, name)
+		if errs.Is(err, errs.NotFound) {
+			return errs.Field("secret", "unknown secret %q (create it with `berth secret set %s --host HOST`)", name, name)
+		}
+		if err != nil {
+			return err
+		}
+		if _, clash := req.Env[name]; clash {
+			return errs.Field("env", "%s is set both as env and as a granted secret", name)
+		}
+		if req.Env == nil {
+			req.Env = map[string]string{}
+		}
+		ph := egress.NewPlaceholder(name)
+		req.Env[name] = ph
+		refs = append(refs, grantRef{Name: name, Placeholder: ph})
+		pol = allowHost(pol, sec.Host)
+	}
+	b, err := egress.MarshalPolicy(pol)
+	if err != nil {
+		return err
+	}
+	req.Extra[extraPolicy] = string(b)
+	if len(refs) > 0 {
+		rb, _ := json.Marshal(refs)
+		req.Extra[extraSecrets] = string(rb)
+	}
+	return nil
+}
+
+// allowHost makes sure pol lets connections to host through.
+func allowHost(pol egress.Policy, host string) egress.Policy {
+	r, err := egress.ParseRule(host)
+	if err != nil || pol.Mode == egress.AllowAll {
+		return pol
+	}
+	for _, a := range pol.Allow {
+		if a == r {
+			return pol
+		}
+	}
+	pol.Mode = egress.Rules
+	pol.Allow = append(pol.Allow, r)
+	return pol
+}
+
+// SetNetworkPolicy replaces a sandbox's policy; a running sandbox gets it
+// at once (connections the new policy denies are closed).
+func (d *Daemon) SetNetworkPolicy(ctx context.Context, owner, id, actor string, pol egress.Policy) (*NetworkInfo, error) {
+	b, err := egress.MarshalPolicy(pol)
+	if err != nil {
+		return nil, err
+	}
+	if d.net == nil && pol.Mode != egress.DenyAll {
+		return nil, errs.E(errs.FailedPrecondition, "networking is disabled on this server: only deny-all is possible")
+	}
+	unlock := d.lock(id)
+	defer unlock()
+	sb, err := d.visible(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	prev := sb.Extra[extraPolicy]
+	setPolicy := func(v string) func(*sandbox.Sandbox) error {
+		return func(s *sandbox.Sandbox) error {
+			if s.Extra == nil {
+				s.Extra = map[string]string{}
+			}
+			s.Extra[extraPolicy] = v
+			return nil
+		}
+	}
+	// Intent first: a crash after this is settled by reconcileNetwork.
+	if sb, err = d.store.UpdateSandbox(ctx, id, setPolicy(string(b))); err != nil {
+		return nil, err
+	}
+	if d.net != nil {
+		if _, attached := d.net.mgr.Get(id); attached {
+			if err := d.net.mgr.UpdatePolicy(ctx, id, pol); err != nil {
+				_, _ = d.store.UpdateSandbox(context.WithoutCancel(ctx), id, setPolicy(prev))
+				return nil, err
+			}
+		}
+	}
+	d.event(ctx, sb, actor, "network", "policy_updated", "", map[string]string{
+		"mode": string(pol.Mode), "allow": joinRules(pol.Allow), "deny": joinRules(pol.Deny)})
+	return d.networkInfo(ctx, sb)
+}
+
+func joinRules(rs []egress.Rule) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = r.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// Network returns a sandbox's policy, address, granted secrets and ports.
+func (d *Daemon) Network(ctx context.Context, owner, id string) (*NetworkInfo, error) {
+	sb, err := d.visible(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	return d.networkInfo(ctx, sb)
+}
+
+func (d *Daemon) networkInfo(_ context.Context, sb *sandbox.Sandbox) (*NetworkInfo, error) {
+	pol, err := policyOf(sb)
+	if err != nil {
+		return nil, err
+	}
+	info := &NetworkInfo{SandboxID: sb.ID, Policy: pol, Ports: portInfos(sb)}
+	if d.net != nil {
+		if att, ok := d.net.mgr.Get(sb.ID); ok {
+			info.Attached, info.IP = true, att.IP.String()
+		}
+	}
+	for _, r := range grantRefs(sb) {
+		info.Secrets = append(info.Secrets, r.Name)
+	}
+	return info, nil
+}
+
+// EgressLog returns a sandbox's egress decisions after seq `after`, oldest
+// first. It is kept after the sandbox is deleted only in the store.
+func (d *Daemon) EgressLog(ctx context.Context, owner, id string, after int64, limit int) ([]store.EgressEntry, error) {
+	if _, err := d.visible(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	if after < 0 || limit < 0 {
+		return nil, errs.Field("after", "after and limit must not be negative")
+	}
+	if d.net != nil {
+		d.flushEgress(ctx)
+	}
+	return d.store.ListEgress(ctx, store.EgressFilter{SandboxID: id, AfterSeq: after, Limit: limit})
+}
+
+// networkExtra is what a fork inherits of its parent's network: the policy
+// and the secret grants (whose placeholders are in the inherited env).
+// Exposed ports are not inherited.
+func networkExtra(parent *sandbox.Sandbox) map[string]string {
+	out := map[string]string{}
+	for _, k := range []string{extraPolicy, extraSecrets} {
+		if v := parent.Extra[k]; v != "" {
+			out[k] = v
+		}
+	}
+	return out
+}

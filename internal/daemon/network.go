@@ -1,0 +1,411 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/egress"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/network"
+	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// NetworkOptions configures sandbox networking (StartNetwork). Without
+// StartNetwork every sandbox gets an empty network namespace: deny-all is
+// the only policy such a server can honour.
+type NetworkOptions struct {
+	// Network is the bridge/subnet/nftables layout; StateDir defaults to
+	// DATA_DIR/network. Egress is filled in by StartNetwork.
+	Network network.Config
+	// UpstreamCA is a PEM bundle the proxy trusts for upstream TLS besides
+	// the host's trust store (berth serve --upstream-ca).
+	UpstreamCA string
+	// HostsFile is read by the egress resolver before the host's resolver
+	// (default /etc/hosts).
+	HostsFile string
+	// DefaultMode is the policy of sandboxes created without one: deny-all
+	// (default) or allow-all.
+	DefaultMode egress.Mode
+}
+
+// Paths inside a sandbox where berth's egress CA is installed.
+const (
+	caInSandbox     = "/usr/local/share/ca-certificates/berth-egress.crt"
+	caBundleInRoot  = "etc/ssl/certs/ca-certificates.crt"
+	resolvInSandbox = "/etc/resolv.conf"
+)
+
+// Keys of sandbox.Extra owned by the network feature.
+const (
+	extraPolicy  = "network_policy" // egress.MarshalPolicy JSON
+	extraSecrets = "secrets"        // JSON []grantRef
+	extraPorts   = "ports"          // JSON map[port]portEntry
+)
+
+// netState is the daemon's network: namespaces, the egress proxy, berth's
+// CA and the sealer of secrets.
+type netState struct {
+	mgr    *network.Manager
+	px     *egress.Proxy
+	ca     *egress.CA
+	sealer *egress.Sealer
+	def    egress.Mode
+
+	mu      sync.Mutex
+	owners  map[string]string // sandbox id → owner, for log entries
+	pending []store.EgressEntry
+	dropped int
+}
+
+const maxPendingEgress = 20000
+
+// StartNetwork sets up the bridge and ruleset, starts the egress proxy under
+// supervision and the egress log writer. Call it before Reconcile.
+func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
+	switch o.DefaultMode {
+	case "":
+		o.DefaultMode = egress.DenyAll
+	case egress.DenyAll, egress.AllowAll:
+	default:
+		return errs.Field("default_network", "must be deny-all or allow-all, got %q", o.DefaultMode)
+	}
+	if o.Network.StateDir == "" {
+		o.Network.StateDir = filepath.Join(d.cfg.DataDir, "network")
+	}
+	egressDir := filepath.Join(d.cfg.DataDir, "egress")
+	ca, err := egress.LoadOrCreateCA(egressDir)
+	if err != nil {
+		return err
+	}
+	sealer, err := egress.LoadOrCreateSealer(egressDir)
+	if err != nil {
+		return err
+	}
+	ns := &netState{ca: ca, sealer: sealer, def: o.DefaultMode, owners: map[string]string{}}
+	ncfg := o.Network
+	ncfg.Log = d.log
+	// The subnet must be final before the proxy is built (it is blocked there).
+	if !ncfg.Subnet.IsValid() {
+		ncfg.Subnet = netip.MustParsePrefix("10.88.0.0/16")
+	}
+	eff := ncfg
+	px, err := egress.New(egress.Config{
+		ProxyAddr: eff.ProxyAddr(), DNSAddr: eff.DNSAddr(), CA: ca, ExtraCAFile: o.UpstreamCA,
+		HostsFile: o.HostsFile, Blocked: []netip.Prefix{eff.Subnet}, Sink: ns.sink, Log: d.log,
+	})
+	if err != nil {
+		return err
+	}
+	ncfg.Egress = px
+	mgr, err := network.New(ncfg)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Setup(ctx); err != nil {
+		return err
+	}
+	ns.mgr, ns.px = mgr, px
+	d.net = ns
+	d.goBackground("egress-proxy", d.superviseProxy)
+	d.goBackground("egress-log", d.egressLogLoop)
+	d.goBackground("egress-inflight", d.feedEgress)
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := px.WaitReady(rctx); err != nil {
+		d.log.Error("egress proxy not ready; sandboxes have no egress until it is", "err", err)
+	}
+	d.log.Info("network ready", "bridge", mgr.Config().BridgeName, "subnet", eff.Subnet.String(), "proxy", eff.ProxyAddr().String(),
+		"default_network", string(o.DefaultMode))
+	return nil
+}
+
+// superviseProxy keeps the egress proxy running. While it is down the
+// nftables rules still steer sandbox traffic to its port, where nothing
+// listens: connections are refused (fail closed).
+func (d *Daemon) superviseProxy(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for {
+		start := time.Now()
+		err := runProxy(ctx, d.net.px)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > 30*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		d.log.Error("egress proxy stopped; restarting", "err", err, "backoff", backoff.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// runProxy runs px until it returns, turning a panic into an error so the
+// supervisor restarts it.
+func runProxy(ctx context.Context, px *egress.Proxy) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("egress proxy panicked: %v", r)
+		}
+	}()
+	if err := px.Run(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() == nil {
+		return errors.New("egress proxy returned")
+	}
+	return nil
+}
+
+// sink receives the proxy's decisions; it never blocks.
+func (n *netState) sink(dec egress.Decision) {
+	e := store.EgressEntry{SandboxID: dec.SandboxID, Time: dec.Time, Proto: dec.Proto, DstPort: int(dec.DstPort),
+		Host: dec.Host, Rule: dec.Rule, Verdict: dec.Verdict, Reason: dec.Reason, Intercepted: dec.Intercepted,
+		BytesOut: dec.BytesOut, BytesIn: dec.BytesIn, Duration: dec.Duration}
+	if dec.DstIP.IsValid() {
+		e.DstIP = dec.DstIP.String()
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e.Owner = n.owners[dec.SandboxID]
+	if len(n.pending) >= maxPendingEgress {
+		n.dropped++
+		return
+	}
+	n.pending = append(n.pending, e)
+}
+
+func (d *Daemon) egressLogLoop(ctx context.Context) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			d.flushEgress(fctx)
+			cancel()
+			return
+		case <-t.C:
+			d.flushEgress(ctx)
+		}
+	}
+}
+
+// flushEgress writes pending decisions to the store.
+func (d *Daemon) flushEgress(ctx context.Context) {
+	n := d.net
+	n.mu.Lock()
+	batch, dropped := n.pending, n.dropped
+	n.pending, n.dropped = nil, 0
+	n.mu.Unlock()
+	if dropped > 0 {
+		d.log.Warn("egress log overflow: decisions dropped", "count", dropped)
+	}
+	if len(batch) == 0 {
+		return
+	}
+	if err := d.store.AppendEgress(ctx, batch); err != nil {
+		d.log.Error("persist egress log", "err", err, "entries", len(batch))
+	}
+}
+
+// feedEgress tells the reaper, once a second, how many outbound
+// connections each attached sandbox has open (NoteEgress).
+func (d *Daemon) feedEgress(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.net.mu.Lock()
+		ids := make([]string, 0, len(d.net.owners))
+		for id := range d.net.owners {
+			ids = append(ids, id)
+		}
+		d.net.mu.Unlock()
+		for _, id := range ids {
+			if _, ok := d.net.mgr.Get(id); ok {
+				d.NoteEgress(id, d.net.px.InFlight(id))
+			} else {
+				d.NoteEgress(id, 0)
+			}
+		}
+	}
+}
+
+// netnsPath is the network namespace a sandbox's spec joins: its attachment,
+// or none (the runtime then gives it an empty namespace).
+func (d *Daemon) netnsPath(sb *sandbox.Sandbox) string {
+	if d.net != nil {
+		if att, ok := d.net.mgr.Get(sb.ID); ok {
+			return att.NetNSPath
+		}
+	}
+	return sb.Extra["netns_path"]
+}
+
+func (d *Daemon) netDir(id string) string { return filepath.Join(d.sandboxDir(id), "net") }
+
+// netMounts are the read-only files the network puts into an attached
+// sandbox: its resolv.conf and berth's egress CA.
+func (d *Daemon) netMounts(sb *sandbox.Sandbox) []runtime.Mount {
+	if d.net == nil {
+		return nil
+	}
+	if _, ok := d.net.mgr.Get(sb.ID); !ok {
+		return nil
+	}
+	dir := d.netDir(sb.ID)
+	return []runtime.Mount{
+		{Source: filepath.Join(dir, "resolv.conf"), Target: resolvInSandbox, ReadOnly: true},
+		{Source: filepath.Join(dir, "berth-egress.crt"), Target: caInSandbox, ReadOnly: true},
+	}
+}
+
+// netUp attaches a sandbox to the network with its stored policy (or keeps
+// an attachment that survived a memory pause), registers its credential
+// grants and prepares the files netMounts mounts. root is the sandbox's
+// mounted root filesystem.
+func (d *Daemon) netUp(ctx context.Context, sb *sandbox.Sandbox, root string) error {
+	pol, err := policyOf(sb)
+	if err != nil {
+		return err
+	}
+	if d.net == nil {
+		if pol.Mode != egress.DenyAll {
+			return errs.E(errs.FailedPrecondition, "sandbox %s has network policy %s, but networking is disabled on this server", sb.ID, pol.Mode)
+		}
+		return nil
+	}
+	n := d.net
+	n.mu.Lock()
+	n.owners[sb.ID] = sb.Owner
+	n.mu.Unlock()
+	att, ok := n.mgr.Get(sb.ID)
+	if ok {
+		if err := n.mgr.UpdatePolicy(ctx, sb.ID, pol); err != nil {
+			return err
+		}
+	} else if att, err = n.mgr.Attach(ctx, sb.ID, pol); err != nil {
+		return err
+	}
+	if err := d.applyGrants(ctx, sb); err != nil {
+		return err
+	}
+	dir := d.netDir(sb.ID)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return errs.Wrap(errs.Internal, err, "create %s", dir)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(att.ResolvConf), 0o644); err != nil {
+		return errs.Wrap(errs.Internal, err, "write resolv.conf")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "berth-egress.crt"), n.ca.PEM(), 0o644); err != nil {
+		return errs.Wrap(errs.Internal, err, "write egress CA")
+	}
+	if root != "" {
+		if err := appendCA(root, caBundleInRoot, n.ca.PEM()); err != nil {
+			d.log.Warn("could not add the egress CA to the sandbox's trust bundle", "sandbox_id", sb.ID, "err", err)
+		}
+	}
+	return nil
+}
+
+// netDown detaches a sandbox from the network (stop, disk pause, delete).
+func (d *Daemon) netDown(ctx context.Context, sb *sandbox.Sandbox) error {
+	if d.net == nil {
+		return nil
+	}
+	d.net.mu.Lock()
+	delete(d.net.owners, sb.ID)
+	d.net.mu.Unlock()
+	d.NoteEgress(sb.ID, 0)
+	return d.net.mgr.Detach(ctx, sb.ID)
+}
+
+// appendCA adds pem to the trust bundle at rel inside root if the bundle
+// exists and lacks it. The path is resolved inside root (RESOLVE_IN_ROOT):
+// the workspace is the sandbox's to change, symlinks included, and must
+// never make the daemon write outside it.
+func appendCA(root, rel string, pem []byte) error {
+	dfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat2(dfd, rel, &unix.OpenHow{Flags: unix.O_RDWR | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), rel)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() || st.Size() > 16<<20 {
+		return errors.Join(err, errors.New("not a regular file of sane size"))
+	}
+	b := make([]byte, st.Size())
+	if _, err := f.ReadAt(b, 0); err != nil && st.Size() > 0 {
+		return err
+	}
+	if strings.Contains(string(b), strings.TrimSpace(string(pem))) {
+		return nil
+	}
+	add := pem
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		add = append([]byte("\n"), pem...)
+	}
+	_, err = f.WriteAt(add, st.Size())
+	return err
+}
+
+// reconcileNetwork runs after Reconcile settled every sandbox: attachments
+// of sandboxes that no longer run are removed, and the policies and grants
+// of those that do are registered again (grants live in memory only).
+func (d *Daemon) reconcileNetwork(ctx context.Context) error {
+	if d.net == nil {
+		return nil
+	}
+	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil {
+		return err
+	}
+	var live []string
+	var keep []*sandbox.Sandbox
+	for _, sb := range all {
+		switch sb.State {
+		case sandbox.Stopped, sandbox.Failed, sandbox.Deleted:
+			continue
+		}
+		if _, ok := d.net.mgr.Get(sb.ID); ok {
+			live = append(live, sb.ID)
+			keep = append(keep, sb)
+		}
+	}
+	errList := []error{d.net.mgr.Reconcile(ctx, live)}
+	for _, sb := range keep {
+		if err := d.netUp(ctx, sb, ""); err != nil {
+			errList = append(errList, fmt.Errorf("sandbox %s: %w", sb.ID, err))
+		}
+	}
+	return errors.Join(errList...)
+}

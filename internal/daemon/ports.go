@@ -1,0 +1,176 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"net"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// PortInfo is an exposed sandbox port.
+type PortInfo struct {
+	Port      int       `json:"port"`
+	Token     bool      `json:"token"` // a per-port token also grants access
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// portEntry is the persisted form (Extra["ports"]); only the token's hash.
+type portEntry struct {
+	TokenHash string    `json:"token_hash,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func portEntries(sb *sandbox.Sandbox) map[string]portEntry {
+	m := map[string]portEntry{}
+	_ = json.Unmarshal([]byte(sb.Extra[extraPorts]), &m)
+	return m
+}
+
+func portInfos(sb *sandbox.Sandbox) []PortInfo {
+	var out []PortInfo
+	for k, e := range portEntries(sb) {
+		n, _ := strconv.Atoi(k)
+		out = append(out, PortInfo{Port: n, Token: e.TokenHash != "", CreatedAt: e.CreatedAt})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
+	return out
+}
+
+func tokenHash(tok string) string {
+	h := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(h[:])
+}
+
+func parsePort(port string) (int, error) {
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return 0, errs.Field("port", "must be 1-65535, got %q", port)
+	}
+	return n, nil
+}
+
+// ExposePort opens a sandbox port through berth's HTTP proxy. With
+// withToken a fresh per-port token (returned once, stored hashed) grants
+// access besides the owner's key; exposing again replaces the token.
+func (d *Daemon) ExposePort(ctx context.Context, owner, id string, port int, withToken bool) (PortInfo, string, error) {
+	if d.net == nil {
+		return PortInfo{}, "", errs.E(errs.FailedPrecondition, "networking is disabled on this server: ports cannot be exposed")
+	}
+	if port < 1 || port > 65535 {
+		return PortInfo{}, "", errs.Field("port", "must be 1-65535, got %d", port)
+	}
+	if _, err := d.visible(ctx, owner, id); err != nil {
+		return PortInfo{}, "", err
+	}
+	tok := ""
+	e := portEntry{CreatedAt: d.cfg.Now().UTC()}
+	if withToken {
+		tok = "bpt_" + newToken()
+		e.TokenHash = tokenHash(tok)
+	}
+	sb, err := d.store.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
+		m := portEntries(s)
+		m[strconv.Itoa(port)] = e
+		b, _ := json.Marshal(m)
+		if s.Extra == nil {
+			s.Extra = map[string]string{}
+		}
+		s.Extra[extraPorts] = string(b)
+		return nil
+	})
+	if err != nil {
+		return PortInfo{}, "", err
+	}
+	d.event(ctx, sb, owner, "network", "port_exposed", "", map[string]string{"port": strconv.Itoa(port), "token": strconv.FormatBool(withToken)})
+	return PortInfo{Port: port, Token: withToken, CreatedAt: e.CreatedAt}, tok, nil
+}
+
+// ClosePort stops exposing a port (NotFound if it was not exposed).
+func (d *Daemon) ClosePort(ctx context.Context, owner, id string, port int) error {
+	sb, err := d.visible(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	if _, ok := portEntries(sb)[strconv.Itoa(port)]; !ok {
+		return errs.E(errs.NotFound, "port %d of sandbox %s is not exposed", port, id)
+	}
+	sb, err = d.store.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
+		m := portEntries(s)
+		delete(m, strconv.Itoa(port))
+		b, _ := json.Marshal(m)
+		s.Extra[extraPorts] = string(b)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	d.event(ctx, sb, owner, "network", "port_closed", "", map[string]string{"port": strconv.Itoa(port)})
+	return nil
+}
+
+// Ports lists a sandbox's exposed ports.
+func (d *Daemon) Ports(ctx context.Context, owner, id string) ([]PortInfo, error) {
+	sb, err := d.visible(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	return portInfos(sb), nil
+}
+
+// AuthorizePort decides whether a request may reach port of sandbox id:
+// the owner's (or the admin) API key, or the port's token. A port that is
+// not exposed, or a sandbox the caller cannot see, is NotFound.
+func (d *Daemon) AuthorizePort(ctx context.Context, apiKey, token, id, port string) error {
+	n, err := parsePort(port)
+	if err != nil {
+		return err
+	}
+	sb, err := d.visible(ctx, "", id)
+	if err != nil {
+		return err
+	}
+	e, ok := portEntries(sb)[strconv.Itoa(n)]
+	if !ok {
+		return errs.E(errs.NotFound, "port %d of sandbox %s is not exposed", n, id)
+	}
+	if apiKey != "" {
+		if p, err := d.Authenticate(ctx, apiKey); err == nil && (p.Admin || p.Owner == sb.Owner) {
+			return d.portReady(sb)
+		}
+	}
+	if token != "" && e.TokenHash != "" &&
+		subtle.ConstantTimeCompare([]byte(tokenHash(token)), []byte(e.TokenHash)) == 1 {
+		return d.portReady(sb)
+	}
+	if apiKey == "" && token == "" {
+		return errs.E(errs.Unauthenticated, "port %d of sandbox %s needs the owner's API key or the port's token (?token=)", n, id)
+	}
+	return errs.E(errs.PermissionDenied, "this key or token does not grant port %d of sandbox %s", n, id)
+}
+
+func (d *Daemon) portReady(sb *sandbox.Sandbox) error {
+	if sb.State != sandbox.Running {
+		return errs.E(errs.Unavailable, "sandbox %s is %s, not running", sb.ID, sb.State)
+	}
+	return nil
+}
+
+// DialPort connects to a sandbox port from the host (after AuthorizePort).
+func (d *Daemon) DialPort(ctx context.Context, id, port string) (net.Conn, error) {
+	n, err := parsePort(port)
+	if err != nil {
+		return nil, err
+	}
+	if d.net == nil {
+		return nil, errs.E(errs.FailedPrecondition, "networking is disabled on this server")
+	}
+	return d.net.mgr.DialSandbox(ctx, id, uint16(n))
+}

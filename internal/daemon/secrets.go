@@ -1,0 +1,148 @@
+package daemon
+
+import (
+	"context"
+	"regexp"
+	"time"
+
+	"github.com/berth-dev/berth/internal/egress"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// SecretInfo is a secret as the API shows it: never its value.
+type SecretInfo struct {
+	Name      string    `json:"name"`
+	Host      string    `json:"host"`
+	Header    string    `json:"header"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// DefaultSecretHeader is the header template when none is given.
+const DefaultSecretHeader = "Authorization: Bearer {{value}}"
+
+// A secret's name is the env var that holds its placeholder in a sandbox.
+var secretNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+
+func secretAAD(owner, name string) []byte { return []byte(owner + "/" + name) }
+
+func infoOf(s store.Secret) SecretInfo {
+	return SecretInfo{Name: s.Name, Host: s.Host, Header: s.Header, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}
+}
+
+// PutSecret stores (or replaces) owner's secret, sealed at rest. Running
+// sandboxes it is granted to use the new value from their next request.
+func (d *Daemon) PutSecret(ctx context.Context, owner, name, host, header string, value []byte) (SecretInfo, error) {
+	if d.net == nil {
+		return SecretInfo{}, errs.E(errs.FailedPrecondition, "networking is disabled on this server: secrets cannot be used")
+	}
+	if !secretNameRe.MatchString(name) {
+		return SecretInfo{}, errs.Field("name", "must be an env var name ([A-Za-z_][A-Za-z0-9_]*, up to 64), got %q", name)
+	}
+	if header == "" {
+		header = DefaultSecretHeader
+	}
+	if len(value) == 0 {
+		return SecretInfo{}, errs.Field("value", "must not be empty")
+	}
+	// Validate as the proxy will use it.
+	g := egress.Grant{Name: name, Host: host, HeaderTemplate: header, Value: string(value), Placeholder: egress.NewPlaceholder(name)}
+	if err := g.Validate(); err != nil {
+		return SecretInfo{}, err
+	}
+	if r, err := egress.ParseRule(host); err != nil || r.Kind != egress.RuleHost || r.Port != 0 {
+		return SecretInfo{}, errs.Field("host", "must be a hostname without port or wildcard, got %q", host)
+	}
+	sealed, err := d.net.sealer.Seal(value, secretAAD(owner, name))
+	if err != nil {
+		return SecretInfo{}, err
+	}
+	stored, err := d.store.PutSecret(ctx, store.Secret{Owner: owner, Name: name, Host: host, Header: header,
+		Sealed: sealed, UpdatedAt: d.cfg.Now()})
+	if err != nil {
+		return SecretInfo{}, err
+	}
+	d.refreshGrants(ctx, owner, name)
+	return infoOf(stored), nil
+}
+
+// ListSecrets lists owner's secrets ("" = every owner).
+func (d *Daemon) ListSecrets(ctx context.Context, owner string) ([]SecretInfo, error) {
+	list, err := d.store.ListSecrets(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]SecretInfo, 0, len(list))
+	for _, s := range list {
+		out = append(out, infoOf(s))
+	}
+	return out, nil
+}
+
+// DeleteSecret removes owner's secret; sandboxes it was granted to stop
+// getting it injected at once.
+func (d *Daemon) DeleteSecret(ctx context.Context, owner, name string) error {
+	if err := d.store.DeleteSecret(ctx, owner, name); err != nil {
+		return err
+	}
+	d.refreshGrants(ctx, owner, name)
+	return nil
+}
+
+// grants opens the secrets granted to sb. A secret deleted since it was
+// granted is skipped: its placeholder then reaches the server unreplaced.
+func (d *Daemon) grants(ctx context.Context, sb *sandbox.Sandbox) ([]egress.Grant, error) {
+	var out []egress.Grant
+	for _, ref := range grantRefs(sb) {
+		sec, err := d.store.GetSecret(ctx, sb.Owner, ref.Name)
+		if errs.Is(err, errs.NotFound) {
+			d.log.Warn("granted secret no longer exists", "sandbox_id", sb.ID, "secret", ref.Name)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		val, err := d.net.sealer.Open(sec.Sealed, secretAAD(sec.Owner, sec.Name))
+		if err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "open secret %s", ref.Name)
+		}
+		out = append(out, egress.Grant{Name: ref.Name, Host: sec.Host, HeaderTemplate: sec.Header,
+			Value: string(val), Placeholder: ref.Placeholder})
+	}
+	return out, nil
+}
+
+// applyGrants registers sb's grants with the proxy (after Attach, and again
+// after a daemon restart: grants live in memory only).
+func (d *Daemon) applyGrants(ctx context.Context, sb *sandbox.Sandbox) error {
+	gs, err := d.grants(ctx, sb)
+	if err != nil {
+		return err
+	}
+	return d.net.px.SetGrants(sb.ID, gs)
+}
+
+// refreshGrants re-registers the grants of owner's attached sandboxes that
+// were granted secret name.
+func (d *Daemon) refreshGrants(ctx context.Context, owner, name string) {
+	list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{Owner: owner})
+	if err != nil {
+		d.log.Error("refresh grants", "owner", owner, "err", err)
+		return
+	}
+	for _, sb := range list {
+		if _, ok := d.net.mgr.Get(sb.ID); !ok {
+			continue
+		}
+		for _, ref := range grantRefs(sb) {
+			if ref.Name == name {
+				if err := d.applyGrants(ctx, sb); err != nil {
+					d.log.Error("refresh grants", "sandbox_id", sb.ID, "err", err)
+				}
+				break
+			}
+		}
+	}
+}

@@ -1,0 +1,222 @@
+package server
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// NetworkRequest is the body of PUT /v1/sandboxes/{id}/net: the new policy.
+type NetworkRequest struct {
+	Mode  string   `json:"mode,omitempty"` // deny-all | allow-all | rules; "" = server default
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+}
+
+func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	info, err := s.d.Network(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, info)
+	return nil
+}
+
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req NetworkRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	pol, err := s.d.BuildPolicy(req.Mode, req.Allow, req.Deny)
+	if err != nil {
+		return err
+	}
+	info, err := s.d.SetNetworkPolicy(r.Context(), owner(r, p), r.PathValue("id"), p.Owner, pol)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, info)
+	return nil
+}
+
+// EgressEntry is one egress log entry in the API.
+type EgressEntry struct {
+	Seq         int64     `json:"seq"`
+	Time        time.Time `json:"time"`
+	Proto       string    `json:"proto"`
+	DstIP       string    `json:"dst_ip,omitempty"`
+	DstPort     int       `json:"dst_port,omitempty"`
+	Host        string    `json:"host,omitempty"`
+	Verdict     string    `json:"verdict"`
+	Rule        string    `json:"rule"`
+	Reason      string    `json:"reason,omitempty"`
+	Intercepted bool      `json:"intercepted,omitempty"`
+	BytesOut    int64     `json:"bytes_out"`
+	BytesIn     int64     `json:"bytes_in"`
+	DurationMS  int64     `json:"duration_ms"`
+}
+
+// EgressLogResponse is the body of GET /v1/sandboxes/{id}/net/log.
+type EgressLogResponse struct {
+	Entries []EgressEntry `json:"entries"`
+	// Next is the `after` of the following page (the last seq returned).
+	Next int64 `json:"next"`
+}
+
+func (s *Server) egressLog(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	q := r.URL.Query()
+	var after int64
+	limit := 1000
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return errs.Field("after", "must be a non-negative integer")
+		}
+		after = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return errs.Field("limit", "must be a non-negative integer")
+		}
+		limit = n
+	}
+	list, err := s.d.EgressLog(r.Context(), owner(r, p), r.PathValue("id"), after, limit)
+	if err != nil {
+		return err
+	}
+	out := EgressLogResponse{Entries: make([]EgressEntry, 0, len(list)), Next: after}
+	for _, e := range list {
+		out.Entries = append(out.Entries, EgressEntry{Seq: e.Seq, Time: e.Time, Proto: e.Proto, DstIP: e.DstIP,
+			DstPort: e.DstPort, Host: e.Host, Verdict: e.Verdict, Rule: e.Rule, Reason: e.Reason,
+			Intercepted: e.Intercepted, BytesOut: e.BytesOut, BytesIn: e.BytesIn, DurationMS: e.Duration.Milliseconds()})
+		out.Next = e.Seq
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// PortRequest is the body of POST /v1/sandboxes/{id}/ports.
+type PortRequest struct {
+	Port  int  `json:"port"`
+	Token bool `json:"token,omitempty"`
+}
+
+// PortResponse says where an exposed port is reachable.
+type PortResponse struct {
+	daemon.PortInfo
+	URL         string `json:"url"`
+	AccessToken string `json:"access_token,omitempty"` // shown once
+}
+
+func portURL(r *http.Request, id string, port int) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host + "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/"
+}
+
+func (s *Server) exposePort(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req PortRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	info, tok, err := s.d.ExposePort(r.Context(), owner(r, p), id, req.Port, req.Token)
+	if err != nil {
+		return err
+	}
+	resp := PortResponse{PortInfo: info, URL: portURL(r, id, info.Port), AccessToken: tok}
+	if tok != "" {
+		resp.URL += "?token=" + url.QueryEscape(tok)
+	}
+	writeJSON(w, http.StatusCreated, resp)
+	return nil
+}
+
+func (s *Server) listPorts(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	id := r.PathValue("id")
+	list, err := s.d.Ports(r.Context(), owner(r, p), id)
+	if err != nil {
+		return err
+	}
+	out := make([]PortResponse, 0, len(list))
+	for _, pi := range list {
+		out = append(out, PortResponse{PortInfo: pi, URL: portURL(r, id, pi.Port)})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ports": out})
+	return nil
+}
+
+func (s *Server) closePort(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	n, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil {
+		return errs.Field("port", "must be 1-65535")
+	}
+	if err := s.d.ClosePort(r.Context(), owner(r, p), r.PathValue("id"), n); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// portTokenHeader carries a port token as an alternative to ?token=.
+const portTokenHeader = "X-Berth-Port-Token"
+
+// portProxy relays any request under /v1/sandboxes/{id}/ports/{port}/ to
+// that port of the sandbox. It authenticates itself (owner's key or the
+// port's token) and strips berth's credentials before relaying.
+func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
+	id, port := r.PathValue("id"), r.PathValue("port")
+	token := r.URL.Query().Get("token")
+	if token == "" {
+		token = r.Header.Get(portTokenHeader)
+	}
+	key := apiKey(r)
+	if err := s.d.AuthorizePort(r.Context(), key, token, id, port); err != nil {
+		writeError(w, err)
+		return
+	}
+	prefix := "/v1/sandboxes/" + id + "/ports/" + port
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			out := pr.Out
+			out.URL.Scheme, out.URL.Host = "http", "sandbox:"+port
+			out.URL.Path = strings.TrimPrefix(pr.In.URL.Path, prefix)
+			out.URL.RawPath = strings.TrimPrefix(pr.In.URL.RawPath, prefix)
+			q := out.URL.Query()
+			q.Del("token")
+			out.URL.RawQuery = q.Encode()
+			out.Host = pr.In.Host
+			out.Header.Del("X-API-Key")
+			out.Header.Del(portTokenHeader)
+			if key != "" && strings.HasPrefix(out.Header.Get("Authorization"), "Bearer "+key) {
+				out.Header.Del("Authorization")
+			}
+			pr.SetXForwarded()
+		},
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return s.d.DialPort(ctx, id, port)
+			},
+			DisableKeepAlives:     true,
+			ResponseHeaderTimeout: 5 * time.Minute,
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errs.KindOf(err) == errs.Internal {
+				err = errs.Wrap(errs.Unavailable, err, "sandbox %s port %s", id, port)
+			}
+			writeError(w, err)
+		},
+	}
+	rp.ServeHTTP(w, r)
+}

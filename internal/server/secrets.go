@@ -1,0 +1,69 @@
+package server
+
+import (
+	"net/http"
+
+	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
+)
+
+// SecretRequest is the body of PUT /v1/secrets/{name}.
+type SecretRequest struct {
+	Host   string `json:"host"`
+	Header string `json:"header,omitempty"` // default "Authorization: Bearer {{value}}"
+	Value  string `json:"value"`
+}
+
+// secretOwner is whose secrets a request manages: the key's owner, or for
+// the admin key ?owner= (default: the admin's own).
+func secretOwner(r *http.Request, p daemon.Principal) (string, error) {
+	if o := r.URL.Query().Get("owner"); o != "" {
+		if !p.Admin && o != p.Owner {
+			return "", errs.Field("owner", "only the admin key may manage another owner's secrets")
+		}
+		return o, nil
+	}
+	return p.Owner, nil
+}
+
+func (s *Server) putSecret(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	var req SecretRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	own, err := secretOwner(r, p)
+	if err != nil {
+		return err
+	}
+	info, err := s.d.PutSecret(r.Context(), own, r.PathValue("name"), req.Host, req.Header, []byte(req.Value))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, info)
+	return nil
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	own, err := secretOwner(r, p)
+	if err != nil {
+		return err
+	}
+	list, err := s.d.ListSecrets(r.Context(), own)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"secrets": list})
+	return nil
+}
+
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	own, err := secretOwner(r, p)
+	if err != nil {
+		return err
+	}
+	if err := s.d.DeleteSecret(r.Context(), own, r.PathValue("name")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
