@@ -91,7 +91,7 @@ CREATE TABLE settings (
 `,
 	// 2: look up sandboxes by their envd access token (E2B's old-SDK routing).
 	`CREATE INDEX sandboxes_access_token ON sandboxes (access_token);`,
-	// snapshots (a sandbox's filesystem as a layer, optionally a memory image).
+	// 3: snapshots (a sandbox's filesystem as a layer, optionally a memory image).
 	`
 CREATE TABLE snapshots (
 	id             TEXT PRIMARY KEY,
@@ -109,7 +109,7 @@ CREATE TABLE snapshots (
 CREATE INDEX snapshots_owner ON snapshots (owner, created_at, id);
 CREATE UNIQUE INDEX snapshots_owner_name ON snapshots (owner, name) WHERE name != '';
 `,
-	// N: metering (per-sandbox cursor and lifetime row, hourly usage buckets)
+	// 4: metering (per-sandbox cursor and lifetime row, hourly usage buckets)
 	// and per-owner quotas set through the admin API.
 	`
 CREATE TABLE usage (
@@ -154,7 +154,7 @@ CREATE TABLE quotas (
 	snapshots  INTEGER NOT NULL
 ) STRICT;
 `,
-	// 3: egress log (every network decision, queryable after a restart) and
+	// 5: egress log (every network decision, queryable after a restart) and
 	// secrets (values sealed by the daemon; never plaintext).
 	`
 CREATE TABLE egress_log (
