@@ -48,11 +48,11 @@ func register(name, usage string, run func(e *env, args []string) error) {
 func init() {
 	// The verb table is data, assembled in one place so `berth help` lists it.
 	register("serve", "serve [--data-dir DIR] [--listen ADDR] [--config FILE] [--runtime runc|runsc]", runServe)
-	register("create", "create [--template T] [--runtime R] [--ttl D] [--cpu N] [--memory MiB] [--disk MiB] [--label k=v]... [--env K=V]... [--expiry-action stop|delete|pause] [--workstation] [--auto-resume] [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... [--secret NAME]... [--owner O] [--json]", runCreate)
+	register("create", "create [--template T | --from-snapshot S] [--runtime R] [--ttl D] [--cpu N] [--memory MiB] [--disk MiB] [--pids N] [--label k=v]... [--env K=V]... [--expiry-action stop|delete|pause] [--workstation] [--auto-resume] [--idle-policy P|never] [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... [--secret NAME]... [--owner O] [--json]", runCreate)
 	register("ls", "ls [--state S] [--label k=v]... [--owner O] [--json]", runList)
 	register("inspect", "inspect ID", runInspect)
 	register("exec", "exec [-i] [-t] [--env K=V]... [--cwd DIR] [--user U] [--timeout D] ID -- CMD...", runExec)
-	register("cp", "cp SRC DST   (either side may be ID:/path)", runCp)
+	register("cp", "cp [--user U] SRC DST   (either side may be ID:/path; - is stdin/stdout)", runCp)
 	register("stop", "stop ID", runStop)
 	register("start", "start ID", runStart)
 	register("rm", "rm [-f] ID...", runRm)
