@@ -231,6 +231,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 			}
 		}
 	}()
+	t0 := time.Now()
 	var root string
 	if _, statErr := os.Stat(filepath.Join(dir, "disk.img")); statErr == nil {
 		root, err = rootfs.Remount(ctx, dir, lowers)
@@ -245,9 +246,11 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if err := d.writeEnv(sb); err != nil {
 		return err
 	}
+	t1 := time.Now()
 	if err := d.netUp(ctx, sb, root); err != nil {
 		return err
 	}
+	t2 := time.Now()
 	undo = append(undo, func(c context.Context) error { return d.netDown(c, sb) })
 	_ = os.Remove(d.socketPath(sb.ID))
 	spec := d.spec(sb, tpl, root)
@@ -255,6 +258,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 		return errs.Wrap(errs.Internal, err, "start sandbox")
 	}
 	undo = append(undo, func(c context.Context) error { return rt.Delete(c, sb.ID) })
+	t3 := time.Now()
 
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
 	defer cancel()
@@ -262,8 +266,12 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if _, err := d.client(sb.ID).WaitReady(wctx, 20*time.Millisecond); err != nil {
 		return errs.Wrap(errs.Unavailable, err, "agent did not become ready within %s", d.cfg.ReadyTimeout)
 	}
+	d.log.Debug("sandbox booted", "sandbox_id", sb.ID, "runtime", sb.Runtime,
+		"fs_ms", ms(t1.Sub(t0)), "net_ms", ms(t2.Sub(t1)), "run_ms", ms(t3.Sub(t2)), "ready_ms", ms(time.Since(t3)))
 	return nil
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // spec computes the runtime spec for a sandbox: pure data.
 func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) runtime.Spec {
