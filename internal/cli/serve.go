@@ -134,6 +134,7 @@ func runServe(e *env, args []string) error {
 		}
 	}
 	applyNetFlags(&cfg.NetworkServeConfig)
+	deriveNetwork(cfg.DataDir, &cfg.NetworkServeConfig)
 	if *noBuild {
 		cfg.BuildDefault = false
 	}

@@ -2,9 +2,13 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"flag"
+	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/egress"
@@ -100,4 +104,49 @@ func startNetwork(ctx context.Context, d *daemon.Daemon, c NetworkServeConfig) e
 	}
 	return d.StartNetwork(ctx, daemon.NetworkOptions{Network: ncfg, UpstreamCA: c.UpstreamCA, HostsFile: c.EgressHosts,
 		DefaultMode: egress.Mode(c.DefaultNetwork)})
+}
+
+// deriveNetwork gives a server whose data dir is not the default its own
+// bridge, nftables table, veth prefix and /24 subnet, derived from the data
+// dir's path (stable across restarts, so reconciliation finds its own).
+// Two servers on one host (a test server next to the real one, a bench
+// --self run) then never share a bridge, a table or a proxy address.
+// Explicit settings always win.
+func deriveNetwork(dataDir string, c *NetworkServeConfig) {
+	if filepath.Clean(dataDir) == defaultDataDir {
+		return
+	}
+	h := sha256.Sum256([]byte(filepath.Clean(dataDir)))
+	tag := hex.EncodeToString(h[:3])
+	if c.Bridge == "" {
+		c.Bridge = "bb" + tag // 8 chars; interface names stop at 15
+	}
+	if c.Table == "" {
+		c.Table = "berth_" + tag
+	}
+	if c.VethPrefix == "" {
+		c.VethPrefix = "v" + tag[:3]
+	}
+	if c.Subnet == "" {
+		// 10.200.0.0/13 carved into /24s, skipping ranges the host uses.
+		for i := 0; i < 64; i++ {
+			n := (uint32(h[3])<<8 | uint32(h[4])) + uint32(i)*7919
+			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + (n>>8)%8), byte(n), 0}), 24)
+			if !hostUses(p) {
+				c.Subnet = p.String()
+				return
+			}
+		}
+	}
+}
+
+// hostUses reports whether any host interface address lies in p.
+func hostUses(p netip.Prefix) bool {
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Overlaps(p) {
+			return true
+		}
+	}
+	return false
 }
