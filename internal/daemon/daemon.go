@@ -85,6 +85,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 func (d *Daemon) Close() {
 	d.cancel()
 	d.wg.Wait()
+	d.releaseNetwork()
 	d.clientsMu.Lock()
 	for _, c := range d.clients {
 		c.Close()

@@ -70,6 +70,30 @@ type netState struct {
 
 const maxPendingEgress = 20000
 
+// releaseNetwork removes the bridge and ruleset at shutdown when no sandbox
+// still has a network namespace on it (running, or frozen). Otherwise they
+// stay: sandboxes outlive the daemon, and the next start adopts them.
+func (d *Daemon) releaseNetwork() {
+	if d.net == nil || d.net.mgr == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	live, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{
+		sandbox.Creating, sandbox.Running, sandbox.Pausing, sandbox.Resuming, sandbox.Paused}})
+	if err != nil {
+		return
+	}
+	for _, sb := range live {
+		if sb.State != sandbox.Paused || sb.PauseActual == sandbox.PauseFreeze {
+			return
+		}
+	}
+	if err := d.net.mgr.Teardown(ctx); err != nil {
+		d.log.Warn("network teardown at shutdown", "err", err)
+	}
+}
+
 // StartNetwork sets up the bridge and ruleset, starts the egress proxy under
 // supervision and the egress log writer. Call it before Reconcile.
 func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
