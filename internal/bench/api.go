@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/server"
 )
@@ -247,4 +248,41 @@ func waitHealthy(ctx context.Context, base string, limit time.Duration) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// Pools is GET /v1/pools (admin key).
+func (c *Client) Pools(ctx context.Context) ([]daemon.PoolStatus, error) {
+	var out []daemon.PoolStatus
+	err := c.Call(ctx, "GET", "/v1/pools", nil, &out)
+	return out, err
+}
+
+// Pool is one template's entry in GET /v1/pools; ok is false when it has none.
+func (c *Client) Pool(ctx context.Context, tpl string) (st daemon.PoolStatus, ok bool, err error) {
+	list, err := c.Pools(ctx)
+	for _, p := range list {
+		if p.Template == tpl {
+			return p, true, err
+		}
+	}
+	return st, false, err
+}
+
+// SetPool is PUT /v1/pools/{template}.
+func (c *Client) SetPool(ctx context.Context, tpl string, req server.PoolRequest) (daemon.PoolStatus, error) {
+	var st daemon.PoolStatus
+	err := c.Call(ctx, "PUT", "/v1/pools/"+url.PathEscape(tpl), req, &st)
+	return st, err
+}
+
+// DeletePool is DELETE /v1/pools/{template}; the server drains its members.
+func (c *Client) DeletePool(ctx context.Context, tpl string) error {
+	return c.Call(ctx, "DELETE", "/v1/pools/"+url.PathEscape(tpl), nil, nil)
+}
+
+// Fork is POST /v1/sandboxes/{id}/fork {"count": n}.
+func (c *Client) Fork(ctx context.Context, id string, n int) (daemon.ForkResult, error) {
+	var res daemon.ForkResult
+	err := c.Call(ctx, "POST", sbPath(id, "fork"), map[string]int{"count": n}, &res)
+	return res, err
 }

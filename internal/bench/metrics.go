@@ -15,7 +15,7 @@ import (
 const (
 	defCreateCold = "Clock starts when POST /v1/sandboxes is sent (no warm pool) and stops when `echo ok`, exec'd through POST /v1/sandboxes/{id}/exec right after the create answered, has streamed back \"ok\" and its exit status. Deletion is outside the clock."
 	defRawRun     = "`RT run` in the foreground of `/bin/echo ok` with the config.json berth generates, over an overlay of the same busybox rootfs on a fresh loop-mounted ext4 workspace; the rootfs is mounted before the clock starts, and the clock stops when the runtime has exited with \"ok\" printed."
-	defCreateWarm = "As create-cold, but the create is served from a warm pool of the same template and runtime, refilled between samples."
+	defCreateWarm = "As create-cold (same request: template, runtime, default resources), but served from a warm pool of 3 of that template and runtime, refilled to 3 outside the clock before every sample; a create not claimed from the pool (no extra.claimed_from_pool) is a failed sample. pool_hits, pool_misses: the pool's counters over the run."
 	defExecRTT    = "Clock starts when POST /v1/sandboxes/{id}/exec of `true` is sent to a running sandbox and stops when its exit event has been read from the stream."
 	defForkExec   = "fork+exec of the host's `true` and wait for its exit (Go os/exec)."
 	defThroughput = "One sample is one sequential cycle: POST /v1/sandboxes (answers when the agent is ready) then DELETE /v1/sandboxes/{id} answered. per_second = 1000 / mean cycle ms."

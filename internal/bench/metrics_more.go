@@ -2,18 +2,25 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/server"
 )
@@ -31,35 +38,207 @@ const (
 	defResumeMem = "Clock starts when POST /v1/sandboxes/{id}/resume of the memory-paused sandbox is sent and stops when a following `echo ok` exec has returned its output; the workload is checked alive afterwards."
 	defRawCkpt   = "The same workload in a raw container; `runsc checkpoint --direct` (runc: CRIU checkpoint, image directory synced), clock around the one command."
 	defRawRest   = "`runsc restore --direct --detach` (runc: `restore --detach`) of that image, clock around the one command (no exec after it)."
+	defE2BWarm   = "As e2b-tti, with a warm pool of 3 on the template (server default runtime and resources, as the SDK's create), refilled to 3 outside the clock before every create: each create is a pool hit, checked after the clock (extra.claimed_from_pool; a miss is a failed sample)."
+	defWarmExec  = "`echo ok` exec'd once more in the sandbox just claimed, right after the sample: the exec share of create-warm."
 	defE2B       = "The unmodified npm e2b SDK (test/e2b) in node: clock starts before Sandbox.create(template) and stops when sandbox.commands.run('echo ok') resolved with stdout \"ok\\n\"; kill is outside the clock."
 )
 
-// createWarm needs warm pools, which are being built; until the server
-// serves /v1/pools the metric is reported as not available.
+// createWarm sets a warm pool of the bench template on rt, waits until it
+// is full, and times create → `echo ok` with the same request create-cold
+// sends (a pool hit). A create the server did not serve from the pool
+// (no extra.claimed_from_pool) is a failed sample.
 func (r *Runner) createWarm(ctx context.Context, rt string) []Metric {
-	m := Metric{Name: "create-warm", Runtime: rt, Unit: "ms", Definition: defCreateWarm}
-	err := r.c.Call(ctx, "GET", "/v1/pools", nil, nil)
-	if noRoute(err) {
-		m.Reason = "warm pools have not landed: the server does not serve /v1/pools"
-		return []Metric{m}
+	m := Metric{Name: "create-warm", Runtime: rt, Unit: "ms", Definition: defCreateWarm, Available: true, Samples: []float64{}}
+	fail := func(reason string) []Metric { return []Metric{notAvailable(m.Name, rt, m.Unit, m.Definition, reason)} }
+	if _, err := r.c.Pools(ctx); noRoute(err) {
+		return fail("warm pools have not landed: the server does not serve /v1/pools")
+	} else if err != nil {
+		return fail(err.Error())
+	}
+	wp, err := r.setWarmPool(ctx, r.o.Template, rt)
+	if wp != nil {
+		defer wp.restore(ctx)
 	}
 	if err != nil {
-		m.Reason = "GET /v1/pools: " + err.Error()
-		return []Metric{m}
+		return fail("warm pool: " + err.Error())
 	}
-	m.Reason = "the server serves /v1/pools but this bench does not know its request shape yet"
+	base := []float64{}
+	var baseErr []string
+	for i := 0; i < r.o.Warmups+r.o.Runs && ctx.Err() == nil; i++ {
+		if i > 0 {
+			if _, err := wp.waitFull(ctx, poolRefillLimit); err != nil {
+				m.Errors = append(m.Errors, err.Error())
+				break
+			}
+		}
+		d, bd, err, berr := r.warmSample(ctx, rt)
+		switch {
+		case err != nil:
+			m.Errors = append(m.Errors, err.Error())
+		case i >= r.o.Warmups:
+			m.Samples = append(m.Samples, ms(d))
+			if berr != nil {
+				baseErr = append(baseErr, berr.Error())
+			} else {
+				base = append(base, ms(bd))
+			}
+		}
+		if len(m.Errors) > 3 && len(m.Samples) == 0 {
+			break
+		}
+	}
+	m.Derived = wp.counters(ctx)
+	m.Baseline = baseline("exec echo ok, same sandbox", defWarmExec, base, baseErr)
 	return []Metric{m}
 }
 
-func (r *Runner) fork(ctx context.Context, rt string) []Metric {
-	m := Metric{Name: "fork", Runtime: rt, Unit: "ms", Definition: defFork}
-	err := r.c.Call(ctx, "POST", sbPath("bench0missing", "fork"), map[string]any{}, nil)
-	if noRoute(err) {
-		m.Reason = "fork has not landed: the server does not serve POST /v1/sandboxes/{id}/fork"
-		return []Metric{m}
+// warmSample is one create-warm sample (d) and its baseline (bd): `echo ok`
+// once more in the sandbox just claimed.
+func (r *Runner) warmSample(ctx context.Context, rt string) (d, bd time.Duration, err, berr error) {
+	start := time.Now()
+	sb, err := r.create(ctx, rt)
+	if err != nil {
+		return 0, 0, err, nil
 	}
-	m.Reason = "the server serves POST /v1/sandboxes/{id}/fork but this bench does not know its request shape yet"
+	defer r.remove(ctx, sb.ID)
+	if err := r.c.EchoOK(ctx, sb.ID); err != nil {
+		return 0, 0, err, nil
+	}
+	d = time.Since(start)
+	if sb.Extra["claimed_from_pool"] == "" {
+		return 0, 0, fmt.Errorf("pool miss: %s was not claimed from the pool (no extra.claimed_from_pool)", sb.ID), nil
+	}
+	start = time.Now()
+	berr = r.c.EchoOK(ctx, sb.ID)
+	return d, time.Since(start), nil, berr
+}
+
+// ForkChildren is how many children one fork sample makes.
+const ForkChildren = 10
+
+// fork times POST /v1/sandboxes/{id}/fork {"count": 10} of a sandbox with
+// 100 MiB in its workspace until every child answered `echo ok`.
+func (r *Runner) fork(ctx context.Context, rt string) []Metric {
+	m := Metric{Name: "fork", Runtime: rt, Unit: "ms", Definition: defFork, Available: true, Samples: []float64{}}
+	fail := func(reason string) []Metric { return []Metric{notAvailable(m.Name, rt, m.Unit, m.Definition, reason)} }
+	if err := r.c.Call(ctx, "POST", sbPath("bench0missing", "fork"), map[string]int{"count": 1}, nil); noRoute(err) {
+		return fail("fork has not landed: the server does not serve POST /v1/sandboxes/{id}/fork")
+	}
+	host, err := os.MkdirTemp("", "berth-bench-fork-")
+	if err != nil {
+		return fail(err.Error())
+	}
+	defer os.RemoveAll(host)
+	src := filepath.Join(host, "src")
+	if err := os.MkdirAll(src, 0o755); err == nil {
+		err = writeSynced(filepath.Join(src, "fork.bin"), io.LimitReader(rand.Reader, forkMiB<<20))
+	}
+	if err != nil {
+		return fail("host copy of the workspace: " + err.Error())
+	}
+	parent, err := r.create(ctx, rt, func(c *server.CreateRequest) { c.DiskMiB = 1024 })
+	if err != nil {
+		return fail("create failed: " + err.Error())
+	}
+	defer r.remove(ctx, parent.ID)
+	res, err := r.c.Exec(ctx, parent.ID, "dd", "if=/dev/urandom", "of="+forkFile, "bs=1048576", "count="+strconv.Itoa(forkMiB))
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("dd exited %d", res.ExitCode)
+	}
+	if err != nil {
+		return fail("writing 100 MiB to the workspace: " + err.Error())
+	}
+	modes := map[string]int{}
+	reasons := map[string]bool{}
+	for i := 0; i < r.o.Warmups+r.o.Runs && ctx.Err() == nil; i++ {
+		d, fr, err := r.forkSample(ctx, parent.ID)
+		if fr.Reason != "" {
+			reasons[fr.Reason] = true
+		}
+		switch {
+		case err != nil:
+			m.Errors = append(m.Errors, err.Error())
+		case i >= r.o.Warmups:
+			m.Samples = append(m.Samples, ms(d))
+			for _, c := range fr.Sandboxes {
+				modes[cmp.Or(c.Extra["fork_mode"], fr.Mode)]++
+			}
+		}
+		if len(m.Errors) > 3 && len(m.Samples) == 0 {
+			break
+		}
+	}
+	if len(modes) > 0 {
+		m.Derived = map[string]float64{}
+		var notes []string
+		for _, k := range slices.Sorted(maps.Keys(modes)) {
+			m.Derived["children_"+k] = float64(modes[k])
+			notes = append(notes, fmt.Sprintf("%d children fork_mode %s", modes[k], k))
+		}
+		m.Notes = strings.Join(notes, ", ")
+		if len(reasons) > 0 {
+			m.Notes += "; " + strings.Join(slices.Sorted(maps.Keys(reasons)), "; ")
+		}
+	}
+	s, e := r.measure(ctx, func(ctx context.Context) (time.Duration, error) {
+		start := time.Now()
+		for j := range ForkChildren {
+			if out, err := exec.CommandContext(ctx, "cp", "-a", src, filepath.Join(host, "copy"+strconv.Itoa(j))).CombinedOutput(); err != nil {
+				return 0, fmt.Errorf("cp -a: %v: %s", err, out)
+			}
+		}
+		d := time.Since(start)
+		for j := range ForkChildren {
+			_ = os.RemoveAll(filepath.Join(host, "copy"+strconv.Itoa(j)))
+		}
+		return d, nil
+	})
+	m.Baseline = baseline("cp -a ×10", defCpWS, s, e)
 	return []Metric{m}
+}
+
+const (
+	forkMiB  = 100
+	forkFile = "/home/user/fork.bin"
+)
+
+// forkSample forks parent ForkChildren times and waits for every child's
+// `echo ok`. Outside the clock it checks that a child has the parent's
+// 100 MiB, then removes the children and the fork's snapshot.
+func (r *Runner) forkSample(ctx context.Context, parent string) (time.Duration, daemon.ForkResult, error) {
+	start := time.Now()
+	fr, err := r.c.Fork(ctx, parent, ForkChildren)
+	if err != nil {
+		return 0, fr, err
+	}
+	errList := make([]error, len(fr.Sandboxes))
+	var wg sync.WaitGroup
+	for i, c := range fr.Sandboxes {
+		wg.Go(func() { errList[i] = r.c.EchoOK(ctx, c.ID) })
+	}
+	wg.Wait()
+	d := time.Since(start)
+	ids := make([]string, 0, len(fr.Sandboxes))
+	for _, c := range fr.Sandboxes {
+		ids = append(ids, c.ID)
+	}
+	err = errors.Join(errList...)
+	if err == nil && len(fr.Sandboxes) != ForkChildren {
+		err = fmt.Errorf("fork made %d of %d children: %s", len(fr.Sandboxes), ForkChildren, fr.Reason)
+	}
+	if err == nil {
+		res, cerr := r.c.Exec(ctx, ids[0], "sh", "-c", "wc -c < "+forkFile)
+		if want := strconv.Itoa(forkMiB << 20); cerr != nil || strings.TrimSpace(res.Stdout) != want {
+			err = fmt.Errorf("child %s has %q bytes of %s, want %s (%v)", ids[0], strings.TrimSpace(res.Stdout), forkFile, want, cerr)
+		}
+	}
+	r.removeAll(ctx, ids)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if derr := r.c.Call(dctx, "DELETE", "/v1/snapshots/"+url.PathEscape(fr.Snapshot), nil, nil); derr != nil {
+		r.logf("delete fork snapshot %s: %v", fr.Snapshot, derr)
+	}
+	return d, fr, err
 }
 
 // cgroupMemory reads a sandbox's host memory from its cgroup; it works only
@@ -329,22 +508,43 @@ func workloadRSS(ctx context.Context, c *Client, id string) float64 {
 	return kb / 1024
 }
 
-// e2bScript creates and kills sandboxes through the SDK and prints the samples as JSON.
+// e2bScript creates and kills sandboxes through the SDK and prints the
+// measured samples (after WARMUPS) as JSON. With POOL_SIZE it waits
+// (outside the clock) until the template's warm pool is full before each
+// create, and counts a sandbox not claimed from the pool as a failure.
 const e2bScript = `import { createRequire } from 'node:module'
 const require = createRequire(process.env.E2B_DIR + '/package.json')
 const { Sandbox } = require('e2b')
-const [tpl, total] = [process.env.TPL, Number(process.env.TOTAL)]
+const [tpl, total, warmups, pool] = [process.env.TPL, Number(process.env.TOTAL), Number(process.env.WARMUPS), Number(process.env.POOL_SIZE || 0)]
 const opts = { apiUrl: process.env.BERTH_URL, sandboxUrl: process.env.BERTH_URL, apiKey: process.env.BERTH_API_KEY, requestTimeoutMs: 120000 }
+const api = async (path) => {
+  const r = await fetch(process.env.BERTH_URL + path, { headers: { 'X-API-Key': process.env.BERTH_API_KEY } })
+  if (!r.ok) throw new Error(path + ': HTTP ' + r.status + ' ' + (await r.text()))
+  return r.json()
+}
+const poolFull = async () => {
+  const end = Date.now() + 120000
+  for (;;) {
+    const p = (await api('/v1/pools')).find(x => x.template === tpl)
+    if (p && p.ready >= pool && p.starting === 0) return
+    if (Date.now() > end) throw new Error('the pool of ' + tpl + ' did not refill within 120 s: ' + JSON.stringify(p))
+    await new Promise(r => setTimeout(r, 100))
+  }
+}
 const samples = [], errors = []
 for (let i = 0; i < total; i++) {
   let sbx
   try {
+    if (pool > 0) await poolFull()
     const t0 = performance.now()
     sbx = await Sandbox.create(tpl, { ...opts, timeoutMs: 300000, metadata: { 'berth-bench': process.env.LABEL } })
     const r = await sbx.commands.run('echo ok')
     const t1 = performance.now()
     if (r.stdout !== 'ok\n') throw new Error('stdout ' + JSON.stringify(r.stdout))
-    samples.push(t1 - t0)
+    if (pool > 0 && !(await api('/v1/sandboxes/' + encodeURIComponent(sbx.sandboxId))).extra?.claimed_from_pool) {
+      throw new Error('pool miss: ' + sbx.sandboxId + ' was not claimed from the pool')
+    }
+    if (i >= warmups) samples.push(t1 - t0)
   } catch (e) { errors.push(String(e?.message ?? e)) }
   try { await sbx?.kill() } catch (e) { errors.push('kill: ' + e) }
 }
@@ -368,6 +568,38 @@ func E2BDir() string {
 
 func (r *Runner) e2bTTI(ctx context.Context) Metric {
 	m := Metric{Name: "e2b-tti", Unit: "ms", Definition: defE2B}
+	return r.e2bRun(ctx, m, 0)
+}
+
+// e2bTTIWarm is e2b-tti with a warm pool on the template: the SDK's
+// create (server default runtime and resources) is a pool hit.
+func (r *Runner) e2bTTIWarm(ctx context.Context) Metric {
+	m := Metric{Name: "e2b-tti-warm", Unit: "ms", Definition: defE2BWarm}
+	if r.o.E2BTemplate == "" && TemplateReady(ctx, r.c, "default") {
+		r.o.E2BTemplate = "default"
+	}
+	if r.o.E2BTemplate == "" {
+		return r.e2bRun(ctx, m, WarmPoolSize) // says why not
+	}
+	if _, err := r.c.Pools(ctx); noRoute(err) {
+		m.Reason = "warm pools have not landed: the server does not serve /v1/pools"
+		return m
+	}
+	wp, err := r.setWarmPool(ctx, r.o.E2BTemplate, "")
+	if wp != nil {
+		defer wp.restore(ctx)
+	}
+	if err != nil {
+		m.Reason = "warm pool: " + err.Error()
+		return m
+	}
+	m = r.e2bRun(ctx, m, WarmPoolSize)
+	m.Derived = wp.counters(ctx)
+	return m
+}
+
+// e2bRun runs e2bScript for m, with a warm pool of poolSize (0: none).
+func (r *Runner) e2bRun(ctx context.Context, m Metric, poolSize int) Metric {
 	dir := r.o.E2BDir
 	if dir == "" {
 		dir = E2BDir()
@@ -398,6 +630,7 @@ func (r *Runner) e2bTTI(ctx context.Context) Metric {
 	}
 	cmd := exec.CommandContext(ctx, node, script)
 	cmd.Env = append(os.Environ(), "E2B_DIR="+dir, "TPL="+r.o.E2BTemplate, "TOTAL="+strconv.Itoa(r.o.Warmups+r.o.Runs),
+		"WARMUPS="+strconv.Itoa(r.o.Warmups), "POOL_SIZE="+strconv.Itoa(poolSize),
 		"BERTH_URL="+r.c.Base, "BERTH_API_KEY="+r.c.Key, "LABEL="+r.label)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -417,9 +650,6 @@ func (r *Runner) e2bTTI(ctx context.Context) Metric {
 	m.Available = true
 	m.Errors = res.Errors
 	m.Samples = res.Samples
-	if len(m.Samples) > r.o.Warmups {
-		m.Samples = m.Samples[r.o.Warmups:]
-	}
 	m.Definition += " Template: " + r.o.E2BTemplate + "."
 	return m
 }

@@ -68,6 +68,8 @@ type Metric struct {
 	// Derived are numbers computed from the samples, e.g. "per_second"
 	// (throughput), "wall_ms" and "success_rate" (burst), "per_gib" (density).
 	Derived map[string]float64 `json:"derived,omitempty"`
+	// Notes say what is not a number, e.g. the fork_mode fork's children reported.
+	Notes string `json:"notes,omitempty"`
 	// Errors are failed samples (not counted in Samples).
 	Errors []string `json:"errors,omitempty"`
 }
@@ -148,6 +150,9 @@ func WriteTable(w io.Writer, r *Report) error {
 		if len(m.Errors) > 0 {
 			note += fmt.Sprintf(" %d failed", len(m.Errors))
 		}
+		if m.Notes != "" {
+			note += "  " + oneLine(m.Notes, 120)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", m.Label(), m.Unit, num(s.P50), num(s.P95), num(s.P99),
 			num(s.Min), num(s.Max), base, ratio, s.N, note)
 	}
@@ -215,6 +220,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		notes := strings.TrimSpace(derivedNote(x))
 		if len(x.Errors) > 0 {
 			notes = strings.TrimSpace(fmt.Sprintf("%s %d failed", notes, len(x.Errors)))
+		}
+		if x.Notes != "" {
+			notes = strings.TrimSpace(notes + " " + mdEscape(oneLine(x.Notes, 200)))
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", x.Name, rt, x.Unit,
 			num(s.P50), num(s.P95), num(s.P99), num(s.Min), num(s.Max), mdEscape(bname), bp50, ratio, s.N, notes)

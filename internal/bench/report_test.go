@@ -15,7 +15,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
 
 // sampleReport covers every shape a metric takes: with a baseline, without
-// one, with derived numbers and failed samples, and not available.
+// one, with derived numbers, notes and failed samples, and not available.
 func sampleReport() *Report {
 	r := &Report{
 		Schema: Schema, StartedAt: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
@@ -34,6 +34,11 @@ func sampleReport() *Report {
 				Samples: []float64{3.5, 3.25, 3.75}, Derived: map[string]float64{"per_gib": 315.0769230769231}},
 			{Name: "create-warm", Runtime: "runc", Unit: "ms", Definition: defCreateWarm,
 				Reason: "warm pools have not landed: the server does not serve /v1/pools"},
+			{Name: "fork", Runtime: "runc", Unit: "ms", Definition: defFork, Available: true,
+				Samples:  []float64{1500, 1700, 1600},
+				Baseline: &Baseline{Name: "cp -a ×10", Definition: defCpWS, Available: true, Samples: []float64{400, 420, 410}},
+				Derived:  map[string]float64{"children_disk": 30},
+				Notes:    "30 children fork_mode disk; runtime runc cannot checkpoint memory here: no criu"},
 			{Name: "pause-memory", Runtime: "runsc", Unit: "ms", Definition: defPauseMem, Available: true,
 				Samples:  []float64{900, 1000, 1100},
 				Baseline: &Baseline{Name: "runsc checkpoint", Definition: defRawCkpt, Reason: "raw runtime baselines need root"}},

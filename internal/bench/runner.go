@@ -36,7 +36,7 @@ type Options struct {
 
 // Names are every metric, in measuring order.
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
-	"upload", "download", "fork", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "e2b-tti"}
+	"upload", "download", "fork", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "e2b-tti", "e2b-tti-warm"}
 
 // Runner measures against one server.
 type Runner struct {
@@ -133,6 +133,12 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 	if r.want("e2b-tti") {
 		r.logf("measuring e2b-tti")
 		m := r.e2bTTI(ctx)
+		m.Finish()
+		r.out = append(r.out, m)
+	}
+	if r.want("e2b-tti-warm") {
+		r.logf("measuring e2b-tti-warm")
+		m := r.e2bTTIWarm(ctx)
 		m.Finish()
 		r.out = append(r.out, m)
 	}

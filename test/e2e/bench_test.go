@@ -81,3 +81,64 @@ func TestBenchSelf(t *testing.T) {
 		t.Errorf("bench --from --markdown: %v\n%s", err, md)
 	}
 }
+
+// TestBenchSelfPoolFork measures create-warm (a warm pool on tiny) and
+// fork (10 children of a sandbox with 100 MiB) and checks the report's
+// shape: every sample a pool hit and every fork complete (a miss or a
+// short fork is a failed sample, not a sample), the pool counters and the
+// children's fork_mode recorded. Timings are never asserted.
+func TestBenchSelfPoolFork(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "runc")
+	bin := testutil.BuildBinaries(t)
+	out := filepath.Join(t.TempDir(), "bench.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "bench", "--self", "--runs", "2", "--warmup", "0",
+		"--runtime", "runc", "--only", "create-warm,fork", "--json", out)
+	cmd.Env = append(os.Environ(), "BERTH_URL=http://127.0.0.1:1", "BERTH_API_KEY=unused")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("berth bench: %v\n%s", err, b)
+	}
+	if strings.Contains(string(b), "stopping the server") || strings.Contains(string(b), "after its removal") {
+		t.Errorf("bench did not clean up its server or its pool:\n%s", b)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("report is not a bench.Report: %v\n%s", err, raw)
+	}
+	got := map[string]bench.Metric{}
+	for _, m := range rep.Metrics {
+		got[m.Name] = m
+	}
+	if len(got) != 2 {
+		t.Errorf("want create-warm and fork only, got %d metrics", len(rep.Metrics))
+	}
+	for _, name := range []string{"create-warm", "fork"} {
+		m := got[name]
+		if !m.Available || len(m.Samples) != 2 || m.Baseline == nil || !m.Baseline.Available || m.Ratio == nil {
+			t.Errorf("%s: want 2 samples and a baseline, got %+v", name, m)
+		}
+	}
+	if d := got["create-warm"].Derived; d == nil || !hasKeys(d, "pool_hits", "pool_misses") {
+		t.Errorf("create-warm: want pool_hits and pool_misses in derived, got %v", d)
+	}
+	fork := got["fork"]
+	if !strings.Contains(fork.Notes, "fork_mode") || !(hasKeys(fork.Derived, "children_memory") || hasKeys(fork.Derived, "children_disk")) {
+		t.Errorf("fork: want the children's fork_mode in notes and derived, got %q %v", fork.Notes, fork.Derived)
+	}
+}
+
+func hasKeys(m map[string]float64, keys ...string) bool {
+	for _, k := range keys {
+		if _, ok := m[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
