@@ -144,7 +144,7 @@ func runEvents(e *env, args []string) error {
 
 func runTemplate(e *env, args []string) error {
 	if len(args) == 0 {
-		return usageError{"template: usage: berth template ls | import NAME FILE.tar"}
+		return usageError{"template: usage: berth template ls | import NAME FILE.tar | pull NAME IMAGE | build -t NAME CONTEXT | rm NAME"}
 	}
 	c, err := newClient()
 	if err != nil {
@@ -176,6 +176,12 @@ func runTemplate(e *env, args []string) error {
 		return tw.Flush()
 	case "from-snapshot":
 		return templateFromSnapshot(e, c, args[1:])
+	case "pull":
+		return templatePull(e, c, args[1:])
+	case "build":
+		return templateBuild(e, c, args[1:])
+	case "rm":
+		return templateRm(e, c, args[1:])
 	case "import":
 		fs := flag.NewFlagSet("template import", flag.ContinueOnError)
 		pos, err := parse(fs, args[1:])

@@ -92,6 +92,9 @@ func (s *Server) routes() {
 	s.handle("GET /v1/templates", s.listTemplates)
 	s.handle("GET /v1/templates/{name}", s.getTemplate)
 	s.handle("PUT /v1/templates/{name}/tar", s.importTemplate)
+	s.handle("POST /v1/templates/{name}/pull", s.pullTemplate)
+	s.handle("POST /v1/templates/{name}/build", s.buildTemplate)
+	s.handle("DELETE /v1/templates/{name}", s.deleteTemplate)
 	s.handle("POST /v1/keys", s.createKey)
 
 	s.handle("GET /v1/usage", s.usage)

@@ -21,6 +21,8 @@ type Template struct {
 	Source      string            `json:"source,omitempty"`
 	StartCmd    []string          `json:"start_cmd,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
+	Workdir     string            `json:"workdir,omitempty"`
+	User        string            `json:"user,omitempty"`
 	Resources   sandbox.Resources `json:"resources"`
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
@@ -31,7 +33,7 @@ func templateView(t store.Template) Template {
 		t.Layers = []string{}
 	}
 	return Template{Name: t.Name, Fingerprint: t.Fingerprint, Layers: t.Layers, State: t.State, Progress: t.Progress,
-		Error: t.Error, Source: t.Source, StartCmd: t.StartCmd, Env: t.Env, Resources: t.Resources,
+		Error: t.Error, Source: t.Source, StartCmd: t.StartCmd, Env: t.Env, Workdir: t.Workdir, User: t.User, Resources: t.Resources,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
 }
 
