@@ -95,7 +95,7 @@ func runBench(e *env, args []string) error {
 		return usageError{"bench: --runtime must be runc, runsc or both, got " + *rtFlag}
 	}
 	wanted := func(n string) bool { return len(onlyList) == 0 || slices.Contains(onlyList, n) }
-	if wanted("e2b-tti") && opts.E2BTemplate == "" {
+	if (wanted("e2b-tti") || wanted("e2b-tti-warm")) && opts.E2BTemplate == "" {
 		opts.E2BTemplate = e2bTemplate(e, c, *self)
 	}
 	var raw *bench.Raw
