@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -245,6 +246,35 @@ func TestTemplatePullErrors(t *testing.T) {
 		t.Errorf("pull from a garbage registry: exit %d: %s", code, out)
 	}
 	t.Logf("errors:\n%s", out)
+
+	// A registry behind basic auth: refused without credentials, pulled with them.
+	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	authed := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != "bob" || p != "s3cret" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="test"`)
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	defer authed.Close()
+	ref := strings.TrimPrefix(authed.URL, "http://") + "/private/img:v1"
+	r, _ := name.ParseReference(ref, name.Insecure)
+	img, err := mutate.AppendLayers(empty.Image, tarLayer(t, tarEntry{name: "hello", body: "hi\n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img, remote.WithAuth(&authn.Basic{Username: "bob", Password: "s3cret"})); err != nil {
+		t.Fatal(err)
+	}
+	out, code = s.run("template", "pull", "private", ref, "--insecure")
+	if code == 0 || !strings.Contains(out, "wants credentials") {
+		t.Errorf("anonymous pull from a basic-auth registry: exit %d: %s", code, out)
+	}
+	out, code = s.runAs(s.key, strings.NewReader("s3cret\n"), "template", "pull", "private", ref, "--insecure", "--username", "bob", "--password-stdin")
+	if code != 0 || !strings.Contains(out, "private ready") {
+		t.Errorf("pull with basic auth: exit %d: %s", code, out)
+	}
 }
 
 func writeFiles(t *testing.T, dir string, files map[string]string) {
