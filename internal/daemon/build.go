@@ -495,3 +495,19 @@ func (d *Daemon) bootBuildSandbox(ctx context.Context, layers []string, network 
 	}
 	return out, nil
 }
+
+// withTemplateEnv is a sandbox's environment: the template's (image config
+// Env, Dockerfile ENV) overridden by the create request's.
+func withTemplateEnv(tpl *store.Template, env map[string]string) map[string]string {
+	if tpl == nil || len(tpl.Env) == 0 {
+		return env
+	}
+	out := make(map[string]string, len(tpl.Env)+len(env))
+	for k, v := range tpl.Env {
+		out[k] = v
+	}
+	for k, v := range env {
+		out[k] = v
+	}
+	return out
+}

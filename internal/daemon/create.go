@@ -129,7 +129,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	now := d.cfg.Now()
 	sb := &sandbox.Sandbox{
 		ID: sandbox.NewID(), Owner: req.Owner, Template: tpl.Name, TemplateID: tpl.Fingerprint,
-		Runtime: req.Runtime, State: sandbox.Creating, Labels: req.Labels, Env: req.Env,
+		Runtime: req.Runtime, State: sandbox.Creating, Labels: req.Labels, Env: withTemplateEnv(tpl, req.Env),
 		Resources: req.Resources, CreatedAt: now, ExpiresAt: now.Add(req.TTL),
 		ExpiryAction: req.ExpiryAction, AccessToken: newToken(), AutoResume: req.AutoResume,
 		Extra: req.Extra,

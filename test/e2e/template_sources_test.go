@@ -360,6 +360,9 @@ func TestTemplateBuildDockerfile(t *testing.T) {
 	if got := s.must("exec", id, "--", "cat", "/app/installed"); got != "v2\nhello" {
 		t.Errorf("rebuilt file: %q", got)
 	}
+	if got := s.must("exec", id, "--", "sh", "-c", "echo $APP_MODE"); got != "prod" {
+		t.Errorf("the template's ENV in a sandbox: APP_MODE=%q", got)
+	}
 	// In use: rm refused.
 	if out, code := s.run("template", "rm", "app"); code == 0 || !strings.Contains(out, "used by") {
 		t.Errorf("template rm while in use: exit %d: %s", code, out)
