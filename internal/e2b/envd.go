@@ -76,6 +76,12 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 	sb, err := s.d.SandboxByToken(ctx, token)
 	switch {
 	case errs.Is(err, errs.NotFound):
+		// A live sandbox addressed with someone else's (or a made-up) token
+		// is a 401; a sandbox that is gone is the router's 502.
+		if other, gerr := s.d.Get(ctx, "", id); id != "" && gerr == nil && other.State == sandbox.Running {
+			writeStatus(w, http.StatusUnauthorized, "X-Access-Token is not valid for sandbox "+strconv.Quote(id))
+			return
+		}
 		sandboxGone(w, id, "sandbox not found")
 		return
 	case err != nil:

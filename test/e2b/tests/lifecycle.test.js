@@ -23,7 +23,10 @@ test('create answer and getInfo', async () => {
     // /health with the sandbox header is envd's (204); the token is per sandbox.
     const h = await fetch(apiUrl + '/health', { headers: { 'E2b-Sandbox-Id': info.sandboxId, 'X-Access-Token': r.json.envdAccessToken } })
     assert.equal(h.status, 204)
-    const bad = await fetch(apiUrl + '/health', { headers: { 'E2b-Sandbox-Id': info.sandboxId } })
+    // §8: /health needs no token; a wrong token on anything else is a 401.
+    const open = await fetch(apiUrl + '/health', { headers: { 'E2b-Sandbox-Id': info.sandboxId } })
+    assert.equal(open.status, 204)
+    const bad = await fetch(apiUrl + '/files?path=/etc/hostname', { headers: { 'E2b-Sandbox-Id': info.sandboxId, 'X-Access-Token': 'not-the-token' } })
     assert.equal(bad.status, 401)
   } finally {
     await sbx.kill()
