@@ -266,6 +266,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if _, err := d.client(sb.ID).WaitReady(wctx, 20*time.Millisecond); err != nil {
 		return errs.Wrap(errs.Unavailable, err, "agent did not become ready within %s", d.cfg.ReadyTimeout)
 	}
+	d.runStartCommand(ctx, sb, tpl)
 	d.log.Debug("sandbox booted", "sandbox_id", sb.ID, "runtime", sb.Runtime,
 		"fs_ms", ms(t1.Sub(t0)), "net_ms", ms(t2.Sub(t1)), "run_ms", ms(t3.Sub(t2)), "ready_ms", ms(time.Since(t3)))
 	return nil
