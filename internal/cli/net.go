@@ -43,15 +43,7 @@ func runNetSet(e *env, args []string) error {
 	fs := flag.NewFlagSet("net set", flag.ContinueOnError)
 	allow, deny, mode := policyFlags(fs)
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := one(fs, pos, "sandbox id")
-	if err != nil {
-		return err
-	}
-	c, err := newClient()
+	id, c, err := parseIDClient(fs, args)
 	if err != nil {
 		return err
 	}
@@ -69,15 +61,7 @@ func runNetSet(e *env, args []string) error {
 func runNetShow(e *env, args []string) error {
 	fs := flag.NewFlagSet("net show", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "JSON output")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := one(fs, pos, "sandbox id")
-	if err != nil {
-		return err
-	}
-	c, err := newClient()
+	id, c, err := parseIDClient(fs, args)
 	if err != nil {
 		return err
 	}
@@ -123,15 +107,7 @@ func runNetLog(e *env, args []string) error {
 	fs := flag.NewFlagSet("net log", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "JSON output (one array)")
 	limit := fs.Int("limit", 0, "at most this many entries (default all)")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := one(fs, pos, "sandbox id")
-	if err != nil {
-		return err
-	}
-	c, err := newClient()
+	id, c, err := parseIDClient(fs, args)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,20 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// parseIDClient parses a verb's flags and its one sandbox id, and connects.
+func parseIDClient(fs *flag.FlagSet, args []string) (string, *client, error) {
+	pos, err := parse(fs, args)
+	if err != nil {
+		return "", nil, err
+	}
+	id, err := one(fs, pos, "sandbox id")
+	if err != nil {
+		return "", nil, err
+	}
+	c, err := newClient()
+	return id, c, err
+}
+
 func one(fs *flag.FlagSet, pos []string, what string) (string, error) {
 	if len(pos) != 1 {
 		return "", usageError{fmt.Sprintf("%s: expected exactly one %s", fs.Name(), what)}
@@ -170,15 +184,7 @@ func labelString(m map[string]string) string {
 
 func runInspect(e *env, args []string) error {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := one(fs, pos, "sandbox id")
-	if err != nil {
-		return err
-	}
-	c, err := newClient()
+	id, c, err := parseIDClient(fs, args)
 	if err != nil {
 		return err
 	}

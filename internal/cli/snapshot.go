@@ -92,15 +92,7 @@ func runFork(e *env, args []string) error {
 	fs := flag.NewFlagSet("fork", flag.ContinueOnError)
 	n := fs.Int("n", 1, "number of forks (1-100)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return err
-	}
-	id, err := one(fs, pos, "sandbox id")
-	if err != nil {
-		return err
-	}
-	c, err := newClient()
+	id, c, err := parseIDClient(fs, args)
 	if err != nil {
 		return err
 	}
