@@ -344,11 +344,20 @@ func (d *Daemon) netUp(ctx context.Context, sb *sandbox.Sandbox, root string) er
 		return errs.Wrap(errs.Internal, err, "write egress CA")
 	}
 	if root != "" {
-		if err := appendCA(root, caBundleInRoot, n.ca.PEM()); err != nil {
-			d.log.Warn("could not add the egress CA to the sandbox's trust bundle", "sandbox_id", sb.ID, "err", err)
-		}
+		d.netTrust(sb, root)
 	}
 	return nil
+}
+
+// netTrust adds berth's egress CA to the trust bundle in the sandbox's
+// mounted root filesystem (the part of netUp that needs the filesystem).
+func (d *Daemon) netTrust(sb *sandbox.Sandbox, root string) {
+	if d.net == nil || d.net.ca == nil {
+		return
+	}
+	if err := appendCA(root, caBundleInRoot, d.net.ca.PEM()); err != nil {
+		d.log.Warn("could not add the egress CA to the sandbox's trust bundle", "sandbox_id", sb.ID, "err", err)
+	}
 }
 
 // netDown detaches a sandbox from the network (stop, disk pause, delete).

@@ -40,7 +40,12 @@ func (d *Daemon) Pause(ctx context.Context, owner, id string, mode sandbox.Pause
 
 func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.PauseMode, actor, reason string) (*sandbox.Sandbox, error) {
 	unlock := d.lock(id)
-	defer unlock()
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			unlock()
+		}
+	}()
 	sb, err := d.visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
@@ -70,6 +75,7 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	defer cancel()
 	start := time.Now()
 	actual, why := mode, ""
+	var release func(context.Context) error
 	switch mode {
 	case sandbox.PauseFreeze:
 		if err := rt.Freeze(tctx, id); err != nil {
@@ -79,7 +85,7 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	case sandbox.PauseMemory:
 		if caps := rt.Capabilities(tctx); !caps.Checkpoint {
 			actual, why = sandbox.PauseDisk, "runtime "+sb.Runtime+" cannot checkpoint memory here: "+caps.CheckpointReason
-		} else if err := d.checkpoint(tctx, sb); err != nil {
+		} else if release, err = d.checkpoint(tctx, sb); err != nil {
 			actual, why = sandbox.PauseDisk, "memory checkpoint failed: "+shortError(err)
 			d.log.Warn("checkpoint failed", "sandbox_id", id, "err", err)
 		}
@@ -95,7 +101,7 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 			map[string]string{"requested": string(mode), "actual": string(actual)})
 		d.log.Warn("pause degraded", "sandbox_id", id, "requested", mode, "actual", actual, "reason", why)
 	}
-	return d.transition(tctx, id, sandbox.Paused, actor, reason, why, func(s *sandbox.Sandbox) error {
+	out, err := d.transition(tctx, id, sandbox.Paused, actor, reason, why, func(s *sandbox.Sandbox) error {
 		s.PauseActual = actual
 		if s.Extra == nil {
 			s.Extra = map[string]string{}
@@ -103,50 +109,69 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 		s.Extra["pause_ms"] = strconv.FormatInt(time.Since(start).Milliseconds(), 10)
 		return nil
 	})
+	if release != nil {
+		// The image is durable and the processes are gone (RAM freed): answer
+		// now and release the filesystem and network in the background, still
+		// holding the sandbox's lock so a resume waits for it. A crash
+		// meanwhile is settled by reconcilePaused.
+		handedOff = true
+		d.goBackground("release "+id, func(bg context.Context) {
+			defer unlock()
+			rctx, cancel := teardownCtx(bg)
+			defer cancel()
+			if err := release(rctx); err != nil {
+				d.log.Warn("release after checkpoint", "sandbox_id", id, "err", err)
+			}
+		})
+	}
+	return out, err
 }
 
 // checkpoint quiesces the agent (it closes its host socket, which gVisor
 // cannot save), writes the memory image to a temp dir and renames it into
 // place, so a crash leaves either no image or a complete one.
-func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) error {
+func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release func(context.Context) error, err error) {
 	rt, err := d.runtimeFor(sb)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	final, tmp := d.memoryDir(sb.ID), d.memoryDir(sb.ID)+".tmp"
 	_ = os.RemoveAll(tmp)
 	_ = os.RemoveAll(final)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
-		return err
+		return nil, err
 	}
 	d.dropClient(sb.ID)
 	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR1); err != nil {
-		return fmt.Errorf("quiesce agent: %w", err)
+		return nil, fmt.Errorf("quiesce agent: %w", err)
 	}
 	if err := waitGone(ctx, d.socketPath(sb.ID), 5*time.Second); err != nil {
 		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
-		return fmt.Errorf("quiesce agent: %w", err)
+		return nil, fmt.Errorf("quiesce agent: %w", err)
 	}
 	if err := rt.Checkpoint(ctx, sb.ID, tmp); err != nil {
 		_ = os.RemoveAll(tmp)
 		// A failed checkpoint may leave the container running; let the agent listen again.
 		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
-		return err
+		return nil, err
 	}
 	if err := os.Rename(tmp, final); err != nil {
-		return err
+		return nil, err
 	}
 	if err := syncDir(filepath.Dir(final)); err != nil {
-		return err
+		return nil, err
 	}
-	// The container is gone; release its filesystem (the workspace image stays)
-	// and its network: restore attaches a fresh namespace (CRIU leaves its
-	// network-lock table in the old one, and a restore there fails).
-	_ = rt.Delete(ctx, sb.ID)
-	if err := d.netDown(ctx, sb); err != nil {
-		d.log.Warn("detach network after checkpoint", "sandbox_id", sb.ID, "err", err)
-	}
-	return rootfs.Teardown(ctx, d.sandboxDir(sb.ID))
+	// The container is gone; what remains is releasing its filesystem (the
+	// workspace image stays) and its network: restore attaches a fresh
+	// namespace (CRIU leaves its network-lock table in the old one, and a
+	// restore there fails).
+	return func(ctx context.Context) error {
+		_ = rt.Delete(ctx, sb.ID)
+		if err := d.netDown(ctx, sb); err != nil {
+			d.log.Warn("detach network after checkpoint", "sandbox_id", sb.ID, "err", err)
+		}
+		return rootfs.Teardown(ctx, d.sandboxDir(sb.ID))
+	}, nil
 }
 
 func waitGone(ctx context.Context, path string, limit time.Duration) error {
@@ -258,13 +283,14 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 	if err != nil {
 		return err
 	}
+	// As in boot: attach the network while the filesystem is mounted.
+	netErr := make(chan error, 1)
+	go func() { netErr <- d.netUp(ctx, sb, "") }()
 	root, err := rootfs.Remount(ctx, d.sandboxDir(sb.ID), lowers)
-	if err != nil {
-		return err
+	if nerr := <-netErr; err != nil || nerr != nil {
+		return errors.Join(err, nerr)
 	}
-	if err := d.netUp(ctx, sb, root); err != nil {
-		return err
-	}
+	d.netTrust(sb, root)
 	_ = os.Remove(d.socketPath(sb.ID))
 	if err := rt.Restore(ctx, d.spec(sb, &tpl, root), img); err != nil {
 		_ = rt.Delete(ctx, sb.ID)
@@ -277,7 +303,7 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
 	defer cancel()
 	c := d.client(sb.ID)
-	if _, err := c.WaitReady(wctx, 10*time.Millisecond); err != nil {
+	if _, err := c.WaitReady(wctx, 2*time.Millisecond); err != nil {
 		return err
 	}
 	return c.Restored(ctx, agentapi.RestoredRequest{RestoreCount: count, HostTime: time.Now()})
