@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,8 +54,35 @@ func NewRaw(bins map[string]string, criu string) (*Raw, error) {
 
 // Close removes the environment; prepared bundles are torn down by their own cleanup.
 func (x *Raw) Close() error {
+	// Safety net: a baseline cut short (or runsc still listing a
+	// checkpointed container) must not leave sandboxes running.
+	for rt := range x.bins {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if out, err := exec.CommandContext(ctx, x.bins[rt], append(x.global(rt), "list", "-q")...).Output(); err == nil {
+			for _, id := range strings.Fields(string(out)) {
+				_ = x.run(ctx, rt, "delete", "-f", id)
+			}
+		}
+		cancel()
+	}
+	killUnder(x.dir)
 	detachNetns(x.dir) // runsc's null-netns under its --root
 	return os.RemoveAll(x.dir)
+}
+
+// killUnder kills every process whose command line names dir (runsc's
+// sandbox and gofer processes carry their --root and bundle paths).
+func killUnder(dir string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), dir+"/") {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil && pid != os.Getpid() {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
 }
 
 func (x *Raw) global(rt string) []string {
