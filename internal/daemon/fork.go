@@ -199,7 +199,8 @@ func (d *Daemon) checkpointTo(ctx context.Context, sb *sandbox.Sandbox, img stri
 		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 		return err
 	}
-	return nil
+	// The parent is restored under its own id next: remove what is left.
+	return rt.Delete(ctx, sb.ID)
 }
 
 // ensureRunning brings a parent back whose checkpoint failed half-way.

@@ -82,7 +82,9 @@ type Runtime interface {
 	Delete(ctx context.Context, id string) error
 	Freeze(ctx context.Context, id string) error
 	Thaw(ctx context.Context, id string) error
-	// Checkpoint writes a memory image to imageDir (durable on return) and stops the container.
+	// Checkpoint writes a memory image to imageDir (durable on return) and
+	// stops the container's processes (RAM freed); Delete removes what is
+	// left of the container (runsc keeps listing it until then).
 	Checkpoint(ctx context.Context, id, imageDir string) error
 	// Restore starts a container from a memory image; spec must match the one checkpointed
 	// (apart from ID, BundleDir and RootFS, which may differ: that is a fork).

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,8 +35,16 @@ func (e *env) testCheckpointRestore(t *testing.T) {
 		t.Fatalf("Checkpoint: %v", err)
 	}
 	t.Logf("%s checkpoint took %v", e.rt.Name(), time.Since(t0))
+	if st, err := e.rt.State(ctx, src.id); err == nil && st.State == "running" && st.Pid > 0 {
+		if alive := syscall.Kill(st.Pid, 0); alive == nil && e.rt.Name() == "runc" {
+			t.Fatalf("runc container still running after Checkpoint: %+v", st)
+		}
+	}
+	if err := e.rt.Delete(ctx, src.id); err != nil {
+		t.Fatalf("Delete after Checkpoint: %v", err)
+	}
 	if _, err := e.rt.State(ctx, src.id); !errs.Is(err, errs.NotFound) {
-		t.Fatalf("State after Checkpoint: %v, want not_found (checkpoint stops the container)", err)
+		t.Fatalf("State after Checkpoint+Delete: %v, want not_found", err)
 	}
 	time.Sleep(300 * time.Millisecond)
 	at := count(src)
