@@ -23,7 +23,7 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y --no-install-recommends \
-	gcc make pkgconf xz-utils curl ca-certificates \
+	gcc make pkgconf patch xz-utils curl ca-certificates \
 	libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev \
 	libnl-3-dev libnet1-dev libcap-dev libbsd-dev libnftables-dev \
 	uuid-dev libgnutls28-dev python3 >/dev/null
