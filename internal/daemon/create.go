@@ -146,7 +146,6 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	if err := d.admit(ctx, sb); err != nil { // quota check + intent, under one lock (quota.go)
 		return nil, err
 	}
-	d.event(ctx, sb, actor, "transition", "created", "", map[string]string{"template": sb.Template, "runtime": sb.Runtime})
 	unlock := d.lock(sb.ID)
 	defer unlock()
 
