@@ -130,14 +130,13 @@ func runExec(e *env, args []string) error {
 	}
 }
 
+// signalNumber maps the agent's os/exec-style signal name ("killed",
+// "segmentation fault") back to its number, for the 128+N exit code.
 func signalNumber(name string) int {
-	switch name {
-	case "killed":
-		return int(syscall.SIGKILL)
-	case "terminated":
-		return int(syscall.SIGTERM)
-	case "interrupt":
-		return int(syscall.SIGINT)
+	for n := 1; n < 32; n++ {
+		if syscall.Signal(n).String() == name {
+			return n
+		}
 	}
 	return 1
 }
