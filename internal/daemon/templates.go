@@ -68,7 +68,7 @@ func (d *Daemon) EnsureDefaultTemplate(cacheDir string) {
 			}
 		}
 		put(store.TemplateBuilding, "starting", "")
-		d.log.Info("building default template (debootstrap; first run only)", "template", name)
+		d.log.Info("preparing the default template (debootstrap on the first run, then from the cache)", "template", name)
 		tarPath, err := template.BuildDefault(ctx, cacheDir, func(p template.Progress) {
 			put(store.TemplateBuilding, p.Phase+": "+p.Message, "")
 		})
