@@ -316,6 +316,8 @@ func (d *Daemon) reconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive
 	if err != nil {
 		return err
 	}
+	// A partial image (the daemon died while writing it) is never used.
+	_ = os.RemoveAll(d.memoryDir(sb.ID) + ".tmp")
 	_, imgErr := os.Stat(d.memoryDir(sb.ID))
 	hasImage := imgErr == nil
 	toPausedDisk := func(reason string) error {
