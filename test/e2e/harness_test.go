@@ -110,7 +110,8 @@ func (s *server) start() {
 	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", addr, "--no-default-template"}, s.netArgs...)
 	args = append(args, s.extra...)
 	s.cmd = exec.Command(filepath.Join(s.bin, "berth"), args...)
-	s.cmd.Stdout, s.cmd.Stderr = &lockedWriter{w: s.log}, &lockedWriter{w: s.log}
+	lw := &lockedWriter{w: s.log} // one lock for both streams: they share the buffer
+	s.cmd.Stdout, s.cmd.Stderr = lw, lw
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}

@@ -171,11 +171,16 @@ func TestWarmPool(t *testing.T) {
 
 	t.Run("template that cannot start backs off", func(t *testing.T) {
 		s.must("pool", "set", "nosuch", "--size", "1")
-		if p := s.pool("nosuch"); p.State != "waiting" || !strings.Contains(p.Error, "nosuch") {
-			time.Sleep(500 * time.Millisecond)
-			if p := s.pool("nosuch"); p.State != "waiting" {
-				t.Fatalf("pool of a missing template: %+v", p)
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			p := s.pool("nosuch")
+			if p.State == "waiting" && p.Error != "" {
+				break
 			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pool of a missing template never backed off with a reason: %+v", p)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 		s.must("pool", "rm", "nosuch")
 		if code, body := s.api(s.key, "PUT", "/v1/pools/tiny", map[string]any{"size": 1000}); code != 400 || body["field"] != "size" {
