@@ -3,6 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -223,7 +225,18 @@ func TestPauseConflictsAndStreams(t *testing.T) {
 			out, _ := s.run("exec", id, "--", "sleep", "30")
 			done <- out
 		}()
-		time.Sleep(300 * time.Millisecond)
+		// Pause only once the stream's process runs.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, body := s.apiList(s.key, "GET", "/v1/sandboxes/"+id+"/processes")
+			if strings.Contains(body, "sleep") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the exec'd sleep never showed up in the process list")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		s.must("pause", id, "--mode", "freeze")
 		select {
 		case out := <-done:
@@ -315,6 +328,20 @@ func requireRunsc(t *testing.T) {
 		return
 	}
 	testutil.RequireTool(t, "runsc")
+}
+
+// apiList is api for endpoints that answer a JSON array: the raw body.
+func (s *server) apiList(key, method, path string) (int, string) {
+	s.t.Helper()
+	req, _ := http.NewRequest(method, s.url+path, nil)
+	req.Header.Set("X-API-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 func waitState(t *testing.T, s *server, id, want string, limit time.Duration) {
