@@ -19,14 +19,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/testutil"
@@ -177,7 +174,7 @@ func (e *env) startServers() {
 		}
 	})
 	var plain, secure net.Listener
-	must(t, inNetns(e.inetNS, func() error {
+	must(t, testutil.InNetns(e.inetNS, func() error {
 		var err error
 		if plain, err = net.Listen("tcp4", ":80"); err != nil {
 			return err
@@ -195,34 +192,6 @@ func (e *env) startServers() {
 		tsrv.Close()
 		wg.Wait()
 	})
-}
-
-// inNetns runs fn on an OS thread switched into the namespace at path;
-// sockets fn creates stay in that namespace.
-func inNetns(path string, fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	target, err := os.Open(path)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	ferr := fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		return errors.Join(ferr, err) // thread stays locked and dies with the goroutine
-	}
-	runtime.UnlockOSThread()
-	return ferr
 }
 
 // attach attaches a sandbox and writes what the daemon would write into its
@@ -312,7 +281,7 @@ func must(t testing.TB, err error) {
 func sandboxDialer(nsPath string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
-		err := inNetns(nsPath, func() error {
+		err := testutil.InNetns(nsPath, func() error {
 			var d net.Dialer
 			var err error
 			c, err = d.DialContext(ctx, "tcp4", addr)

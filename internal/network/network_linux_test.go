@@ -3,6 +3,7 @@ package network
 import (
 	"bufio"
 	"context"
+	"github.com/berth-dev/berth/internal/testutil"
 	"io"
 	"net"
 	"net/http"
@@ -70,7 +71,7 @@ func TestEgress(t *testing.T) {
 		// DNS sent to another resolver is answered by berth's.
 		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var c net.Conn
-			err := inNetns(e.mgr.netnsPath("host1"), func() error {
+			err := testutil.InNetns(e.mgr.netnsPath("host1"), func() error {
 				var d net.Dialer
 				var err error
 				c, err = d.DialContext(ctx, "udp4", otherIP+":53")
@@ -207,7 +208,7 @@ func TestEgress(t *testing.T) {
 	t.Run("dial sandbox", func(t *testing.T) {
 		att := e.attach("port1", egress.Policy{Mode: egress.DenyAll})
 		var ln net.Listener
-		must(t, inNetns(att.NetNSPath, func() error {
+		must(t, testutil.InNetns(att.NetNSPath, func() error {
 			var err error
 			ln, err = net.Listen("tcp4", ":8080")
 			return err

@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -170,7 +169,7 @@ func (n *internet) startServers(t *testing.T, ns string) {
 		fmt.Fprintf(w, "host=%s auth=%s xkey=%s\n", r.Host, authState(r.Header.Get("Authorization")), authState(r.Header.Get("X-Key")))
 	})
 	var plain, secure net.Listener
-	err = inNetns(ns, func() error {
+	err = testutil.InNetns(ns, func() error {
 		var err error
 		if plain, err = net.Listen("tcp4", ":80"); err != nil {
 			return err
@@ -191,34 +190,6 @@ func (n *internet) startServers(t *testing.T, ns string) {
 		tsrv.Close()
 		wg.Wait()
 	})
-}
-
-// inNetns runs fn on an OS thread switched into the namespace at path;
-// sockets fn creates stay there.
-func inNetns(path string, fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	target, err := os.Open(path)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	ferr := fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("%v; restore netns: %w", ferr, err) // the thread stays locked and dies
-	}
-	runtime.UnlockOSThread()
-	return ferr
 }
 
 func run(t *testing.T, args ...string) {
