@@ -204,7 +204,7 @@ func (d *Daemon) watchOne(ctx context.Context, sb *sandbox.Sandbox, ooms map[str
 		if st.OOMKills > ooms[sb.ID] {
 			if _, had := ooms[sb.ID]; had || st.OOMKills > 0 {
 				d.event(ctx, sb, "kernel", "oom", "oom_kill", "a process was killed for exceeding the memory limit",
-					map[string]string{"memory_limit_mib": itoa(sb.Resources.MemoryMiB)})
+					map[string]string{"memory_limit_mib": formatInt(sb.Resources.MemoryMiB)})
 			}
 		}
 		ooms[sb.ID] = st.OOMKills
@@ -221,6 +221,3 @@ func (d *Daemon) watchOne(ctx context.Context, sb *sandbox.Sandbox, ooms map[str
 	d.fail(ctx, cur, "exited", errors.New("the sandbox's init process exited"))
 }
 
-func itoa(n int64) string {
-	return formatInt(n)
-}
