@@ -220,4 +220,3 @@ func (d *Daemon) watchOne(ctx context.Context, sb *sandbox.Sandbox, ooms map[str
 	}
 	d.fail(ctx, cur, "exited", errors.New("the sandbox's init process exited"))
 }
-
