@@ -40,6 +40,9 @@ type Daemon struct {
 	pauseMu sync.Mutex
 	pauseCh map[string]chan struct{}
 
+	wpools  *warmPools   // pool.go
+	tplWork templateWork // pull.go: one download per image, GC vs imports
+
 	accounting *accounting // reaper signals, quota admission, metrics (accounting.go)
 	acctOnce   sync.Once
 
@@ -76,6 +79,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		cfg: cfg, agent: agent, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
 		locks: map[string]*sync.Mutex{}, clients: map[string]*agentapi.Client{},
 		pauseCh: map[string]chan struct{}{},
+		wpools:  newWarmPools(),
 		bg:      bg, cancel: cancel,
 	}, nil
 }

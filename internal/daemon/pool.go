@@ -97,23 +97,11 @@ type warmPools struct {
 	once  sync.Once
 }
 
-func (d *Daemon) pools() *warmPools {
-	poolsMu.Lock()
-	defer poolsMu.Unlock()
-	p, ok := poolsOf[d]
-	if !ok {
-		p = &warmPools{pools: map[string]*warmPool{}, sem: make(chan struct{}, poolFillParallel), kick: make(chan struct{}, 1)}
-		poolsOf[d] = p
-	}
-	return p
-}
+func (d *Daemon) pools() *warmPools { return d.wpools }
 
-// poolsOf keeps each daemon's pools without a field in the shared Daemon
-// struct; a daemon lives for the whole process, so entries are never removed.
-var (
-	poolsMu sync.Mutex
-	poolsOf = map[*Daemon]*warmPools{}
-)
+func newWarmPools() *warmPools {
+	return &warmPools{pools: map[string]*warmPool{}, sem: make(chan struct{}, poolFillParallel), kick: make(chan struct{}, 1)}
+}
 
 func (p *warmPools) wake() {
 	select {

@@ -78,12 +78,7 @@ type templateWork struct {
 	gc     sync.RWMutex // read: an import/build in progress; write: gc
 }
 
-var templateWorks sync.Map // data dir → *templateWork
-
-func (d *Daemon) work() *templateWork {
-	w, _ := templateWorks.LoadOrStore(d.cfg.DataDir, &templateWork{})
-	return w.(*templateWork)
-}
+func (d *Daemon) work() *templateWork { return &d.tplWork }
 
 // PullTemplate imports an image as template req.Name: each image layer
 // becomes a layer named by its diffID (OCI whiteouts converted), and the
