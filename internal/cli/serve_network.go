@@ -107,32 +107,44 @@ func startNetwork(ctx context.Context, d *daemon.Daemon, c NetworkServeConfig) e
 }
 
 // deriveNetwork gives a server whose data dir is not the default its own
-// bridge, nftables table, veth prefix and /24 subnet, derived from the data
-// dir's path (stable across restarts, so reconciliation finds its own).
-// Two servers on one host (a test server next to the real one, a bench
-// --self run) then never share a bridge, a table or a proxy address.
-// Explicit settings always win.
+// bridge, nftables table, veth prefix and /24 subnet. Two servers on one
+// host (a test server next to the real one, a bench --self run) then never
+// share a bridge, a table or a proxy address. Explicit settings always win.
+//
+// The names are derived from the data dir's path; the subnet is the first
+// /24 of a path-derived sequence the host does not use. Once a server ran,
+// the layout it used (DATA_DIR/network/layout.json) is taken over as it is:
+// after a restart with sandboxes still running, the server's own bridge
+// occupies its subnet and must not push it to another one.
 func deriveNetwork(dataDir string, c *NetworkServeConfig) {
 	if filepath.Clean(dataDir) == defaultDataDir {
 		return
 	}
 	h := sha256.Sum256([]byte(filepath.Clean(dataDir)))
 	tag := hex.EncodeToString(h[:3])
-	if c.Bridge == "" {
-		c.Bridge = "bb" + tag // 8 chars; interface names stop at 15
+	saved, ok, _ := network.SavedLayout(filepath.Join(dataDir, "network"))
+	pick := func(p *string, savedV, derived string) {
+		switch {
+		case *p != "":
+		case ok && savedV != "":
+			*p = savedV
+		default:
+			*p = derived
+		}
 	}
-	if c.Table == "" {
-		c.Table = "berth_" + tag
-	}
-	if c.VethPrefix == "" {
-		c.VethPrefix = "v" + tag[:3]
+	pick(&c.Bridge, saved.Bridge, "bb"+tag) // 8 chars; interface names stop at 15
+	pick(&c.Table, saved.Table, "berth_"+tag)
+	pick(&c.VethPrefix, saved.VethPrefix, "v"+tag[:3])
+	if c.Subnet == "" && ok {
+		c.Subnet = saved.Subnet.String()
 	}
 	if c.Subnet == "" {
-		// 10.200.0.0/13 carved into /24s, skipping ranges the host uses.
+		// 10.200.0.0/13 carved into /24s, skipping ranges the host uses
+		// (the server's own bridge excepted: it is ours to reuse).
 		for i := 0; i < 64; i++ {
 			n := (uint32(h[3])<<8 | uint32(h[4])) + uint32(i)*7919
 			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + (n>>8)%8), byte(n), 0}), 24)
-			if !hostUses(p) {
+			if !hostUses(p, c.Bridge) {
 				c.Subnet = p.String()
 				return
 			}
@@ -140,12 +152,19 @@ func deriveNetwork(dataDir string, c *NetworkServeConfig) {
 	}
 }
 
-// hostUses reports whether any host interface address lies in p.
-func hostUses(p netip.Prefix) bool {
-	addrs, _ := net.InterfaceAddrs()
-	for _, a := range addrs {
-		if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Overlaps(p) {
-			return true
+// hostUses reports whether an address of a host interface other than
+// except lies in p.
+func hostUses(p netip.Prefix, except string) bool {
+	ifs, _ := net.Interfaces()
+	for _, ifc := range ifs {
+		if ifc.Name == except {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Overlaps(p) {
+				return true
+			}
 		}
 	}
 	return false

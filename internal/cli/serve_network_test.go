@@ -2,6 +2,8 @@ package cli
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -31,5 +33,30 @@ func TestDeriveNetwork(t *testing.T) {
 	deriveNetwork("/tmp/b1", &explicit)
 	if explicit.Bridge != "mine" || explicit.Subnet != "10.99.0.0/16" || explicit.Table == "" {
 		t.Errorf("explicit settings must win: %+v", explicit)
+	}
+}
+
+// A data dir whose server ran before keeps the layout it used, even when
+// the derivation would now pick another subnet (its own bridge, kept by
+// running sandboxes, occupies the derived one after a restart).
+func TestDeriveNetworkTakesOverSavedLayout(t *testing.T) {
+	dir := t.TempDir()
+	saved := `{"bridge":"bbsaved","subnet":"10.203.7.0/24","table":"berth_saved","veth_prefix":"vsav"}`
+	if err := os.MkdirAll(filepath.Join(dir, "network"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "network", "layout.json"), []byte(saved), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var c NetworkServeConfig
+	deriveNetwork(dir, &c)
+	want := NetworkServeConfig{Bridge: "bbsaved", Subnet: "10.203.7.0/24", Table: "berth_saved", VethPrefix: "vsav"}
+	if c != want {
+		t.Errorf("derived %+v, want the saved layout %+v", c, want)
+	}
+	explicit := NetworkServeConfig{Subnet: "10.99.0.0/16"}
+	deriveNetwork(dir, &explicit)
+	if explicit.Subnet != "10.99.0.0/16" || explicit.Bridge != "bbsaved" {
+		t.Errorf("explicit settings must win over the saved layout: %+v", explicit)
 	}
 }

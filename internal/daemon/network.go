@@ -423,22 +423,41 @@ func (d *Daemon) reconcileNetwork(ctx context.Context) error {
 		return err
 	}
 	var live []string
-	var keep []*sandbox.Sandbox
+	var keep, active []*sandbox.Sandbox
 	for _, sb := range all {
 		switch sb.State {
 		case sandbox.Stopped, sandbox.Failed, sandbox.Deleted:
 			continue
 		}
+		active = append(active, sb)
 		if _, ok := d.net.mgr.Get(sb.ID); ok {
 			live = append(live, sb.ID)
 			keep = append(keep, sb)
 		}
 	}
 	errList := []error{d.net.mgr.Reconcile(ctx, live)}
+	d.reportReattached(ctx, active)
 	for _, sb := range keep {
 		if err := d.netUp(ctx, sb, ""); err != nil {
 			errList = append(errList, fmt.Errorf("sandbox %s: %w", sb.ID, err))
 		}
 	}
 	return errors.Join(errList...)
+}
+
+// reportReattached records what network Setup did to sandboxes whose
+// attachment did not fit the layout of this start: each one is an event, so
+// a changed address (or a lost network) is never silent.
+func (d *Daemon) reportReattached(ctx context.Context, all []*sandbox.Sandbox) {
+	moved, lost := d.net.mgr.Reattached()
+	for _, sb := range all {
+		if m, ok := moved[sb.ID]; ok {
+			d.event(ctx, sb, "berth", "network", "network_reattached",
+				"the network layout changed across a daemon restart; the sandbox got a new address "+m, nil)
+		}
+		if why, ok := lost[sb.ID]; ok {
+			d.event(ctx, sb, "berth", "network", "network_lost",
+				"the sandbox could not be reattached to the network layout of this start and has no network until it is restarted: "+why, nil)
+		}
+	}
 }

@@ -54,6 +54,11 @@ func setupBridge(ctx context.Context, name string, gw netip.Prefix) error {
 	if _, err := run(ctx, "", "ip", "addr", "replace", gw.String(), "dev", name); err != nil {
 		return err
 	}
+	// A bridge kept from a server with another subnet loses the old address
+	// (the bridge is berth's own; nothing else puts addresses on it).
+	if err := dropOtherAddrs(ctx, name, gw); err != nil {
+		return err
+	}
 	_, err := run(ctx, "", "ip", "link", "set", "dev", name, "up")
 	return err
 }
@@ -138,4 +143,53 @@ func listLinks(ctx context.Context, prefix string) ([]string, error) {
 		}
 	}
 	return names, nil
+}
+
+// dropOtherAddrs removes every IPv4 address of link name but keep.
+func dropOtherAddrs(ctx context.Context, name string, keep netip.Prefix) error {
+	out, err := run(ctx, "", "ip", "-j", "-4", "addr", "show", "dev", name)
+	if err != nil {
+		return err
+	}
+	var links []struct {
+		AddrInfo []struct {
+			Local     string `json:"local"`
+			PrefixLen int    `json:"prefixlen"`
+		} `json:"addr_info"`
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil {
+		return errs.Wrap(errs.Internal, err, "parse ip -j addr")
+	}
+	for _, l := range links {
+		for _, a := range l.AddrInfo {
+			addr, err := netip.ParseAddr(a.Local)
+			if err != nil || netip.PrefixFrom(addr, a.PrefixLen) == keep {
+				continue
+			}
+			if _, err := run(ctx, "", "ip", "addr", "del", netip.PrefixFrom(addr, a.PrefixLen).String(), "dev", name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// linkMasters maps every host link's name to its master ("" for none).
+func linkMasters(ctx context.Context) (map[string]string, error) {
+	out, err := run(ctx, "", "ip", "-j", "link", "show")
+	if err != nil {
+		return nil, err
+	}
+	var links []struct {
+		IfName string `json:"ifname"`
+		Master string `json:"master"`
+	}
+	if err := json.Unmarshal([]byte(out), &links); err != nil {
+		return nil, errs.Wrap(errs.Internal, err, "parse ip -j link")
+	}
+	m := make(map[string]string, len(links))
+	for _, l := range links {
+		m[l.IfName] = l.Master
+	}
+	return m, nil
 }

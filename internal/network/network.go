@@ -114,8 +114,10 @@ type Manager struct {
 	plan PlanConfig
 	log  *slog.Logger
 
-	mu  sync.Mutex
-	sbs map[string]*record
+	mu    sync.Mutex
+	sbs   map[string]*record
+	moved map[string]string // Reattached
+	lost  map[string]string
 }
 
 // record is one attached sandbox, persisted in StateDir/network.json.
@@ -140,7 +142,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := checkPlanConfig(plan); err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, err, "network config")
 	}
-	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}}
+	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}, moved: map[string]string{}, lost: map[string]string{}}
 	b, err := os.ReadFile(m.statePath())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -158,7 +160,10 @@ func New(cfg Config) (*Manager, error) {
 func (m *Manager) Config() Config { return m.cfg }
 
 // Setup creates the bridge, enables forwarding and installs the ruleset
-// (including every persisted sandbox). Idempotent.
+// (including every persisted sandbox). Persisted sandboxes that do not fit
+// the configured layout (another subnet, bridge or veth prefix than the
+// one they were attached with) are reattached (see Reattached). The layout
+// is saved for SavedLayout. Idempotent.
 func (m *Manager) Setup(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -166,6 +171,12 @@ func (m *Manager) Setup(ctx context.Context) error {
 		return errs.Wrap(errs.Internal, err, "create %s", m.netnsDir())
 	}
 	if err := setupBridge(ctx, m.cfg.BridgeName, netip.PrefixFrom(m.cfg.Gateway(), m.cfg.Subnet.Bits())); err != nil {
+		return err
+	}
+	if err := m.saveLayout(); err != nil {
+		return err
+	}
+	if err := m.reconcileLayoutLocked(ctx); err != nil {
 		return err
 	}
 	if err := m.applyLocked(ctx); err != nil {

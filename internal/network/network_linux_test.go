@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -302,4 +303,75 @@ func assertGone(t *testing.T, nsPath, veth string) {
 
 func runOut(args ...string) (string, error) {
 	return run(context.Background(), "", args[0], args[1:]...)
+}
+
+// A server restarted with another subnet (or veth prefix) must not refuse
+// to start over sandboxes attached under the old one: they are reattached
+// inside the namespaces they run in, and the layout is saved.
+func TestSetupReattachesOnLayoutChange(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	old := e.attach("move1", egress.Policy{Mode: egress.DenyAll})
+	keepNS := e.attach("gone1", egress.Policy{Mode: egress.DenyAll})
+	// gone1's namespace vanishes while the daemon is down: it cannot be
+	// reattached, and must not stop the start either.
+	must(t, deleteNetns(keepNS.NetNSPath))
+
+	cfg := e.mgr.Config()
+	saved, ok, err := SavedLayout(cfg.StateDir)
+	if err != nil || !ok || saved.Subnet != cfg.Subnet || saved.Bridge != cfg.BridgeName {
+		t.Fatalf("saved layout %+v ok=%v err=%v, want subnet %s", saved, ok, err, cfg.Subnet)
+	}
+	a := cfg.Subnet.Addr().As4()
+	a[2]++
+	cfg.Subnet = netip.PrefixFrom(netip.AddrFrom4(a), 24)
+	cfg.VethPrefix = cfg.VethPrefix[:3] + "q"
+	m2, err := New(cfg)
+	must(t, err)
+	e.mgr = m2 // cleanup tears this one down
+	must(t, m2.Setup(ctx))
+
+	got, ok := m2.Get("move1")
+	if !ok || !cfg.Subnet.Contains(got.IP) || got.NetNSPath != old.NetNSPath {
+		t.Fatalf("move1 after the layout change: %+v ok=%v (subnet %s)", got, ok, cfg.Subnet)
+	}
+	if _, ok := m2.Get("gone1"); ok {
+		t.Errorf("gone1 kept an attachment without a namespace")
+	}
+	moved, lost := m2.Reattached()
+	if moved["move1"] == "" || lost["gone1"] == "" || len(moved) != 1 || len(lost) != 1 {
+		t.Errorf("Reattached: moved %v lost %v", moved, lost)
+	}
+	inside, err := runOut("nsenter", "--net="+old.NetNSPath, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+	must(t, err)
+	if !strings.Contains(inside, got.IP.String()+"/24") || strings.Contains(inside, old.IP.String()+"/") {
+		t.Errorf("eth0 in the namespace: %s (want %s, not %s)", inside, got.IP, old.IP)
+	}
+	route, err := runOut("nsenter", "--net="+old.NetNSPath, "ip", "-4", "route", "show", "default")
+	must(t, err)
+	if !strings.Contains(route, "via "+cfg.Gateway().String()) {
+		t.Errorf("default route in the namespace: %q, want via %s", route, cfg.Gateway())
+	}
+	br, err := runOut("ip", "-4", "-o", "addr", "show", "dev", cfg.BridgeName)
+	must(t, err)
+	if !strings.Contains(br, cfg.Gateway().String()+"/24") || strings.Contains(br, old.Gateway.String()+"/") {
+		t.Errorf("bridge addresses: %s", br)
+	}
+	if links, _ := listLinks(ctx, e.mgr.vethName("move1")); len(links) != 1 {
+		t.Errorf("veth of move1 under the new prefix: %v", links)
+	}
+	if saved, _, _ := SavedLayout(cfg.StateDir); saved.Subnet != cfg.Subnet || saved.VethPrefix != cfg.VethPrefix {
+		t.Errorf("layout not saved: %+v", saved)
+	}
+	// A third start over the same state changes nothing.
+	m3, err := New(cfg)
+	must(t, err)
+	must(t, m3.Setup(ctx))
+	if again, _ := m3.Get("move1"); again.IP != got.IP {
+		t.Errorf("address moved again on an unchanged layout: %s → %s", got.IP, again.IP)
+	}
+	if moved, lost := m3.Reattached(); len(moved)+len(lost) != 0 {
+		t.Errorf("unchanged layout reattached: %v %v", moved, lost)
+	}
+	e.mgr = m3
 }
