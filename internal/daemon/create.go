@@ -132,7 +132,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		Runtime: req.Runtime, State: sandbox.Creating, Labels: req.Labels, Env: withTemplateEnv(tpl, req.Env),
 		Resources: req.Resources, CreatedAt: now, ExpiresAt: now.Add(req.TTL),
 		ExpiryAction: req.ExpiryAction, AccessToken: newToken(), AutoResume: req.AutoResume,
-		Extra: req.Extra,
+		Extra: withPinnedLayers(req.Extra, tpl), // pin.go: the layers are the sandbox's for life
 	}
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
@@ -209,6 +209,9 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 			return errs.Wrap(errs.FailedPrecondition, err, "template %s", sb.Template)
 		}
 		tpl = &t
+	}
+	if err := d.pinForBoot(ctx, sb, tpl); err != nil {
+		return err
 	}
 	lowers, err := d.lowersFor(sb, tpl)
 	if err != nil {

@@ -25,6 +25,10 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 	var errList []error
 	for _, sb := range all {
 		known[sb.ID] = true
+		if err := d.pinLegacy(ctx, sb); err != nil { // pin.go
+			d.log.Error("pin layers", "sandbox_id", sb.ID, "err", err)
+			errList = append(errList, err)
+		}
 		if err := d.reconcileOne(ctx, sb); err != nil {
 			d.log.Error("reconcile", "sandbox_id", sb.ID, "err", err)
 			errList = append(errList, err)

@@ -17,7 +17,7 @@ import (
 
 // Keys in Sandbox.Extra written by snapshots and forks.
 const (
-	extraLayers     = "layers"          // comma-joined layer digests (top first) when not the template's
+	extraLayers     = "layers"          // comma-joined layer digests (top first) the sandbox boots on, pinned for life (pin.go)
 	extraSnapshot   = "snapshot"        // snapshot the sandbox was started from
 	extraParent     = "fork_parent"     // sandbox it was forked from
 	extraGeneration = "fork_generation" // 0 = not a fork

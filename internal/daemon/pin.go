@@ -1,0 +1,111 @@
+package daemon
+
+import (
+	"context"
+	"maps"
+	"strings"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// A sandbox pins the layers it boots on by digest (Extra[extraLayers]) for
+// its whole life: a rebuilt template does not move it to other layers at its
+// next start or disk resume, snapshots and forks of it use the pinned
+// layers, and layer GC (CollectLayers) keeps them while the sandbox exists.
+//
+// Sandboxes from before pins existed are pinned when the daemon starts if
+// their template still has the fingerprint they were created from. One
+// whose template was rebuilt meanwhile cannot be pinned to what it runs on
+// (nothing recorded it); it says so in an event, and its next boot moves it
+// to the template's current layers, recorded as an event too.
+
+// extraPinReason marks a legacy sandbox whose layers could not be pinned.
+const extraPinReason = "layers_unpinned"
+
+// withPinnedLayers returns extra with the template's layers pinned unless
+// the request already names its own (a snapshot's, a build step's).
+func withPinnedLayers(extra map[string]string, tpl *store.Template) map[string]string {
+	if extra[extraLayers] != "" || tpl == nil || len(tpl.Layers) == 0 {
+		return extra
+	}
+	out := maps.Clone(extra)
+	if out == nil {
+		out = map[string]string{}
+	}
+	out[extraLayers] = strings.Join(tpl.Layers, ",")
+	return out
+}
+
+// pinLegacy pins the layers of a sandbox created before pins existed, at
+// daemon start (Reconcile), when its template still matches.
+func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
+	if sb.State == sandbox.Deleted || sb.Extra[extraLayers] != "" || sb.Extra[extraPinReason] != "" {
+		return nil
+	}
+	tpl, err := d.store.GetTemplate(ctx, sb.Template)
+	if err != nil && !errs.Is(err, errs.NotFound) {
+		return err
+	}
+	reason := ""
+	switch {
+	case err != nil:
+		reason = "template " + sb.Template + " is gone"
+	case tpl.Fingerprint != sb.TemplateID:
+		reason = "template " + sb.Template + " was rebuilt (fingerprint " + sb.TemplateID + ", now " + tpl.Fingerprint + ") before this sandbox's layers were pinned"
+	case len(tpl.Layers) == 0:
+		return nil
+	}
+	out, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
+		if s.Extra == nil {
+			s.Extra = map[string]string{}
+		}
+		if reason != "" {
+			s.Extra[extraPinReason] = reason
+		} else {
+			s.Extra[extraLayers] = strings.Join(tpl.Layers, ",")
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	*sb = *out
+	if reason != "" {
+		d.event(ctx, sb, "berth", "layers", "layers_unpinned", reason+
+			"; snapshots and forks are refused until its next boot, which moves it to the template's current layers", nil)
+		return nil
+	}
+	d.log.Info("pinned the layers of a sandbox created before layer pins", "sandbox_id", sb.ID, "template", sb.Template)
+	return nil
+}
+
+// pinForBoot makes sure sb (about to boot over tpl) has pinned layers. A
+// legacy sandbox that could not be pinned moves to the template's current
+// layers here, explicitly: its pin, its TemplateID and an event say so.
+func (d *Daemon) pinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) error {
+	if sb.Extra[extraLayers] != "" || tpl == nil || len(tpl.Layers) == 0 {
+		return nil
+	}
+	from := sb.TemplateID
+	out, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
+		if s.Extra == nil {
+			s.Extra = map[string]string{}
+		}
+		s.Extra[extraLayers] = strings.Join(tpl.Layers, ",")
+		delete(s.Extra, extraPinReason)
+		s.TemplateID = tpl.Fingerprint
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	sb.Extra, sb.TemplateID = out.Extra, out.TemplateID
+	if from != tpl.Fingerprint {
+		d.event(ctx, sb, "berth", "layers", "layers_rebased",
+			"booting on the current layers of template "+tpl.Name+": this sandbox predates layer pins and its template was rebuilt",
+			map[string]string{"from_fingerprint": from, "to_fingerprint": tpl.Fingerprint})
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+package daemon
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+func TestWithPinnedLayers(t *testing.T) {
+	tpl := &store.Template{Name: "t", Layers: []string{"top", "base"}}
+	for _, c := range []struct {
+		name  string
+		extra map[string]string
+		tpl   *store.Template
+		want  map[string]string
+	}{
+		{"template layers pinned", nil, tpl, map[string]string{extraLayers: "top,base"}},
+		{"other keys kept", map[string]string{"k": "v"}, tpl, map[string]string{"k": "v", extraLayers: "top,base"}},
+		{"a snapshot's layers win", map[string]string{extraLayers: "snap,base"}, tpl, map[string]string{extraLayers: "snap,base"}},
+		{"no template", nil, nil, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := map[string]string{}
+			for k, v := range c.extra {
+				in[k] = v
+			}
+			got := withPinnedLayers(c.extra, c.tpl)
+			if diff := cmp.Diff(c.want, got); diff != "" {
+				t.Errorf("(-want +got)\n%s", diff)
+			}
+			if len(c.extra) > 0 && !cmp.Equal(in, c.extra) {
+				t.Errorf("the request's map was changed: %v", c.extra)
+			}
+		})
+	}
+}
+
+// TestPinLegacy: sandboxes from before layer pins get pinned at daemon
+// start when their template still matches; one whose template was rebuilt
+// says so once, and its next boot moves it to the current layers, recorded.
+func TestPinLegacy(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	t0 := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	d := signalsDaemon(t, st, &testClock{now: t0})
+	ctx := t.Context()
+	tpl, err := st.PutTemplate(ctx, store.Template{Name: "t", Fingerprint: "fp2", Layers: []string{"new", "base"}, State: store.TemplateReady})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(id, fp string, extra map[string]string) *sandbox.Sandbox {
+		sb := &sandbox.Sandbox{ID: id, Owner: "alice", Template: "t", TemplateID: fp, Runtime: "runc",
+			State: sandbox.Stopped, CreatedAt: t0, ExpiresAt: t0.Add(time.Hour), ExpiryAction: sandbox.ExpireStop,
+			Resources: sandbox.Resources{CPUMillis: 1000, MemoryMiB: 64, DiskMiB: 64, Pids: 64}, Extra: extra}
+		if err := st.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	same := mk("same", "fp2", nil)
+	rebuilt := mk("rebuilt", "fp1", nil)
+	pinned := mk("pinned", "fp1", map[string]string{extraLayers: "old,base"})
+	reasons := func(id string) []string {
+		evs, err := st.ListEvents(ctx, store.EventFilter{SandboxID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, ev := range evs {
+			if ev.Type == "layers" {
+				out = append(out, ev.Reason)
+			}
+		}
+		return out
+	}
+	get := func(id string) *sandbox.Sandbox {
+		sb, err := st.GetSandbox(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sb
+	}
+	for range 2 { // a second daemon start changes nothing more
+		for _, sb := range []*sandbox.Sandbox{same, rebuilt, pinned} {
+			if err := d.pinLegacy(ctx, sb); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := get("same").Extra[extraLayers]; got != "new,base" {
+		t.Errorf("same: pinned %q, want the template's current layers", got)
+	}
+	if got := get("pinned").Extra[extraLayers]; got != "old,base" {
+		t.Errorf("pinned: %q, want its own pin kept", got)
+	}
+	r := get("rebuilt")
+	if r.Extra[extraLayers] != "" || r.Extra[extraPinReason] == "" || r.TemplateID != "fp1" {
+		t.Errorf("rebuilt after pinLegacy: %+v", r.Extra)
+	}
+	if diff := cmp.Diff([]string{"layers_unpinned"}, reasons("rebuilt")); diff != "" {
+		t.Errorf("rebuilt events (-want +got)\n%s", diff)
+	}
+	if len(reasons("same"))+len(reasons("pinned")) != 0 {
+		t.Errorf("events for sandboxes that needed no explanation: %v %v", reasons("same"), reasons("pinned"))
+	}
+
+	for _, sb := range []*sandbox.Sandbox{r, get("pinned"), get("same")} {
+		if err := d.pinForBoot(ctx, sb, &tpl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = get("rebuilt")
+	if r.Extra[extraLayers] != "new,base" || r.Extra[extraPinReason] != "" || r.TemplateID != "fp2" {
+		t.Errorf("rebuilt after its boot: template_id %s extra %v", r.TemplateID, r.Extra)
+	}
+	if diff := cmp.Diff([]string{"layers_unpinned", "layers_rebased"}, reasons("rebuilt")); diff != "" {
+		t.Errorf("rebuilt events (-want +got)\n%s", diff)
+	}
+	if p := get("pinned"); p.Extra[extraLayers] != "old,base" || p.TemplateID != "fp1" {
+		t.Errorf("a pinned sandbox moved at boot: %s %v", p.TemplateID, p.Extra)
+	}
+}
