@@ -3,16 +3,32 @@
 # Debian bookworm's criu 3.17 fails on 6.x kernels ("vdso: Unexpected rt vDSO area
 # bounds"), so runc memory checkpoints need a newer CRIU. See shared/notes/checkpoint.md.
 # Idempotent: exits at once when the binary exists and `criu check` passes.
+# The tarball comes from the host's Debian mirror (its apt sources, or
+# BERTH_DEBIAN_MIRROR; see scripts/hostcfg.sh).
+#
+#   scripts/build-criu.sh [--print-url]   --print-url: print the tarball URL and exit
 set -eu
 
 VERSION=4.1.1
 DEST=${CRIU_DEST:-/var/cache/berth/bin/criu}
 WORK=${CRIU_WORK:-/var/cache/berth/src}
-URL=http://deb.debian.org/debian/pool/main/c/criu/criu_${VERSION}.orig.tar.xz
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/hostcfg.sh"
+
+# criu_url prints where the orig tarball is: the pool is shared by every
+# suite of a mirror, so any Debian entry of the host's sources will do.
+criu_url() {
+	mirror=$(debian_mirror) || return 1
+	printf '%s/pool/main/c/criu/criu_%s.orig.tar.xz\n' "$mirror" "$VERSION"
+}
+
+if [ "${1:-}" = "--print-url" ]; then
+	criu_url
+	exit
+fi
 
 # Local patches, applied in order; their hash is stamped next to the binary
 # so a changed patch set rebuilds.
-HERE=$(cd "$(dirname "$0")" && pwd)
 PATCHES="$HERE/criu-rlimit-eperm.patch"
 STAMP=$(cat $PATCHES | sha256sum | cut -c1-16)
 
@@ -31,6 +47,8 @@ apt-get install -y --no-install-recommends \
 mkdir -p "$WORK" "$(dirname "$DEST")"
 cd "$WORK"
 if [ ! -f "criu_${VERSION}.orig.tar.xz" ]; then
+	URL=$(criu_url)
+	echo "criu: fetching $URL"
 	curl -fsSL -o "criu_${VERSION}.orig.tar.xz.part" "$URL"
 	mv "criu_${VERSION}.orig.tar.xz.part" "criu_${VERSION}.orig.tar.xz"
 fi

@@ -6,11 +6,17 @@
 #
 #   scripts/setup.sh [--no-serve] [berth serve flags...]
 #
-# Environment: BERTH_CACHE_DIR (default /var/cache/berth).
+# Environment: BERTH_CACHE_DIR (default /var/cache/berth); BERTH_DEBIAN_MIRROR
+# (default: the host's apt sources) and BERTH_GOPROXY (default: the first URL
+# of `go env GOPROXY`, or of $GOPROXY while Go is missing) say where the
+# Debian packages (CRIU's source, the default template) and a missing Go
+# toolchain come from (scripts/hostcfg.sh).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
+# shellcheck source=scripts/hostcfg.sh
+. scripts/hostcfg.sh
 
 SERVE=1
 ARGS=()
@@ -87,15 +93,16 @@ fi
 log "node $(node --version), npm $(npm --version)"
 
 # --- Go ------------------------------------------------------------------------
-# The toolchain comes from the Go module proxy (golang.org/toolchain), the
-# same place `go` itself fetches toolchains from; module zips carry no exec
-# bits, so they are restored by hand.
+# The toolchain comes from the host's Go module proxy (module
+# golang.org/toolchain), the same place `go` itself fetches toolchains from;
+# module zips carry no exec bits, so they are restored by hand.
 GO_VERSION=$(awk '$1 == "go" {print $2; exit}' go.mod)
 if ! command -v go >/dev/null; then
 	[ -n "$GO_VERSION" ] || die "no go version in go.mod"
 	arch=$(dpkg --print-architecture)
 	mod="golang.org/toolchain@v0.0.1-go${GO_VERSION}.linux-${arch}"
-	url="${GOPROXY_URL:-https://proxy.golang.org}/golang.org/toolchain/@v/v0.0.1-go${GO_VERSION}.linux-${arch}.zip"
+	proxy=$(go_proxy) || die "no Go module proxy to fetch Go from: set BERTH_GOPROXY (or GOPROXY) to its URL"
+	url="$proxy/golang.org/toolchain/@v/v0.0.1-go${GO_VERSION}.linux-${arch}.zip"
 	log "installing Go $GO_VERSION into $GOROOT_DIR from $url"
 	tmp=$(mktemp -d)
 	curl -fsSL -o "$tmp/go.zip" "$url"

@@ -26,11 +26,14 @@ import (
 const DefaultCacheDir = "/var/cache/berth/rootfs"
 
 // defaultRecipe is everything that decides the default template's content;
-// its hash names the cached tar, so changing any field rebuilds it.
+// its hash names the cached tar, so changing any field rebuilds it. The
+// mirror is not part of it: it says where the suite's packages come from,
+// not what they are (every mirror serves the same signed release), so a
+// host that moves to another mirror or proxy keeps its cached template.
 type defaultRecipe struct {
 	Version   int      `json:"version"`
 	Suite     string   `json:"suite"`
-	Mirror    string   `json:"mirror"`
+	Mirror    string   `json:"-"` // the host's (ResolveDebianMirror), filled in at build time
 	Variant   string   `json:"variant"`
 	Include   []string `json:"include"`
 	Configure string   `json:"configure"`
@@ -78,7 +81,6 @@ rm -rf /tmp/* /var/tmp/* /root/.bash_history
 var theDefaultRecipe = defaultRecipe{
 	Version: 2,
 	Suite:   "bookworm",
-	Mirror:  "http://deb.debian.org/debian",
 	Variant: "minbase",
 	// sudo for the user; less/xz/unzip/procps/iproute2 are what agents reach for first.
 	Include:   []string{"bash", "ca-certificates", "coreutils", "curl", "git", "iproute2", "less", "procps", "python3", "sudo", "unzip", "xz-utils"},
@@ -98,7 +100,8 @@ func recipeHash(v any) string {
 func DefaultTarName() string { return "default-" + recipeHash(theDefaultRecipe) + ".tar" }
 
 // BuildDefault builds (or reuses) the default template: Debian bookworm
-// minbase made by debootstrap from deb.debian.org with bash, python3, git,
+// minbase made by debootstrap from the host's Debian mirror (its apt
+// sources, or BERTH_DEBIAN_MIRROR; see ResolveDebianMirror) with bash, python3, git,
 // curl, sudo and a few tools, a user "user" (uid/gid 1000, home /home/user,
 // shell /bin/bash, passwordless sudo), neutral /etc/hostname, no apt caches
 // and no docs, man pages or translations. The result is a tar at
@@ -108,8 +111,19 @@ func DefaultTarName() string { return "default-" + recipeHash(theDefaultRecipe) 
 // packages are kept in cacheDir/debs. Concurrent builders (other processes
 // too) wait for one another. Needs root and debootstrap.
 func BuildDefault(ctx context.Context, cacheDir string, progress func(Progress)) (string, error) {
+	return BuildDefaultFrom(ctx, cacheDir, "", progress)
+}
+
+// BuildDefaultFrom is BuildDefault with the Debian mirror given ("" = the
+// host's). The mirror is looked up only when the tar must be built.
+func BuildDefaultFrom(ctx context.Context, cacheDir, mirror string, progress func(Progress)) (string, error) {
 	r := theDefaultRecipe
 	tarPath, err := buildCached(ctx, cacheDir, DefaultTarName(), progress, packOptions{}, func(ctx context.Context, rootfs string, progress func(Progress)) error {
+		m, err := ResolveDebianMirror(mirror, "/etc/apt", r.Suite)
+		if err != nil {
+			return err
+		}
+		r.Mirror = m
 		if err := debootstrap(ctx, r, rootfs, filepath.Join(cacheDir, "debs"), progress); err != nil {
 			return err
 		}

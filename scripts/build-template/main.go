@@ -3,7 +3,10 @@
 // optionally imports them into a data dir's layer store. scripts/setup.sh
 // runs it; it prints one progress line per step and the tar path(s) last.
 //
-//	go run ./scripts/build-template [-cache DIR] [-import DATA_DIR] default|tiny...
+//	go run ./scripts/build-template [-cache DIR] [-import DATA_DIR] [-mirror URL] default|tiny...
+//
+// The default template is debootstrapped from the host's Debian mirror (its
+// apt sources); -mirror or BERTH_DEBIAN_MIRROR overrides it.
 package main
 
 import (
@@ -22,6 +25,7 @@ import (
 func main() {
 	cache := flag.String("cache", template.DefaultCacheDir, "directory for built template tars")
 	importTo := flag.String("import", "", "also import the tars into this data dir's layer store")
+	mirror := flag.String("mirror", "", "Debian mirror URL for the default template (default: $"+template.MirrorEnv+", else the host's apt sources)")
 	flag.Parse()
 	names := flag.Args()
 	if len(names) == 0 {
@@ -30,13 +34,13 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, log, *cache, *importTo, names); err != nil {
+	if err := run(ctx, log, *cache, *importTo, *mirror, names); err != nil {
 		log.Error("build-template failed", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, log *slog.Logger, cache, importTo string, names []string) error {
+func run(ctx context.Context, log *slog.Logger, cache, importTo, mirror string, names []string) error {
 	var store *template.Store
 	if importTo != "" {
 		s, err := template.Open(importTo, log)
@@ -52,7 +56,7 @@ func run(ctx context.Context, log *slog.Logger, cache, importTo string, names []
 		var err error
 		switch name {
 		case template.DefaultName:
-			tarPath, err = template.BuildDefault(ctx, cache, progress)
+			tarPath, err = template.BuildDefaultFrom(ctx, cache, mirror, progress)
 		case template.TinyName:
 			tarPath, err = template.BuildTiny(ctx, cache, progress)
 		default:
