@@ -452,12 +452,19 @@ func (d *Daemon) reportReattached(ctx context.Context, all []*sandbox.Sandbox) {
 	moved, lost := d.net.mgr.Reattached()
 	for _, sb := range all {
 		if m, ok := moved[sb.ID]; ok {
+			if sb.Runtime == "runsc" {
+				// gVisor's netstack copied the namespace's interfaces when the
+				// sandbox booted; it does not see the new veth.
+				d.event(ctx, sb, "berth", "network", "network_lost",
+					"the network layout changed across a daemon restart ("+m+"); gVisor configured the sandbox's network at boot, so it has none until it is restarted (stop, start)", nil)
+				continue
+			}
 			d.event(ctx, sb, "berth", "network", "network_reattached",
 				"the network layout changed across a daemon restart; the sandbox got a new address "+m, nil)
 		}
 		if why, ok := lost[sb.ID]; ok {
 			d.event(ctx, sb, "berth", "network", "network_lost",
-				"the sandbox could not be reattached to the network layout of this start and has no network until it is restarted: "+why, nil)
+				"the sandbox could not be reattached to the network layout of this start and has no network until it is restarted (stop, start): "+why, nil)
 		}
 	}
 }

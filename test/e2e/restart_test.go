@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,5 +104,77 @@ func TestRestartKeepsSandboxes(t *testing.T) {
 			id := s.create()
 			sandboxAddr(t, s, id)
 		})
+	}
+}
+
+// TestRestartWithAnotherSubnet: the operator restarts the server with
+// another subnet while sandboxes run. The server starts anyway and every
+// sandbox answers. A runc sandbox is reattached inside its own namespace (an
+// event says from which address to which) and reaches what its policy
+// allows through the new gateway; a runsc sandbox (whose netstack took its
+// interfaces at boot) is told to have lost its network, and has it back
+// after a stop/start.
+func TestRestartWithAnotherSubnet(t *testing.T) {
+	requireRunsc(t)
+	inet := newInternet(t)
+	s := startServer(t, inet.serveArgs()...)
+	ids := map[string]string{}
+	for _, rt := range []string{"runc", "runsc"} {
+		id := s.create("--runtime", rt, "--allow", "good.test")
+		if out, ok := s.fetch(id, "http://good.test/"); !ok {
+			t.Fatalf("%s: good.test before the restart: %s", rt, out)
+		}
+		ids[id] = rt
+	}
+	s.kill9()
+	other := ""
+	for i, a := range s.netArgs {
+		if a == "--network-subnet" {
+			p := netip.MustParsePrefix(s.netArgs[i+1])
+			b := p.Addr().As4()
+			for j := 1; j < 64 && other == ""; j++ {
+				q := netip.PrefixFrom(netip.AddrFrom4([4]byte{b[0], b[1], b[2] + byte(j), 0}), 24)
+				if !hostUses(q) {
+					other = q.String()
+				}
+			}
+			s.netArgs[i+1] = other
+		}
+	}
+	if other == "" {
+		t.Fatal("no free /24 next to the test subnet")
+	}
+	s.start()
+	q := netip.MustParsePrefix(other)
+	for id, rt := range ids {
+		if v := inspect(t, s, id); v.State != "running" {
+			t.Fatalf("%s: %s after the restart, want running", rt, v.State)
+		}
+		var evs []struct{ Reason, Message string }
+		_ = json.Unmarshal([]byte(s.must("events", id, "--json")), &evs)
+		want := map[string]string{"runc": "network_reattached", "runsc": "network_lost"}[rt]
+		found := false
+		for _, e := range evs {
+			found = found || e.Reason == want
+		}
+		if !found {
+			t.Errorf("%s: no %s event: %+v", rt, want, evs)
+		}
+		if out, code := s.run("exec", id, "--", "cat", "/proc/self/status"); code != 0 {
+			t.Errorf("%s: exec after the reattach: %d %s", rt, code, out)
+		}
+		if rt == "runsc" {
+			s.must("stop", id)
+			s.must("start", id)
+		}
+		if a := netip.MustParseAddr(sandboxAddr(t, s, id)); !q.Contains(a) {
+			t.Errorf("%s: address %s after the restart, want one in %s", rt, a, q)
+		}
+		if out, ok := s.fetch(id, "http://good.test/"); !ok || !strings.Contains(out, "host=good.test") {
+			t.Errorf("%s: good.test after the reattach: %q", rt, out)
+		}
+		if out, ok := s.fetch(id, "http://other.test/"); ok {
+			t.Errorf("%s: other.test after the reattach: %s", rt, out)
+		}
 	}
 }
