@@ -126,11 +126,19 @@ func (m *Manager) reconcileLayoutLocked(ctx context.Context) error {
 	}
 	var misfits []string
 	for id, r := range m.sbs {
+		if !validChainID(id) || r.Policy.Validate() != nil {
+			// A record the ruleset cannot name or enforce (a damaged state
+			// file): dropped, so it cannot keep the server from starting.
+			m.log.Error("network: dropping an unusable attachment record", "sandbox_id", id)
+			delete(m.sbs, id)
+			m.lost[id] = "its network record was unusable"
+			continue
+		}
 		if !m.fitsLocked(id, r, links, taken) {
 			misfits = append(misfits, id)
 		}
 	}
-	if len(misfits) == 0 {
+	if len(misfits) == 0 && len(m.lost) == 0 {
 		return nil
 	}
 	for _, id := range misfits {

@@ -326,6 +326,14 @@ func TestSetupReattachesOnLayoutChange(t *testing.T) {
 	a[2]++
 	cfg.Subnet = netip.PrefixFrom(netip.AddrFrom4(a), 24)
 	cfg.VethPrefix = cfg.VethPrefix[:3] + "q"
+	// And a damaged record in the state file (an id no chain can carry, a
+	// policy that does not validate) must not stop the start either.
+	state := filepath.Join(cfg.StateDir, "network.json")
+	b, err := os.ReadFile(state)
+	must(t, err)
+	b = []byte(strings.Replace(string(b), "{", `{"Bad-ID": {"ip": "10.1.2.3", "veth": "x", "policy": {"mode": "deny-all"}},
+		"bad2": {"ip": "10.1.2.4", "veth": "y", "policy": {"mode": "bogus"}},`, 1))
+	must(t, os.WriteFile(state, b, 0o600))
 	m2, err := New(cfg)
 	must(t, err)
 	e.mgr = m2 // cleanup tears this one down
@@ -339,7 +347,7 @@ func TestSetupReattachesOnLayoutChange(t *testing.T) {
 		t.Errorf("gone1 kept an attachment without a namespace")
 	}
 	moved, lost := m2.Reattached()
-	if moved["move1"] == "" || lost["gone1"] == "" || len(moved) != 1 || len(lost) != 1 {
+	if moved["move1"] == "" || lost["gone1"] == "" || lost["Bad-ID"] == "" || lost["bad2"] == "" || len(moved) != 1 || len(lost) != 3 {
 		t.Errorf("Reattached: moved %v lost %v", moved, lost)
 	}
 	inside, err := runOut("nsenter", "--net="+old.NetNSPath, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
