@@ -158,6 +158,23 @@ func (m *Manager) reconcileLayoutLocked(ctx context.Context) error {
 	return m.saveLocked()
 }
 
+// dropPrevLayout removes the bridge and tables of the layout this state dir
+// used before, when they are not the current ones: every attachment has
+// moved off them (reconcileLayoutLocked). Best effort: a leftover only
+// costs a link or an empty table.
+func (m *Manager) dropPrevLayout(ctx context.Context, prev Layout) {
+	if prev.Table != m.cfg.Table && validIfName(prev.Table) {
+		if err := nftApply(ctx, PlanDelete(prev.Table)); err != nil {
+			m.log.Warn("network: removing the previous layout's tables", "table", prev.Table, "err", err)
+		}
+	}
+	if prev.Bridge != m.cfg.BridgeName && validIfName(prev.Bridge) {
+		if err := deleteLink(ctx, prev.Bridge); err != nil {
+			m.log.Warn("network: removing the previous layout's bridge", "bridge", prev.Bridge, "err", err)
+		}
+	}
+}
+
 // Reattached returns, per sandbox id, what Setup did to attachments that
 // did not fit the layout: moved ("old → new" address) or lost (why it
 // could not be reattached and now has no network).

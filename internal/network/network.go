@@ -173,6 +173,7 @@ func (m *Manager) Setup(ctx context.Context) error {
 	if err := setupBridge(ctx, m.cfg.BridgeName, netip.PrefixFrom(m.cfg.Gateway(), m.cfg.Subnet.Bits())); err != nil {
 		return err
 	}
+	prev, hadPrev, _ := SavedLayout(m.cfg.StateDir)
 	if err := m.saveLayout(); err != nil {
 		return err
 	}
@@ -181,6 +182,9 @@ func (m *Manager) Setup(ctx context.Context) error {
 	}
 	if err := m.applyLocked(ctx); err != nil {
 		return err
+	}
+	if hadPrev {
+		m.dropPrevLayout(ctx, prev)
 	}
 	if m.cfg.Egress != nil {
 		for id, r := range m.sbs {

@@ -326,6 +326,8 @@ func TestSetupReattachesOnLayoutChange(t *testing.T) {
 	a[2]++
 	cfg.Subnet = netip.PrefixFrom(netip.AddrFrom4(a), 24)
 	cfg.VethPrefix = cfg.VethPrefix[:3] + "q"
+	oldBridge, oldTable := cfg.BridgeName, cfg.Table
+	cfg.BridgeName, cfg.Table = "btn"+oldBridge[3:], "btn"+oldTable[3:]
 	// And a damaged record in the state file (an id no chain can carry, a
 	// policy that does not validate) must not stop the start either.
 	state := filepath.Join(cfg.StateDir, "network.json")
@@ -364,6 +366,15 @@ func TestSetupReattachesOnLayoutChange(t *testing.T) {
 	must(t, err)
 	if !strings.Contains(br, cfg.Gateway().String()+"/24") || strings.Contains(br, old.Gateway.String()+"/") {
 		t.Errorf("bridge addresses: %s", br)
+	}
+	if _, err := runOut("ip", "link", "show", "dev", oldBridge); err == nil {
+		t.Errorf("the previous layout's bridge %s is still there", oldBridge)
+	}
+	if out, err := runOut("nft", "list", "table", "inet", oldTable); err == nil {
+		t.Errorf("the previous layout's table %s is still there:\n%s", oldTable, out)
+	}
+	if master, _ := linkMasters(ctx); master[e.mgr.vethName("move1")] != cfg.BridgeName {
+		t.Errorf("move1's veth hangs on %q, want %s", master[e.mgr.vethName("move1")], cfg.BridgeName)
 	}
 	if links, _ := listLinks(ctx, e.mgr.vethName("move1")); len(links) != 1 {
 		t.Errorf("veth of move1 under the new prefix: %v", links)
