@@ -3,9 +3,12 @@ package daemon
 import (
 	"context"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -16,10 +19,11 @@ import (
 // layers, and layer GC (CollectLayers) keeps them while the sandbox exists.
 //
 // Sandboxes from before pins existed are pinned when the daemon starts if
-// their template still has the fingerprint they were created from. One
-// whose template was rebuilt meanwhile cannot be pinned to what it runs on
-// (nothing recorded it); it says so in an event, and its next boot moves it
-// to the template's current layers, recorded as an event too.
+// their template still has the fingerprint they were created from, or, if
+// it was rebuilt meanwhile, to the layers their mounted overlay names. One
+// with neither cannot be pinned to what it ran on (nothing recorded it); it
+// says so in an event, and its next boot moves it to the template's current
+// layers, recorded as an event too.
 
 // extraPinReason marks a legacy sandbox whose layers could not be pinned.
 const extraPinReason = "layers_unpinned"
@@ -48,14 +52,22 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err != nil && !errs.Is(err, errs.NotFound) {
 		return err
 	}
-	reason := ""
+	reason, layers := "", tpl.Layers
 	switch {
-	case err != nil:
+	case err == nil && tpl.Fingerprint == sb.TemplateID:
+		if len(layers) == 0 {
+			return nil
+		}
+	default:
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		if l, ok := mountedLayers(string(mi), rootfs.LayoutOf(d.sandboxDir(sb.ID)).RootFS, d.templates.Dir()); ok {
+			layers = l
+			break
+		}
 		reason = "template " + sb.Template + " is gone"
-	case tpl.Fingerprint != sb.TemplateID:
-		reason = "template " + sb.Template + " was rebuilt (fingerprint " + sb.TemplateID + ", now " + tpl.Fingerprint + ") before this sandbox's layers were pinned"
-	case len(tpl.Layers) == 0:
-		return nil
+		if err == nil {
+			reason = "template " + sb.Template + " was rebuilt (fingerprint " + sb.TemplateID + ", now " + tpl.Fingerprint + ") before this sandbox's layers were pinned"
+		}
 	}
 	out, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
 		if s.Extra == nil {
@@ -64,7 +76,7 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 		if reason != "" {
 			s.Extra[extraPinReason] = reason
 		} else {
-			s.Extra[extraLayers] = strings.Join(tpl.Layers, ",")
+			s.Extra[extraLayers] = strings.Join(layers, ",")
 		}
 		return nil
 	})
@@ -108,4 +120,31 @@ func (d *Daemon) pinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store
 			map[string]string{"from_fingerprint": from, "to_fingerprint": tpl.Fingerprint})
 	}
 	return nil
+}
+
+// mountedLayers reads the layer digests (top first) of the overlay mounted
+// at mountPoint from mountinfo, if every lower is a layer in layerDir.
+func mountedLayers(mountinfo, mountPoint, layerDir string) ([]string, bool) {
+	for _, line := range strings.Split(mountinfo, "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 3 || g[0] != "overlay" || f[4] != mountPoint {
+			continue
+		}
+		for _, opt := range strings.Split(g[2], ",") {
+			v, ok := strings.CutPrefix(opt, "lowerdir=")
+			if !ok {
+				continue
+			}
+			var out []string
+			for _, p := range strings.Split(v, ":") {
+				if filepath.Dir(p) != filepath.Clean(layerDir) {
+					return nil, false
+				}
+				out = append(out, filepath.Base(p))
+			}
+			return out, len(out) > 0
+		}
+	}
+	return nil, false
 }

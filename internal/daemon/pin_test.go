@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
+	"github.com/berth-dev/berth/internal/template"
 )
 
 func TestWithPinnedLayers(t *testing.T) {
@@ -53,6 +54,9 @@ func TestPinLegacy(t *testing.T) {
 	}
 	defer st.Close()
 	d := signalsDaemon(t, st, &testClock{now: t0})
+	if d.templates, err = template.Open(d.cfg.DataDir, nil); err != nil {
+		t.Fatal(err)
+	}
 	ctx := t.Context()
 	tpl, err := st.PutTemplate(ctx, store.Template{Name: "t", Fingerprint: "fp2", Layers: []string{"new", "base"}, State: store.TemplateReady})
 	if err != nil {
@@ -128,5 +132,30 @@ func TestPinLegacy(t *testing.T) {
 	}
 	if p := get("pinned"); p.Extra[extraLayers] != "old,base" || p.TemplateID != "fp1" {
 		t.Errorf("a pinned sandbox moved at boot: %s %v", p.TemplateID, p.Extra)
+	}
+}
+
+func TestMountedLayers(t *testing.T) {
+	const mi = `22 1 0:21 / /proc rw,nosuid - proc proc rw
+95 30 0:52 / /data/sandboxes/a/rootfs rw,relatime - overlay overlay rw,lowerdir=/data/layers/top:/data/layers/base,upperdir=/data/sandboxes/a/ws/upper,workdir=/data/sandboxes/a/ws/work,index=off
+96 30 0:53 / /data/sandboxes/b/rootfs rw,relatime - overlay overlay rw,lowerdir=/data/layers/top:/elsewhere/base,upperdir=/u,workdir=/w
+97 30 0:54 / /data/sandboxes/c/rootfs rw,relatime - ext4 /dev/loop0 rw
+`
+	for _, c := range []struct {
+		name, mount string
+		want        []string
+		ok          bool
+	}{
+		{"layers of a mounted overlay", "/data/sandboxes/a/rootfs", []string{"top", "base"}, true},
+		{"a lower outside the layer store", "/data/sandboxes/b/rootfs", nil, false},
+		{"not an overlay", "/data/sandboxes/c/rootfs", nil, false},
+		{"not mounted", "/data/sandboxes/d/rootfs", nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := mountedLayers(mi, c.mount, "/data/layers/")
+			if ok != c.ok || !cmp.Equal(got, c.want) {
+				t.Errorf("got %v %v, want %v %v", got, ok, c.want, c.ok)
+			}
+		})
 	}
 }

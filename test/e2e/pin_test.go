@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // templateLayers is the layer digests of template name, top first.
@@ -169,5 +172,90 @@ func TestSandboxKeepsItsLayers(t *testing.T) {
 		if _, err := os.Stat(layerDir(dg)); !current[dg] && err == nil {
 			t.Errorf("layer %s of the deleted sandboxes not collected", dg)
 		}
+	}
+}
+
+// unpin makes sandboxes look like they were created before layer pins, in
+// the store of a stopped server.
+func unpin(t *testing.T, s *server, ids ...string) {
+	t.Helper()
+	st, err := store.OpenSQLite(filepath.Join(s.dataDir, "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, id := range ids {
+		if _, err := st.UpdateSandbox(t.Context(), id, func(sb *sandbox.Sandbox) error {
+			delete(sb.Extra, "layers")
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLegacySandboxesGetPinned: sandboxes from before layer pins whose
+// template was rebuilt meanwhile. A running one is pinned to the layers its
+// overlay is mounted from (it keeps its base, and snapshots work); a
+// stopped one cannot be, says so, and moves to the current layers at its
+// next start, recorded.
+func TestLegacySandboxesGetPinned(t *testing.T) {
+	s := startServer(t)
+	ctxDir := t.TempDir()
+	build := func(version string) {
+		t.Helper()
+		writeFiles(t, ctxDir, map[string]string{"Dockerfile": "FROM tiny\nRUN echo " + version + " > /etc/base-version\n"})
+		if out, code := s.run("template", "build", "-t", "legacy", ctxDir); code != 0 {
+			t.Fatalf("build %s: exit %d: %s", version, code, out)
+		}
+	}
+	build("v1")
+	old := templateLayers(t, s, "legacy")
+	running := s.must("create", "--template", "legacy")
+	stopped := s.must("create", "--template", "legacy")
+	s.must("stop", stopped)
+	build("v2")
+	s.kill9()
+	unpin(t, s, running, stopped)
+	s.start()
+
+	extra := func(id string) map[string]string {
+		var v struct {
+			Extra map[string]string `json:"extra"`
+		}
+		_ = json.Unmarshal([]byte(s.must("inspect", id)), &v)
+		return v.Extra
+	}
+	reasons := func(id string) string {
+		var evs []struct{ Reason string }
+		_ = json.Unmarshal([]byte(s.must("events", id, "--json")), &evs)
+		var out []string
+		for _, e := range evs {
+			out = append(out, e.Reason)
+		}
+		return strings.Join(out, " ")
+	}
+	if got := extra(running)["layers"]; got != strings.Join(old, ",") {
+		t.Errorf("running legacy sandbox pinned to %q, want its mounted layers %q", got, strings.Join(old, ","))
+	}
+	if out, code := s.run("snapshot", running, "--json"); code != 0 {
+		t.Errorf("snapshot of the pinned legacy sandbox: %s", out)
+	}
+	s.must("stop", running)
+	s.must("start", running)
+	if got := s.must("exec", running, "--", "cat", "/etc/base-version"); got != "v1" {
+		t.Errorf("running legacy sandbox after stop/start sees %q, want v1", got)
+	}
+
+	if x := extra(stopped); x["layers"] != "" || x["layers_unpinned"] == "" || !strings.Contains(reasons(stopped), "layers_unpinned") {
+		t.Errorf("stopped legacy sandbox: extra %v, events %s", x, reasons(stopped))
+	}
+	s.must("start", stopped)
+	if got := s.must("exec", stopped, "--", "cat", "/etc/base-version"); got != "v2" {
+		t.Errorf("stopped legacy sandbox after start sees %q, want the current v2", got)
+	}
+	if x := extra(stopped); x["layers"] != strings.Join(templateLayers(t, s, "legacy"), ",") || x["layers_unpinned"] != "" ||
+		!strings.Contains(reasons(stopped), "layers_rebased") {
+		t.Errorf("stopped legacy sandbox after start: extra %v, events %s", x, reasons(stopped))
 	}
 }
