@@ -191,7 +191,10 @@ func TestSpecialFilesRefusedWithoutOpening(t *testing.T) {
 	for _, op := range []func() error{
 		func() error { _, err := ReadFile(tr.root, "etc/null", 100); return err },
 		func() error { _, err := OpenFile(tr.root, "etc/null", os.O_RDWR, 0); return err },
-		func() error { _, err := OpenFile(tr.root, "etc/null", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644); return err },
+		func() error {
+			_, err := OpenFile(tr.root, "etc/null", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+			return err
+		},
 	} {
 		wantRefused(t, op())
 	}
