@@ -65,9 +65,16 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	if _, ok := rts[cfg.DefaultRuntime]; !ok {
 		return nil, errs.Field("runtime", "default runtime %q is not available", cfg.DefaultRuntime)
 	}
-	for _, d := range []string{"sandboxes", "layers"} {
-		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o711); err != nil {
+	// Sandbox content (setuid files, device nodes, workspaces) lives below
+	// these: no host user but root may traverse them. Existing installs
+	// made them 0711, hence the chmod.
+	for _, d := range []string{"", "sandboxes", "layers", "snapshots"} {
+		p := filepath.Join(cfg.DataDir, d)
+		if err := os.MkdirAll(p, 0o700); err != nil {
 			return nil, errs.Wrap(errs.Internal, err, "create data dir")
+		}
+		if err := os.Chmod(p, 0o700); err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "chmod %s", p)
 		}
 	}
 	agent, err := installAgent(cfg.DataDir, cfg.AgentPath)
