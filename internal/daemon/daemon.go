@@ -26,6 +26,7 @@ import (
 type Daemon struct {
 	cfg       Config
 	agent     agentInstall
+	tokenKey  []byte // HMAC key of envd access tokens (token.go)
 	log       *slog.Logger
 	store     store.Store
 	runtimes  map[string]runtime.Runtime
@@ -81,9 +82,13 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	if err != nil {
 		return nil, err
 	}
+	tokenKey, err := loadTokenKey(cfg.DataDir) // token.go
+	if err != nil {
+		return nil, err
+	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Daemon{
-		cfg: cfg, agent: agent, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
+		cfg: cfg, agent: agent, tokenKey: tokenKey, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
 		locks: map[string]*sync.Mutex{}, clients: map[string]*agentapi.Client{},
 		pauseCh: map[string]chan struct{}{},
 		wpools:  newWarmPools(),

@@ -335,8 +335,9 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 		ID: sandbox.NewID(), Owner: parent.Owner, Template: parent.Template, TemplateID: parent.TemplateID,
 		Runtime: parent.Runtime, State: sandbox.Creating, Labels: maps.Clone(parent.Labels), Env: maps.Clone(parent.Env),
 		Resources: parent.Resources, CreatedAt: now, ExpiresAt: parent.ExpiresAt, ExpiryAction: parent.ExpiryAction,
-		AccessToken: newToken(), AutoResume: parent.AutoResume, Extra: extra,
+		AutoResume: parent.AutoResume, Extra: extra,
 	}
+	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
 	}

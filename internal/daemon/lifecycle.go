@@ -226,5 +226,5 @@ func (d *Daemon) SandboxByToken(ctx context.Context, token string) (*sandbox.San
 	if token == "" {
 		return nil, errs.E(errs.NotFound, "no sandbox for an empty token")
 	}
-	return d.store.SandboxByToken(ctx, token)
+	return d.store.SandboxByTokenHash(ctx, tokenHash(token))
 }

@@ -149,6 +149,11 @@ func migrateOne(ctx context.Context, db *sql.DB, migs []string) (done bool, err 
 	if _, err := tx.ExecContext(ctx, migs[v]); err != nil {
 		return false, dbErr(err, "store: migration %d", v+1)
 	}
+	if hook := migrationHooks[v+1]; hook != nil {
+		if err := hook(ctx, tx); err != nil {
+			return false, dbErr(err, "store: migration %d", v+1)
+		}
+	}
 	// PRAGMA takes no bind parameters; v+1 is an int we computed.
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", v+1)); err != nil {
 		return false, dbErr(err, "store: migration %d: set version", v+1)
