@@ -64,7 +64,21 @@ func (d *Daemon) Fork(ctx context.Context, owner, id, actor string, count int) (
 		unlock()
 		return ForkResult{}, errs.E(errs.Conflict, "sandbox %s is %s; only a running sandbox can be forked", id, parent.State)
 	}
+	// The fork's snapshot is stored like any other, and its children run
+	// like creates: both are admitted (quota.go). Children are admitted one
+	// by one; asking first refuses a fork none of whose children could run
+	// before it takes a snapshot.
+	if err := d.checkAdmit(ctx, parent.Owner, parent.Resources); err != nil {
+		unlock()
+		return ForkResult{}, err
+	}
+	releaseSnap, err := d.reserveSnapshot(ctx, parent.Owner)
+	if err != nil {
+		unlock()
+		return ForkResult{}, err
+	}
 	sn, mode, reason, err := d.forkCapture(ctx, parent, actor)
+	releaseSnap()
 	unlock()
 	if err != nil {
 		return ForkResult{}, err
@@ -344,7 +358,7 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 	if !sb.ExpiresAt.After(now.Add(time.Minute)) {
 		sb.ExpiresAt = now.Add(time.Minute)
 	}
-	if err := d.store.CreateSandbox(ctx, sb); err != nil {
+	if err := d.admit(ctx, sb); err != nil { // quota, then the creating intent
 		return nil, err
 	}
 	d.event(ctx, sb, actor, "transition", "created", "forked from "+parent.ID, map[string]string{"template": sb.Template, "runtime": sb.Runtime})

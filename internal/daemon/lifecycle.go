@@ -88,6 +88,13 @@ func (d *Daemon) Start(ctx context.Context, owner, id, actor string) (*sandbox.S
 	if !d.cfg.Now().Before(sb.ExpiresAt) {
 		return nil, errs.E(errs.FailedPrecondition, "sandbox %s expired at %s; extend it first (berth extend)", id, sb.ExpiresAt.Format(time.RFC3339))
 	}
+	// A stopped sandbox holds no CPU or memory: running it again is admitted
+	// like a create (quota.go).
+	release, err := d.reserveStart(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := d.boot(ctx, sb, nil); err != nil {
 		d.fail(ctx, sb, "start_failed", err)
 		return nil, err
