@@ -116,7 +116,11 @@ func (d *Daemon) Fork(ctx context.Context, owner, id, actor string, count int) (
 		if len(made) == 0 {
 			return ForkResult{}, err
 		}
-		res.Reason = strings.TrimSpace(res.Reason + "; " + fmt.Sprintf("%d of %d children failed: %s", count-len(made), count, shortError(err)))
+		failed := fmt.Sprintf("%d of %d children failed: %s", count-len(made), count, shortError(err))
+		if res.Reason != "" {
+			failed = res.Reason + "; " + failed
+		}
+		res.Reason = failed
 	}
 	return res, nil
 }
