@@ -620,3 +620,43 @@ func TestQuotaNoBypass(t *testing.T) {
 		t.Errorf("alice runs %d sandboxes under a limit of 2", n)
 	}
 }
+
+// TestBuildContextCannotWriteHost: a build context plants dest/foo as a
+// symlink to a host directory through one COPY source and writes
+// dest/foo/x through the next; the host directory is untouched.
+func TestBuildContextCannotWriteHost(t *testing.T) {
+	s := startServer(t)
+	host := t.TempDir()
+	canary := filepath.Join(host, "x")
+	if err := os.WriteFile(canary, []byte("canary"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(host, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	for _, target := range []string{host, strings.Repeat("../", 12) + strings.TrimPrefix(host, "/")} {
+		ctxDir := t.TempDir()
+		for _, d := range []string{"a", "b/foo"} {
+			if err := os.MkdirAll(filepath.Join(ctxDir, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Symlink(target, filepath.Join(ctxDir, "a", "foo")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ctxDir, "b", "foo", "x"), []byte("evil"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte("FROM tiny\nCOPY a b /dest/\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, code := s.run("template", "build", "--no-cache", "-t", "escape", ctxDir)
+		t.Logf("build with dest/foo -> %s: exit %d", target, code)
+		if b, err := os.ReadFile(canary); err != nil || string(b) != "canary" {
+			t.Fatalf("the host file behind the symlink changed: %q, %v (build: %s)", b, err, out)
+		}
+		if fi, err := os.Stat(host); err != nil || fi.Mode().Perm() != 0o711 {
+			t.Fatalf("the host directory behind the symlink changed: %v, %v", fi.Mode(), err)
+		}
+	}
+}
