@@ -20,6 +20,10 @@ type accounting struct {
 	live map[string]*liveSignals
 
 	// admitMu serialises quota check + insert of new sandboxes (quota.go).
+	// Lock order: a sandbox's lock (Daemon.lock) may be held when admitMu is
+	// taken (start, fork, snapshot); a warm pool claim holds admitMu while it
+	// takes a pool member's lock, and pool members are never started, forked
+	// or snapshotted by owners, so the two orders never meet on one sandbox.
 	admitMu          sync.Mutex
 	snapshotsPending map[string]int           // owner → captures in progress (under admitMu)
 	startsPending    map[string]pendingStarts // owner → starts in progress (under admitMu)
