@@ -268,8 +268,15 @@ func ExtractUpperTar(ctx context.Context, r io.Reader, dst string) error {
 		mode := uint32(hdr.Mode) & 0o7777
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if err := os.Mkdir(out, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-				return errs.Wrap(errs.Internal, err, "archive: %s", hdr.Name)
+			if err := os.Mkdir(out, 0o700); err != nil {
+				if !errors.Is(err, fs.ErrExist) {
+					return errs.Wrap(errs.Internal, err, "archive: %s", hdr.Name)
+				}
+				// Its metadata is applied by path at the end: it must be
+				// a directory, never a symlink an earlier entry made.
+				if fi, err := os.Lstat(out); err != nil || !fi.IsDir() {
+					return errs.Field("archive", "entry %q is a directory over a non-directory", hdr.Name)
+				}
 			}
 			dirs = append(dirs, dirMeta{out, hdr})
 			continue

@@ -236,3 +236,36 @@ func equalMap(a, b map[string]string) bool {
 	}
 	return true
 }
+
+// TestExtractUpperTarDirOverSymlink: a symlink entry to a host directory
+// followed by a directory entry of the same name is refused; the host
+// directory keeps its mode.
+func TestExtractUpperTarDirOverSymlink(t *testing.T) {
+	testutil.RequireRoot(t)
+	host := t.TempDir()
+	if err := os.Chmod(host, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range []*tar.Header{
+		{Name: "./", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "./evil", Typeflag: tar.TypeSymlink, Linkname: host},
+		{Name: "./evil/", Typeflag: tar.TypeDir, Mode: 0o777},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = tw.Close()
+	layer := filepath.Join(t.TempDir(), "layer")
+	if err := os.Mkdir(layer, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := ExtractUpperTar(t.Context(), &buf, layer); err == nil {
+		t.Fatal("a directory entry over a symlink was accepted")
+	}
+	if fi, err := os.Stat(host); err != nil || fi.Mode().Perm() != 0o711 {
+		t.Fatalf("the host directory behind the symlink changed: %v, %v", fi.Mode(), err)
+	}
+}
