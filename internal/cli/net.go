@@ -149,8 +149,10 @@ func runNetLog(e *env, args []string) error {
 		if en.Intercepted {
 			verdict += " [injected]"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", en.Time.Local().Format(time.TimeOnly), en.Proto, dst,
-			en.Host, verdict, en.Rule, en.BytesOut, en.BytesIn)
+		// Host (a DNS name the sandbox asked for) and the rest may hold
+		// terminal escapes: escaped here, exact in --json.
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", en.Time.Local().Format(time.TimeOnly), printable(en.Proto), printable(dst),
+			printable(en.Host), printable(verdict), printable(en.Rule), en.BytesOut, en.BytesIn)
 	}
 	return tw.Flush()
 }

@@ -172,7 +172,14 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	if agent == "" {
 		return errs.Field("agent_path", "berth-agent not found beside %s; build with `go build -o DIR ./cmd/...`", self)
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
+	// The data dir holds the store, keys and every sandbox's content: root
+	// only (existing installs made it 0711, hence the chmod). No umask:
+	// files bind-mounted into sandboxes (resolv.conf, the agent) must stay
+	// readable there.
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return errs.Wrap(errs.Internal, err, "data_dir")
+	}
+	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
 		return errs.Wrap(errs.Internal, err, "data_dir")
 	}
 	st, err := store.OpenSQLite(filepath.Join(cfg.DataDir, "berth.db"))

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"sort"
 	"sync"
 	"time"
@@ -19,8 +20,13 @@ type accounting struct {
 	live map[string]*liveSignals
 
 	// admitMu serialises quota check + insert of new sandboxes (quota.go).
+	// Lock order: a sandbox's lock (Daemon.lock) may be held when admitMu is
+	// taken (start, fork, snapshot); a warm pool claim holds admitMu while it
+	// takes a pool member's lock, and pool members are never started, forked
+	// or snapshotted by owners, so the two orders never meet on one sandbox.
 	admitMu          sync.Mutex
-	snapshotsPending map[string]int // owner → captures in progress (under admitMu)
+	snapshotsPending map[string]int           // owner → captures in progress (under admitMu)
+	startsPending    map[string]pendingStarts // owner → starts in progress (under admitMu)
 
 	mMu           sync.Mutex
 	creates       uint64
@@ -43,7 +49,8 @@ var createBounds = []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60}
 
 func newAccounting(now time.Time) *accounting {
 	return &accounting{started: now, live: map[string]*liveSignals{}, createBuckets: make([]uint64, len(createBounds)),
-		rejections: map[string]uint64{}, actions: map[[2]string]uint64{}, snapshotsPending: map[string]int{}}
+		rejections: map[string]uint64{}, actions: map[[2]string]uint64{}, snapshotsPending: map[string]int{},
+		startsPending: map[string]pendingStarts{}}
 }
 
 func (a *accounting) entry(id string) *liveSignals {
@@ -90,6 +97,19 @@ func (d *Daemon) OpenStream(id string) (done func()) {
 			a.mu.Unlock()
 		})
 	}
+}
+
+// OpenClientStream is OpenStream for a request made on behalf of owner ("" =
+// admin): only a caller who may see the sandbox counts as its client, so
+// another tenant's requests (refused anyway) cannot keep it awake.
+func (d *Daemon) OpenClientStream(ctx context.Context, owner, id string) (done func()) {
+	if id == "" {
+		return func() {}
+	}
+	if _, err := d.visible(ctx, owner, id); err != nil {
+		return func() {}
+	}
+	return d.OpenStream(id)
 }
 
 // NoteEgress is the egress proxy's feed: inflight is the number of outbound

@@ -470,8 +470,9 @@ func (d *Daemon) bootBuildSandbox(ctx context.Context, layers []string, network 
 		ID: sandbox.NewID(), Owner: BuildOwner, Template: "build", TemplateID: fingerprint(*tpl),
 		Runtime: d.cfg.DefaultRuntime, State: sandbox.Creating, Labels: map[string]string{"berth.build": "true"},
 		Resources: d.withDefaults(sandbox.Resources{}), CreatedAt: now, ExpiresAt: now.Add(time.Hour),
-		ExpiryAction: sandbox.ExpireDelete, AccessToken: newToken(), Extra: req.Extra,
+		ExpiryAction: sandbox.ExpireDelete, Extra: req.Extra,
 	}
+	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if err := d.admit(ctx, sb); err != nil {
 		return nil, err
 	}

@@ -131,9 +131,10 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		ID: sandbox.NewID(), Owner: req.Owner, Template: tpl.Name, TemplateID: tpl.Fingerprint,
 		Runtime: req.Runtime, State: sandbox.Creating, Labels: req.Labels, Env: withTemplateEnv(tpl, req.Env),
 		Resources: req.Resources, CreatedAt: now, ExpiresAt: now.Add(req.TTL),
-		ExpiryAction: req.ExpiryAction, AccessToken: newToken(), AutoResume: req.AutoResume,
+		ExpiryAction: req.ExpiryAction, AutoResume: req.AutoResume,
 		Extra: withPinnedLayers(req.Extra, tpl), // pin.go: the layers are the sandbox's for life
 	}
+	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
 	}

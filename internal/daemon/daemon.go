@@ -26,6 +26,7 @@ import (
 type Daemon struct {
 	cfg       Config
 	agent     agentInstall
+	tokenKey  []byte // HMAC key of envd access tokens (token.go)
 	log       *slog.Logger
 	store     store.Store
 	runtimes  map[string]runtime.Runtime
@@ -65,18 +66,29 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	if _, ok := rts[cfg.DefaultRuntime]; !ok {
 		return nil, errs.Field("runtime", "default runtime %q is not available", cfg.DefaultRuntime)
 	}
-	for _, d := range []string{"sandboxes", "layers"} {
-		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o711); err != nil {
+	// Sandbox content (setuid files, device nodes, workspaces) lives below
+	// these: no host user but root may traverse them. Existing installs
+	// made them 0711, hence the chmod.
+	for _, d := range []string{"", "sandboxes", "layers", "snapshots"} {
+		p := filepath.Join(cfg.DataDir, d)
+		if err := os.MkdirAll(p, 0o700); err != nil {
 			return nil, errs.Wrap(errs.Internal, err, "create data dir")
+		}
+		if err := os.Chmod(p, 0o700); err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "chmod %s", p)
 		}
 	}
 	agent, err := installAgent(cfg.DataDir, cfg.AgentPath)
 	if err != nil {
 		return nil, err
 	}
+	tokenKey, err := loadTokenKey(cfg.DataDir) // token.go
+	if err != nil {
+		return nil, err
+	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Daemon{
-		cfg: cfg, agent: agent, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
+		cfg: cfg, agent: agent, tokenKey: tokenKey, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
 		locks: map[string]*sync.Mutex{}, clients: map[string]*agentapi.Client{},
 		pauseCh: map[string]chan struct{}{},
 		wpools:  newWarmPools(),

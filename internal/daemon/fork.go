@@ -64,7 +64,21 @@ func (d *Daemon) Fork(ctx context.Context, owner, id, actor string, count int) (
 		unlock()
 		return ForkResult{}, errs.E(errs.Conflict, "sandbox %s is %s; only a running sandbox can be forked", id, parent.State)
 	}
+	// The fork's snapshot is stored like any other, and its children run
+	// like creates: both are admitted (quota.go). Children are admitted one
+	// by one; asking first refuses a fork none of whose children could run
+	// before it takes a snapshot.
+	if err := d.checkAdmit(ctx, parent.Owner, parent.Resources); err != nil {
+		unlock()
+		return ForkResult{}, err
+	}
+	releaseSnap, err := d.reserveSnapshot(ctx, parent.Owner)
+	if err != nil {
+		unlock()
+		return ForkResult{}, err
+	}
 	sn, mode, reason, err := d.forkCapture(ctx, parent, actor)
+	releaseSnap()
 	unlock()
 	if err != nil {
 		return ForkResult{}, err
@@ -102,7 +116,11 @@ func (d *Daemon) Fork(ctx context.Context, owner, id, actor string, count int) (
 		if len(made) == 0 {
 			return ForkResult{}, err
 		}
-		res.Reason = strings.TrimSpace(res.Reason + "; " + fmt.Sprintf("%d of %d children failed: %s", count-len(made), count, shortError(err)))
+		failed := fmt.Sprintf("%d of %d children failed: %s", count-len(made), count, shortError(err))
+		if res.Reason != "" {
+			failed = res.Reason + "; " + failed
+		}
+		res.Reason = failed
 	}
 	return res, nil
 }
@@ -335,15 +353,16 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 		ID: sandbox.NewID(), Owner: parent.Owner, Template: parent.Template, TemplateID: parent.TemplateID,
 		Runtime: parent.Runtime, State: sandbox.Creating, Labels: maps.Clone(parent.Labels), Env: maps.Clone(parent.Env),
 		Resources: parent.Resources, CreatedAt: now, ExpiresAt: parent.ExpiresAt, ExpiryAction: parent.ExpiryAction,
-		AccessToken: newToken(), AutoResume: parent.AutoResume, Extra: extra,
+		AutoResume: parent.AutoResume, Extra: extra,
 	}
+	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
 	}
 	if !sb.ExpiresAt.After(now.Add(time.Minute)) {
 		sb.ExpiresAt = now.Add(time.Minute)
 	}
-	if err := d.store.CreateSandbox(ctx, sb); err != nil {
+	if err := d.admit(ctx, sb); err != nil { // quota, then the creating intent
 		return nil, err
 	}
 	d.event(ctx, sb, actor, "transition", "created", "forked from "+parent.ID, map[string]string{"template": sb.Template, "runtime": sb.Runtime})

@@ -5,9 +5,13 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/store"
@@ -34,10 +38,25 @@ func hashKey(key string) []byte {
 	return h[:]
 }
 
+// reservedOwners are the names berth's own actors own sandboxes or act
+// under; a tenant key for one of them would see (or be mistaken for) what
+// berth does itself. "admin" owns what the admin key creates for nobody.
+var reservedOwners = []string{BuildOwner, "berth", "admin", "reaper", "pool", "build", "e2b", "system", "root"}
+
+// ReservedOwner reports whether owner is kept for berth itself (the names
+// above and anything starting "berth-").
+func ReservedOwner(owner string) bool {
+	return slices.Contains(reservedOwners, owner) || strings.HasPrefix(owner, "berth-")
+}
+
 // CreateKey mints an API key for owner; only the hash is stored.
 func (d *Daemon) CreateKey(ctx context.Context, owner string, admin bool) (string, error) {
 	if err := ValidOwner("owner", owner); err != nil {
 		return "", err
+	}
+	if !admin && ReservedOwner(owner) {
+		return "", errs.Field("owner", "%q is reserved for berth's own actors (%s, and any name starting \"berth-\")",
+			owner, strings.Join(reservedOwners, ", "))
 	}
 	var b [24]byte
 	_, _ = rand.Read(b[:])
@@ -71,6 +90,9 @@ func (d *Daemon) Authenticate(ctx context.Context, key string) (Principal, error
 // EnsureAdminKey writes DATA_DIR/admin.key on first start.
 func (d *Daemon) EnsureAdminKey(ctx context.Context) (string, error) {
 	p := filepath.Join(d.cfg.DataDir, "admin.key")
+	if err := privateFiles(d.cfg.DataDir, "admin.key"); err != nil {
+		return "", err
+	}
 	if b, err := os.ReadFile(p); err == nil && len(b) > 0 {
 		key := string(trimSpace(b))
 		if _, err := d.Authenticate(ctx, key); err == nil {
@@ -82,6 +104,7 @@ func (d *Daemon) EnsureAdminKey(ctx context.Context) (string, error) {
 		return "", err
 	}
 	tmp := p + ".tmp"
+	_ = os.Remove(tmp) // a leftover keeps its old mode through WriteFile
 	if err := os.WriteFile(tmp, []byte(key+"\n"), 0o600); err != nil {
 		return "", errs.Wrap(errs.Internal, err, "write admin key")
 	}
@@ -93,4 +116,16 @@ func trimSpace(b []byte) []byte {
 		b = b[:len(b)-1]
 	}
 	return b
+}
+
+// privateFiles makes the named key files in dir 0600 where they exist (older
+// versions, or a leftover temporary file, may have left them readable).
+func privateFiles(dir string, names ...string) error {
+	for _, n := range names {
+		p := filepath.Join(dir, n)
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return errs.Wrap(errs.Internal, err, "chmod %s", p)
+		}
+	}
+	return nil
 }

@@ -88,6 +88,13 @@ func (d *Daemon) Start(ctx context.Context, owner, id, actor string) (*sandbox.S
 	if !d.cfg.Now().Before(sb.ExpiresAt) {
 		return nil, errs.E(errs.FailedPrecondition, "sandbox %s expired at %s; extend it first (berth extend)", id, sb.ExpiresAt.Format(time.RFC3339))
 	}
+	// A stopped sandbox holds no CPU or memory: running it again is admitted
+	// like a create (quota.go).
+	release, err := d.reserveStart(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if err := d.boot(ctx, sb, nil); err != nil {
 		d.fail(ctx, sb, "start_failed", err)
 		return nil, err
@@ -226,5 +233,5 @@ func (d *Daemon) SandboxByToken(ctx context.Context, token string) (*sandbox.San
 	if token == "" {
 		return nil, errs.E(errs.NotFound, "no sandbox for an empty token")
 	}
-	return d.store.SandboxByToken(ctx, token)
+	return d.store.SandboxByTokenHash(ctx, tokenHash(token))
 }

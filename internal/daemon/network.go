@@ -11,12 +11,11 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/network"
 	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/safefs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -114,6 +113,9 @@ func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
 	}
 	sealer, err := egress.LoadOrCreateSealer(egressDir)
 	if err != nil {
+		return err
+	}
+	if err := privateFiles(egressDir, "ca-key.pem", "secrets.key"); err != nil {
 		return err
 	}
 	ns := &netState{ca: ca, sealer: sealer, def: o.DefaultMode, owners: map[string]string{}}
@@ -373,28 +375,21 @@ func (d *Daemon) netDown(ctx context.Context, sb *sandbox.Sandbox) error {
 }
 
 // appendCA adds pem to the trust bundle at rel inside root if the bundle
-// exists and lacks it. The path is resolved inside root (RESOLVE_IN_ROOT):
-// the workspace is the sandbox's to change, symlinks included, and must
-// never make the daemon write outside it.
+// exists and lacks it. The workspace is the sandbox's to change, so the path
+// is resolved beneath root with no symlinks and must name a regular file
+// (safefs): a planted symlink, FIFO or device node is refused, never followed.
 func appendCA(root, rel string, pem []byte) error {
-	dfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(dfd)
-	fd, err := unix.Openat2(dfd, rel, &unix.OpenHow{Flags: unix.O_RDWR | unix.O_CLOEXEC | unix.O_NOFOLLOW,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
-	if errors.Is(err, unix.ENOENT) {
+	f, err := safefs.OpenFile(root, rel, os.O_RDWR, 0)
+	if errs.Is(err, errs.NotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	f := os.NewFile(uintptr(fd), rel)
 	defer f.Close()
 	st, err := f.Stat()
-	if err != nil || !st.Mode().IsRegular() || st.Size() > 16<<20 {
-		return errors.Join(err, errors.New("not a regular file of sane size"))
+	if err != nil || st.Size() > 16<<20 {
+		return errors.Join(err, errors.New("not a trust bundle of sane size"))
 	}
 	b := make([]byte, st.Size())
 	if _, err := f.ReadAt(b, 0); err != nil && st.Size() > 0 {

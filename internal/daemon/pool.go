@@ -224,7 +224,7 @@ func (d *Daemon) claim(ctx context.Context, id string, req CreateRequest, tpl *s
 			s.Labels = map[string]string{}
 		}
 		s.CreatedAt, s.ExpiresAt, s.ExpiryAction = now, now.Add(req.TTL), req.ExpiryAction
-		s.AccessToken = newToken()
+		s.AccessTokenHash = d.envdTokenHash(s.ID, s.Owner)
 		delete(s.Extra, extraPool)
 		delete(s.Extra, extraPoolKey)
 		s.Extra["claimed_from_pool"] = tpl.Name

@@ -49,6 +49,7 @@ func (d *Daemon) admitClaim(ctx context.Context, req CreateRequest) (release fun
 }
 
 // checkQuotaLocked runs quota.Check for one more sandbox; admitMu is held.
+// Starts in progress (reserveStart) count as running.
 func (d *Daemon) checkQuotaLocked(ctx context.Context, owner string, r sandbox.Resources) error {
 	lim, _, err := d.limitsOf(ctx, owner)
 	if err != nil || lim == (quota.Limits{}) {
@@ -57,6 +58,11 @@ func (d *Daemon) checkQuotaLocked(ctx context.Context, owner string, r sandbox.R
 	use, err := d.useOf(ctx, owner)
 	if err != nil {
 		return err
+	}
+	if p, ok := d.acct().startsPending[owner]; ok {
+		use.Sandboxes += p.n
+		use.CPU += float64(p.cpuMillis) / 1000
+		use.MemoryMiB += p.memoryMiB
 	}
 	if err := quota.Check(owner, lim, use, r); err != nil {
 		d.acct().observeRejection(errs.FieldOf(err))
@@ -163,6 +169,58 @@ func (d *Daemon) SetQuota(ctx context.Context, owner string, l quota.Limits) (Qu
 // DeleteQuota removes owner's stored limits; configured ones apply again.
 func (d *Daemon) DeleteQuota(ctx context.Context, owner string) error {
 	return d.store.DeleteQuota(ctx, owner)
+}
+
+// pendingStarts sums the starts of one owner that are admitted but not yet
+// running.
+type pendingStarts struct {
+	n, cpuMillis int
+	memoryMiB    int64
+}
+
+// reserveStart admits a stopped or failed sandbox going back to running: it
+// holds no CPU or memory while stopped (its disk is counted all along), so
+// `berth start` must fit the owner's sandbox, CPU and memory limits like a
+// create. The reservation counts until release, which the caller runs once
+// the sandbox's state says running (or the start failed).
+func (d *Daemon) reserveStart(ctx context.Context, sb *sandbox.Sandbox) (release func(), err error) {
+	a := d.acct()
+	a.admitMu.Lock()
+	defer a.admitMu.Unlock()
+	r := sb.Resources
+	r.DiskMiB = 0 // already counted: a stopped sandbox keeps its disk
+	if err := d.checkQuotaLocked(ctx, sb.Owner, r); err != nil {
+		return nil, err
+	}
+	p := a.startsPending[sb.Owner]
+	p.n++
+	p.cpuMillis += r.CPUMillis
+	p.memoryMiB += r.MemoryMiB
+	a.startsPending[sb.Owner] = p
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.admitMu.Lock()
+			defer a.admitMu.Unlock()
+			p := a.startsPending[sb.Owner]
+			if p.n--; p.n <= 0 {
+				delete(a.startsPending, sb.Owner)
+				return
+			}
+			p.cpuMillis -= r.CPUMillis
+			p.memoryMiB -= r.MemoryMiB
+			a.startsPending[sb.Owner] = p
+		})
+	}, nil
+}
+
+// checkAdmit says whether owner could have one more sandbox of size r now
+// (a fork asks before it takes a snapshot for children that could not run).
+func (d *Daemon) checkAdmit(ctx context.Context, owner string, r sandbox.Resources) error {
+	a := d.acct()
+	a.admitMu.Lock()
+	defer a.admitMu.Unlock()
+	return d.checkQuotaLocked(ctx, owner, r)
 }
 
 // reserveSnapshot checks owner's snapshot limit counting stored snapshots

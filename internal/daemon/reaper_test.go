@@ -214,3 +214,41 @@ func TestAdmitQuotaRace(t *testing.T) {
 }
 
 func quotaLimits3() quota.Limits { return quota.Limits{Sandboxes: 3} }
+
+// TestForeignClientKeepsNothingAwake: a request another tenant makes on a
+// sandbox's client routes (refused by the handler) is no reaper activity;
+// the owner's and the admin's are.
+func TestForeignClientKeepsNothingAwake(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	t0 := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	clk := &testClock{now: t0}
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	d := signalsDaemon(t, st, clk)
+	ctx := t.Context()
+	sb := &sandbox.Sandbox{ID: "mine", Owner: "alice", Template: "tiny", TemplateID: "sha256:x", Runtime: "runc",
+		State: sandbox.Running, CreatedAt: t0, StartedAt: t0, ExpiresAt: t0.Add(24 * time.Hour),
+		ExpiryAction: sandbox.ExpireStop, Resources: sandbox.Resources{CPUMillis: 1000, MemoryMiB: 64, DiskMiB: 64, Pids: 64}}
+	if err := st.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	clk.set(t0.Add(time.Minute))
+	done := d.OpenClientStream(ctx, "bob", "mine")
+	if l := d.acct().liveOf("mine"); l.streams != 0 || !l.lastClient.IsZero() || !l.lastAPI.IsZero() {
+		t.Fatalf("bob's request counted as activity on alice's sandbox: %+v", l)
+	}
+	done()
+	if l := d.acct().liveOf("mine"); l.streams != 0 || !l.lastClient.IsZero() {
+		t.Fatalf("bob's finished request counted as activity: %+v", l)
+	}
+	for _, who := range []string{"alice", ""} { // the owner, the admin
+		done := d.OpenClientStream(ctx, who, "mine")
+		if l := d.acct().liveOf("mine"); l.streams != 1 || !l.lastClient.Equal(t0.Add(time.Minute)) {
+			t.Fatalf("%q's request is not activity: %+v", who, l)
+		}
+		done()
+	}
+}

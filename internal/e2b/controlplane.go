@@ -167,19 +167,22 @@ func (s *Server) domain() *string {
 	return &d
 }
 
-func (s *Server) toSandboxJSON(sb *sandbox.Sandbox) sandboxJSON {
+// toSandboxJSON renders Sandbox; token is its envd access token (the
+// store keeps only its hash, Backend.EnvdToken derives it).
+func (s *Server) toSandboxJSON(sb *sandbox.Sandbox, token string) sandboxJSON {
 	return sandboxJSON{
 		SandboxID:       sb.ID,
 		TemplateID:      s.e2bTemplate(sb),
 		ClientID:        clientID,
 		EnvdVersion:     EnvdVersion,
-		EnvdAccessToken: sb.AccessToken,
+		EnvdAccessToken: token,
 		Domain:          s.domain(),
 	}
 }
 
-// toDetailJSON renders SandboxDetail (detail=true) or ListedSandbox.
-func (s *Server) toDetailJSON(sb *sandbox.Sandbox, state string, detail bool) detailJSON {
+// toDetailJSON renders SandboxDetail (detail=true, with the envd token) or
+// ListedSandbox (token unused).
+func (s *Server) toDetailJSON(sb *sandbox.Sandbox, state string, detail bool, token string) detailJSON {
 	started := sb.StartedAt
 	if started.IsZero() {
 		started = sb.CreatedAt
@@ -206,7 +209,7 @@ func (s *Server) toDetailJSON(sb *sandbox.Sandbox, state string, detail bool) de
 		out.PauseRequested = string(sb.PauseRequested)
 	}
 	if detail {
-		out.EnvdAccessToken = sb.AccessToken
+		out.EnvdAccessToken = token
 		out.Domain = s.domain()
 		onTimeout := "kill"
 		if sb.ExpiryAction == sandbox.ExpirePause {

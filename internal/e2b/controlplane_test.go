@@ -114,7 +114,7 @@ func TestListFilter(t *testing.T) {
 func TestDetailJSON(t *testing.T) {
 	s := New(nil, nil, Options{})
 	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	sb := &sandbox.Sandbox{ID: "abc", Template: "default", State: sandbox.Paused, AccessToken: "tok", CreatedAt: t0,
+	sb := &sandbox.Sandbox{ID: "abc", Template: "default", State: sandbox.Paused, CreatedAt: t0,
 		StartedAt: t0.Add(time.Second), ExpiresAt: t0.Add(time.Hour), ExpiryAction: sandbox.ExpirePause, AutoResume: true,
 		Resources:      sandbox.Resources{CPUMillis: 1500, MemoryMiB: 512, DiskMiB: 1024},
 		PauseRequested: sandbox.PauseMemory, PauseActual: sandbox.PauseDisk}
@@ -122,10 +122,10 @@ func TestDetailJSON(t *testing.T) {
 		StartedAt: t0.Add(time.Second), EndAt: t0.Add(time.Hour), State: "paused", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024,
 		Metadata: map[string]string{}, Lifecycle: &lifecycleJSON{OnTimeout: "pause", AutoResume: true},
 		PauseMode: "disk", PauseRequested: "memory"}
-	if diff := cmp.Diff(want, s.toDetailJSON(sb, "paused", true)); diff != "" {
+	if diff := cmp.Diff(want, s.toDetailJSON(sb, "paused", true, "tok")); diff != "" {
 		t.Errorf("detail (-want +got):\n%s", diff)
 	}
-	listed := s.toDetailJSON(sb, "paused", false)
+	listed := s.toDetailJSON(sb, "paused", false, "tok")
 	if listed.EnvdAccessToken != "" || listed.Lifecycle != nil {
 		t.Errorf("listed sandbox leaks detail-only fields: %+v", listed)
 	}

@@ -104,6 +104,11 @@ func (s *Server) handleCreate(v2 bool) http.HandlerFunc {
 			return
 		}
 		s.log.Info("e2b sandbox created", "sandbox_id", sb.ID, "template", sb.Template, "owner", sb.Owner)
-		writeJSON(w, http.StatusCreated, s.toSandboxJSON(sb))
+		tok, err := s.d.EnvdToken(r.Context(), sb)
+		if err != nil {
+			s.writeAPIError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, s.toSandboxJSON(sb, tok))
 	}
 }

@@ -14,7 +14,12 @@ func (s *Server) handleGetInfo(w http.ResponseWriter, r *http.Request) {
 		s.writeAPIError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.toDetailJSON(sb, state, true))
+	tok, err := s.d.EnvdToken(r.Context(), sb)
+	if err != nil {
+		s.writeAPIError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.toDetailJSON(sb, state, true, tok))
 }
 
 // handleKill serves DELETE /sandboxes/{id}: 204, or 404 when there is
@@ -162,7 +167,12 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeJSON(w, status, s.toSandboxJSON(sb))
+	tok, err := s.d.EnvdToken(ctx, sb)
+	if err != nil {
+		s.writeAPIError(w, r, err)
+		return
+	}
+	writeJSON(w, status, s.toSandboxJSON(sb, tok))
 }
 
 // handleMetrics serves GET /sandboxes/{id}/metrics: berth does not sample

@@ -135,7 +135,7 @@ func (s *Server) listPage(r *http.Request, f daemon.ListFilter) ([]detailJSON, s
 		if !ok {
 			continue
 		}
-		out = append(out, s.toDetailJSON(sb, state, false))
+		out = append(out, s.toDetailJSON(sb, state, false, ""))
 	}
 	return out, next, nil
 }

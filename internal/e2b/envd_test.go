@@ -35,6 +35,7 @@ import (
 type agentBackend struct {
 	mu    sync.Mutex
 	sb    sandbox.Sandbox
+	token string // the envd token of sb
 	agent *agentapi.Client
 }
 
@@ -47,7 +48,7 @@ func (b *agentBackend) setState(st sandbox.State) {
 func (b *agentBackend) SandboxByToken(_ context.Context, token string) (*sandbox.Sandbox, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if token != b.sb.AccessToken {
+	if token != b.token {
 		return nil, errs.E(errs.NotFound, "no sandbox with this token")
 	}
 	sb := b.sb
@@ -94,6 +95,9 @@ func (b *agentBackend) Authenticate(context.Context, string) (daemon.Principal, 
 	return daemon.Principal{}, errs.E(errs.Unauthenticated, "no API keys in the envd test backend")
 }
 func (b *agentBackend) MemoryPauseSupported(string) bool { return false }
+func (b *agentBackend) EnvdToken(context.Context, *sandbox.Sandbox) (string, error) {
+	return "", errControlPlaneUnused
+}
 
 var _ Backend = (*daemon.Daemon)(nil)
 
@@ -163,8 +167,8 @@ func newEnvdEnv(t *testing.T) *envdEnv {
 	if _, err := client.WaitReady(ctx, 20*time.Millisecond); err != nil {
 		t.Fatalf("agent not ready: %v\n%s", err, logBuf.String())
 	}
-	b := &agentBackend{agent: client, sb: sandbox.Sandbox{
-		ID: "sbxe2btest1", Owner: "alice", State: sandbox.Running, AccessToken: testToken, Template: "default",
+	b := &agentBackend{agent: client, token: testToken, sb: sandbox.Sandbox{
+		ID: "sbxe2btest1", Owner: "alice", State: sandbox.Running, AccessTokenHash: "unused", Template: "default",
 	}}
 	s := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	srv := httptest.NewServer(s.Handler(nil))

@@ -37,6 +37,7 @@ type Backend interface {
 	ResumeCold(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	Agent(ctx context.Context, owner, id string) (*agentapi.Client, error)
 	SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error)
+	EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, error)
 	Authenticate(ctx context.Context, apiKey string) (daemon.Principal, error)
 	MemoryPauseSupported(runtimeName string) bool
 }

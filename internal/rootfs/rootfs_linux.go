@@ -20,6 +20,12 @@ import (
 // journal needs a few MiB of metadata).
 const MinDiskMiB = 8
 
+// sandboxMountFlags are on every host mount of sandbox content (the
+// workspace image and the overlay): a setuid file or device node a sandbox
+// made is inert on the host. Inside, no-new-privileges already ignores
+// setuid bits, and /dev is the runtime's own tmpfs.
+const sandboxMountFlags = unix.MS_NOSUID | unix.MS_NODEV
+
 // Prepare creates the sandbox filesystem in dir: a sparse ext4 image of
 // diskMiB, loop-mounted at dir/ws, and an overlay of lowers (first = top)
 // under ws/upper mounted at dir/rootfs, whose path it returns. On error
@@ -36,7 +42,7 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64) (s
 	if err := ctx.Err(); err != nil {
 		return "", errs.Wrap(errs.Unavailable, err, "prepare %s", dir)
 	}
-	if err := os.MkdirAll(l.WS, 0o755); err != nil {
+	if err := os.MkdirAll(l.WS, 0o700); err != nil {
 		return "", errs.Wrap(errs.Internal, err, "create sandbox dir")
 	}
 	var undo []func() error
@@ -70,12 +76,10 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64) (s
 		return fail(err)
 	}
 	undo = append(undo, func() error { return unmount(l.WS) })
-	for _, d := range []string{l.Upper, l.Work, l.RootFS} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fail(errs.Wrap(errs.Internal, err, "create %s", d))
-		}
+	if err := mkdirsIn(l); err != nil {
+		return fail(err)
 	}
-	if err := unix.Mount("overlay", l.RootFS, "overlay", 0, data); err != nil {
+	if err := unix.Mount("overlay", l.RootFS, "overlay", sandboxMountFlags, data); err != nil {
 		return fail(errs.Wrap(errs.Internal, err, "mount overlay at %s (%s)", l.RootFS, data))
 	}
 	return l.RootFS, nil
@@ -105,7 +109,7 @@ func Remount(ctx context.Context, dir string, lowers []string) (string, error) {
 		if err := waitDetached(ctx, l.Image, detachTimeout); err != nil {
 			return "", err
 		}
-		if err := os.MkdirAll(l.WS, 0o755); err != nil {
+		if err := os.MkdirAll(l.WS, 0o700); err != nil {
 			return "", errs.Wrap(errs.Internal, err, "create %s", l.WS)
 		}
 		if err := mountWS(l); err != nil {
@@ -115,12 +119,10 @@ func Remount(ctx context.Context, dir string, lowers []string) (string, error) {
 	if isMountPoint(l.RootFS) {
 		return l.RootFS, nil
 	}
-	for _, d := range []string{l.Upper, l.Work, l.RootFS} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return "", errs.Wrap(errs.Internal, err, "create %s", d)
-		}
+	if err := mkdirsIn(l); err != nil {
+		return "", err
 	}
-	if err := unix.Mount("overlay", l.RootFS, "overlay", 0, data); err != nil {
+	if err := unix.Mount("overlay", l.RootFS, "overlay", sandboxMountFlags, data); err != nil {
 		err = errs.Wrap(errs.Internal, err, "mount overlay at %s", l.RootFS)
 		if !wsMounted {
 			err = errors.Join(err, unmount(l.WS))
@@ -158,6 +160,29 @@ func Teardown(ctx context.Context, dir string) error {
 // Mounted reports whether dir's overlay root is mounted.
 func Mounted(dir string) bool { return isMountPoint(LayoutOf(dir).RootFS) }
 
+// mkdirsIn creates the overlay's directories on the mounted workspace. The
+// upper dir's mode is the sandbox's "/" (0755, so its users can traverse
+// it); everything the host keeps around it is 0700, so no host user
+// reaches sandbox content.
+func mkdirsIn(l Layout) error {
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{{l.WS, 0o700}, {l.Upper, 0o755}, {l.Work, 0o700}, {l.RootFS, 0o700}} {
+		if err := os.Mkdir(d.path, d.mode); err != nil && !errors.Is(err, os.ErrExist) {
+			return errs.Wrap(errs.Internal, err, "create %s", d.path)
+		}
+		if d.path == l.WS || d.path == l.Work {
+			// The ext4 root is made 0755 by mkfs; MkdirAll left an
+			// existing dir's mode as it was.
+			if err := os.Chmod(d.path, d.mode); err != nil {
+				return errs.Wrap(errs.Internal, err, "chmod %s", d.path)
+			}
+		}
+	}
+	return nil
+}
+
 func mountWS(l Layout) error {
 	dev, err := attachLoop(l.Image)
 	if err != nil {
@@ -166,7 +191,7 @@ func mountWS(l Layout) error {
 	// Closing our descriptor after the mount leaves the mount as the only
 	// user; autoclear then detaches the device at unmount.
 	defer dev.Close()
-	if err := unix.Mount(dev.Name(), l.WS, "ext4", unix.MS_NOATIME, wsMountData); err != nil {
+	if err := unix.Mount(dev.Name(), l.WS, "ext4", sandboxMountFlags|unix.MS_NOATIME, wsMountData); err != nil {
 		return errs.Wrap(errs.Internal, err, "mount %s (%s) at %s", dev.Name(), l.Image, l.WS)
 	}
 	return nil

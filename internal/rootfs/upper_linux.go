@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/safefs"
 )
 
 // An overlay upper dir records deletions as whiteouts (character devices
@@ -39,8 +40,10 @@ func skipUpperEntry(rel string) bool {
 }
 
 // CopyUpper copies an overlay upper dir to dst (which must not exist or be
-// empty) with owners, modes, times, xattrs, symlinks, device nodes and
-// whiteouts intact. Files are copied, never hard-linked to src (src lives on
+// empty) with owners, modes, times, xattrs, symlinks, FIFOs and whiteouts
+// intact. Device nodes other than whiteouts are left out: a layer is host
+// content, and nothing a sandbox made may be a live device there. The upper
+// is the sandbox's: files are opened beneath it with no symlinks (safefs). Files are copied, never hard-linked to src (src lives on
 // a sandbox's disk image, which goes away with the sandbox); hard links
 // inside src stay hard links inside dst.
 func CopyUpper(ctx context.Context, src, dst string) error {
@@ -50,7 +53,12 @@ func CopyUpper(ctx context.Context, src, dst string) error {
 	}
 	var dirs []dirTime
 	links := map[uint64]string{} // inode → first copy
-	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+	root, err := safefs.OpenRoot(src)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	err = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -82,7 +90,7 @@ func CopyUpper(ctx context.Context, src, dst string) error {
 				}
 				links[st.Ino] = out
 			}
-			if err := copyRegular(p, out); err != nil {
+			if err := copyRegular(root, rel, out); err != nil {
 				return err
 			}
 		case unix.S_IFLNK:
@@ -94,6 +102,9 @@ func CopyUpper(ctx context.Context, src, dst string) error {
 				return err
 			}
 		case unix.S_IFCHR, unix.S_IFBLK, unix.S_IFIFO:
+			if !keepSpecial(st.Mode, st.Rdev) {
+				return nil
+			}
 			if err := unix.Mknod(out, st.Mode, int(st.Rdev)); err != nil {
 				return err
 			}
@@ -119,8 +130,20 @@ func CopyUpper(ctx context.Context, src, dst string) error {
 	return nil
 }
 
-func copyRegular(src, dst string) error {
-	in, err := os.Open(src)
+// keepSpecial says which special files travel into a layer: FIFOs and
+// overlay whiteouts (character device 0/0), never a real device node.
+func keepSpecial(mode uint32, rdev uint64) bool {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFIFO:
+		return true
+	case unix.S_IFCHR:
+		return rdev == 0
+	}
+	return false
+}
+
+func copyRegular(root *safefs.Root, rel, dst string) error {
+	in, err := root.Open(rel)
 	if err != nil {
 		return err
 	}
@@ -245,8 +268,15 @@ func ExtractUpperTar(ctx context.Context, r io.Reader, dst string) error {
 		mode := uint32(hdr.Mode) & 0o7777
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if err := os.Mkdir(out, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-				return errs.Wrap(errs.Internal, err, "archive: %s", hdr.Name)
+			if err := os.Mkdir(out, 0o700); err != nil {
+				if !errors.Is(err, fs.ErrExist) {
+					return errs.Wrap(errs.Internal, err, "archive: %s", hdr.Name)
+				}
+				// Its metadata is applied by path at the end: it must be
+				// a directory, never a symlink an earlier entry made.
+				if fi, err := os.Lstat(out); err != nil || !fi.IsDir() {
+					return errs.Field("archive", "entry %q is a directory over a non-directory", hdr.Name)
+				}
 			}
 			dirs = append(dirs, dirMeta{out, hdr})
 			continue
@@ -277,7 +307,11 @@ func ExtractUpperTar(ctx context.Context, r io.Reader, dst string) error {
 			continue
 		case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
 			kind := map[byte]uint32{tar.TypeChar: unix.S_IFCHR, tar.TypeBlock: unix.S_IFBLK, tar.TypeFifo: unix.S_IFIFO}[hdr.Typeflag]
-			if err := unix.Mknod(out, kind|mode, int(unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor)))); err != nil {
+			rdev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
+			if !keepSpecial(kind, rdev) {
+				continue // a device node the sandbox made; whiteouts are 0/0
+			}
+			if err := unix.Mknod(out, kind|mode, int(rdev)); err != nil {
 				return errs.Wrap(errs.Internal, err, "archive: %s", hdr.Name)
 			}
 		default:

@@ -54,7 +54,9 @@ type Sandbox struct {
 	StartedAt    time.Time         `json:"started_at,omitzero"`
 	ExpiresAt    time.Time         `json:"expires_at"`
 	ExpiryAction ExpiryAction      `json:"expiry_action"`
-	AccessToken  string            `json:"-"` // per-sandbox envd token (E2B)
+	// AccessTokenHash is the hex SHA-256 of the per-sandbox envd token
+	// (E2B); the token itself is never stored (daemon.EnvdToken derives it).
+	AccessTokenHash string `json:"-"`
 	// Pause bookkeeping (filled by the pause feature).
 	PauseRequested PauseMode `json:"pause_mode_requested,omitempty"`
 	PauseActual    PauseMode `json:"pause_mode,omitempty"`

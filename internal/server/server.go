@@ -119,7 +119,9 @@ func (s *Server) handle(pattern string, h handler) {
 			if client {
 				// A client of the sandbox until the request ends (exec/attach
 				// streams, file transfers): the reaper leaves it be.
-				defer s.d.OpenStream(r.PathValue("id"))()
+				// Only once the caller may see it: another tenant's
+				// refused requests must not keep it awake.
+				defer s.d.OpenClientStream(r.Context(), owner(r, p), r.PathValue("id"))()
 			}
 			err = h(w, r, p)
 		}

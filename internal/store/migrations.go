@@ -1,5 +1,13 @@
 package store
 
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+)
+
 // migrations is the schema history: migrations[i] takes the database from
 // PRAGMA user_version i to i+1. Append a new entry to change the schema
 // (new tables for snapshots, pools, secrets, egress log, usage, ...); never
@@ -187,4 +195,41 @@ CREATE TABLE secrets (
 	PRIMARY KEY (owner, name)
 ) STRICT;
 `,
+	// 6: sandboxes.access_token holds the hex SHA-256 of the envd token, not
+	// the token (hashAccessTokens rewrites the rows of older versions).
+	`CREATE INDEX IF NOT EXISTS sandboxes_access_token ON sandboxes (access_token);`,
+}
+
+// migrationHooks run in the transaction of the migration with the same
+// number, after its SQL: the steps SQL cannot express.
+var migrationHooks = map[int]func(context.Context, *sql.Tx) error{
+	6: hashAccessTokens,
+}
+
+// hashAccessTokens replaces every plain envd access token with its hex
+// SHA-256 (what daemon.EnvdToken's tokens are checked against).
+func hashAccessTokens(ctx context.Context, tx *sql.Tx) error {
+	rows, err := tx.QueryContext(ctx, `SELECT id, access_token FROM sandboxes WHERE access_token != ''`)
+	if err != nil {
+		return err
+	}
+	plain := map[string]string{}
+	for rows.Next() {
+		var id, tok string
+		if err := rows.Scan(&id, &tok); err != nil {
+			rows.Close()
+			return err
+		}
+		plain[id] = tok
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return err
+	}
+	for id, tok := range plain {
+		h := sha256.Sum256([]byte(tok))
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET access_token = ? WHERE id = ?`, hex.EncodeToString(h[:]), id); err != nil {
+			return err
+		}
+	}
+	return nil
 }

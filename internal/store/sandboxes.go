@@ -37,7 +37,7 @@ func sandboxArgs(sb *sandbox.Sandbox) ([]any, error) {
 	return []any{sb.ID, sb.Owner, sb.Template, sb.TemplateID, sb.Runtime, string(sb.State), sb.Reason, sb.Message,
 		labels, env, sb.Resources.CPUMillis, sb.Resources.MemoryMiB, sb.Resources.DiskMiB, sb.Resources.Pids,
 		toNanos(sb.CreatedAt), toNanos(sb.StartedAt), toNanos(sb.ExpiresAt),
-		string(sb.ExpiryAction), sb.AccessToken, string(sb.PauseRequested), string(sb.PauseActual),
+		string(sb.ExpiryAction), sb.AccessTokenHash, string(sb.PauseRequested), string(sb.PauseActual),
 		string(sb.ResumedFrom), sb.RestoreCount, sb.AutoResume, extra, sb.Version}, nil
 }
 
@@ -50,7 +50,7 @@ func scanSandbox(sc scanner) (*sandbox.Sandbox, error) {
 	)
 	err := sc.Scan(&sb.ID, &sb.Owner, &sb.Template, &sb.TemplateID, &sb.Runtime, &state, &sb.Reason, &sb.Message,
 		&labels, &env, &sb.Resources.CPUMillis, &sb.Resources.MemoryMiB, &sb.Resources.DiskMiB, &sb.Resources.Pids,
-		&created, &started, &expires, &expiry, &sb.AccessToken, &preq, &pact, &resumed, &sb.RestoreCount,
+		&created, &started, &expires, &expiry, &sb.AccessTokenHash, &preq, &pact, &resumed, &sb.RestoreCount,
 		&sb.AutoResume, &extra, &sb.Version)
 	if err != nil {
 		return nil, err
@@ -110,11 +110,11 @@ func (s *SQLite) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, e
 	return getSandbox(ctx, s.r, id)
 }
 
-func (s *SQLite) SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error) {
-	if token == "" {
+func (s *SQLite) SandboxByTokenHash(ctx context.Context, hash string) (*sandbox.Sandbox, error) {
+	if hash == "" {
 		return nil, errs.E(errs.NotFound, "no sandbox has an empty access token")
 	}
-	sb, err := scanSandbox(s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE access_token = ?`, token))
+	sb, err := scanSandbox(s.r.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE access_token = ?`, hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errs.E(errs.NotFound, "no sandbox with this access token")
 	}

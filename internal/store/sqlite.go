@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -39,6 +40,11 @@ func OpenSQLite(path string) (*SQLite, error) {
 	// SIGKILL nor a power cut loses a committed write. _txlock=immediate takes
 	// the write lock at BEGIN, so a read-modify-write never upgrades a lock
 	// (and cannot deadlock against another process).
+	// The database holds API key hashes, access tokens and sealed secrets:
+	// 0600, and SQLite gives the -wal and -shm files the database's mode.
+	if err := privateFiles(path); err != nil {
+		return nil, err
+	}
 	common := url.Values{}
 	common.Add("_pragma", "busy_timeout(10000)")
 	common.Add("_pragma", "foreign_keys(1)")
@@ -74,7 +80,29 @@ func OpenSQLite(path string) (*SQLite, error) {
 		r.Close()
 		return nil, dbErr(err, "store: open %s", path)
 	}
+	if err := privateFiles(path); err != nil {
+		w.Close()
+		r.Close()
+		return nil, err
+	}
 	return &SQLite{w: w, r: r}, nil
+}
+
+// privateFiles creates the database file 0600 if it is missing and makes it
+// and its -wal and -shm files 0600 (databases made by older versions were
+// 0644).
+func privateFiles(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "store: create %s", path)
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm", path + "-journal"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return errs.Wrap(errs.Internal, err, "store: chmod %s", p)
+		}
+	}
+	return nil
 }
 
 func cloneValues(v url.Values) url.Values {
@@ -120,6 +148,11 @@ func migrateOne(ctx context.Context, db *sql.DB, migs []string) (done bool, err 
 	}
 	if _, err := tx.ExecContext(ctx, migs[v]); err != nil {
 		return false, dbErr(err, "store: migration %d", v+1)
+	}
+	if hook := migrationHooks[v+1]; hook != nil {
+		if err := hook(ctx, tx); err != nil {
+			return false, dbErr(err, "store: migration %d", v+1)
+		}
 	}
 	// PRAGMA takes no bind parameters; v+1 is an int we computed.
 	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", v+1)); err != nil {

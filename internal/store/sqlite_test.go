@@ -3,7 +3,9 @@ package store
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -151,7 +153,7 @@ func TestSQLiteReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := suiteSandbox("sb1", "alice", suiteEpoch)
-	sb.Env, sb.Extra, sb.AccessToken = map[string]string{"A": "b"}, map[string]string{"n": "1"}, "secret"
+	sb.Env, sb.Extra, sb.AccessTokenHash = map[string]string{"A": "b"}, map[string]string{"n": "1"}, "secret"
 	if err := s.CreateSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
@@ -284,5 +286,73 @@ func TestSQLiteSurvivesSIGKILL(t *testing.T) {
 	}
 	if len(missing) > 0 {
 		t.Errorf("%d of %d committed sandboxes missing after SIGKILL: %v", len(missing), len(committed), missing)
+	}
+}
+
+// TestMigrationHashesAccessTokens makes a database as the previous schema
+// (version 5) had it, with a plain envd token, through the store's own
+// write path, and opens it with this version: the row then holds the
+// token's SHA-256 and is found by it, and the plain token finds nothing.
+func TestMigrationHashesAccessTokens(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "berth.db")
+	old, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.SetMaxOpenConns(1)
+	if err := migrate(ctx, old, migrations[:5]); err != nil {
+		t.Fatal(err)
+	}
+	const plain = "0123456789abcdef0123456789abcdef0123456789abcdef"
+	prev := &SQLite{w: old, r: old}
+	sb := suiteSandbox("sb1", "alice", suiteEpoch)
+	sb.AccessTokenHash = plain // what versions before 6 stored
+	if err := prev.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	other := suiteSandbox("sb2", "bob", suiteEpoch)
+	other.AccessTokenHash = ""
+	if err := prev.CreateSandbox(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil { // what older versions made
+		t.Fatal(err)
+	}
+
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sum := sha256.Sum256([]byte(plain))
+	want := hex.EncodeToString(sum[:])
+	got, err := s.GetSandbox(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.AccessTokenHash != want {
+		t.Fatalf("stored token after migration = %q, want its SHA-256 %q", got.AccessTokenHash, want)
+	}
+	if byHash, err := s.SandboxByTokenHash(ctx, want); err != nil || byHash.ID != "sb1" {
+		t.Fatalf("SandboxByTokenHash(hash) = %v, %v", byHash, err)
+	}
+	if _, err := s.SandboxByTokenHash(ctx, plain); !errs.Is(err, errs.NotFound) {
+		t.Fatalf("the plain token still matches a row: %v", err)
+	}
+	if got, _ := s.GetSandbox(ctx, "sb2"); got == nil || got.AccessTokenHash != "" {
+		t.Fatalf("an empty token was changed: %+v", got)
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s is %v, want 0600", filepath.Base(p), fi.Mode().Perm())
+		}
 	}
 }

@@ -25,8 +25,8 @@ type Store interface {
 	// now when zero).
 	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error
 	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
-	// SandboxByToken finds the sandbox whose AccessToken is token (NotFound if none).
-	SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error)
+	// SandboxByTokenHash finds the sandbox whose AccessTokenHash is hash (NotFound if none).
+	SandboxByTokenHash(ctx context.Context, hash string) (*sandbox.Sandbox, error)
 	// ListSandboxes returns one page of matching sandboxes and the cursor of
 	// the next page ("" on the last page); pass it as SandboxFilter.After.
 	ListSandboxes(ctx context.Context, f SandboxFilter) (items []*sandbox.Sandbox, next string, err error)

@@ -87,7 +87,7 @@ func suiteSandboxCRUD(t *testing.T, s Store) {
 		Env:       map[string]string{"PATH": "/bin", "EMPTY": ""},
 		Resources: sandbox.Resources{CPUMillis: 1500, MemoryMiB: 2048, DiskMiB: 10240, Pids: 512},
 		CreatedAt: suiteEpoch, StartedAt: suiteEpoch.Add(time.Second), ExpiresAt: suiteEpoch.Add(time.Hour),
-		ExpiryAction: sandbox.ExpirePause, AccessToken: "tok",
+		ExpiryAction: sandbox.ExpirePause, AccessTokenHash: "tok",
 		PauseRequested: sandbox.PauseMemory, PauseActual: sandbox.PauseDisk, ResumedFrom: sandbox.PauseDisk,
 		RestoreCount: 3, AutoResume: true,
 		Extra: map[string]string{"network": `{"allow":["pypi.org"]}`},
@@ -105,13 +105,13 @@ func suiteSandboxCRUD(t *testing.T, s Store) {
 	if diff := cmp.Diff(in, got, suiteOpts); diff != "" {
 		t.Errorf("GetSandbox after create (-want +got):\n%s", diff)
 	}
-	byTok, err := s.SandboxByToken(ctx, "tok")
+	byTok, err := s.SandboxByTokenHash(ctx, "tok")
 	if err != nil || byTok.ID != "sb1" {
-		t.Errorf("SandboxByToken(tok) = %v, %v; want sb1", byTok, err)
+		t.Errorf("SandboxByTokenHash(tok) = %v, %v; want sb1", byTok, err)
 	}
 	for _, tok := range []string{"", "other"} {
-		if _, err := s.SandboxByToken(ctx, tok); !errs.Is(err, errs.NotFound) {
-			t.Errorf("SandboxByToken(%q) error = %v, want NotFound", tok, err)
+		if _, err := s.SandboxByTokenHash(ctx, tok); !errs.Is(err, errs.NotFound) {
+			t.Errorf("SandboxByTokenHash(%q) error = %v, want NotFound", tok, err)
 		}
 	}
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"compress/gzip"
 	"context"
+	"errors"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -94,7 +96,15 @@ func (c CopySpec) ContentHash(ctx context.Context, ctxDir string, srcs []string)
 // Fill writes the COPY result into an empty layer dir, Docker's way: a
 // directory source copies its contents; several sources or a dest ending in
 // "/" (or destIsDir) make dest a directory. Parents are created 0755 root.
+// The context is the tenant's, symlinks included: every write goes through
+// an os.Root of dir, so a symlink one source plants (dest/foo -> /etc) can
+// never lead a later source's files out of the layer.
 func (c CopySpec) Fill(ctxDir string, srcs []string, destIsDir bool, dir string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "open layer dir")
+	}
+	defer root.Close()
 	dest := path.Clean(c.Dest)
 	toDir := destIsDir || strings.HasSuffix(c.Dest, "/") || len(srcs) > 1
 	for _, s := range srcs {
@@ -109,40 +119,47 @@ func (c CopySpec) Fill(ctxDir string, srcs []string, destIsDir bool, dir string)
 		} else if toDir {
 			target = path.Join(dest, filepath.Base(s))
 		}
-		out := filepath.Join(dir, filepath.FromSlash(strings.TrimPrefix(target, "/")))
-		if err := mkdirParents(dir, filepath.Dir(out)); err != nil {
+		out := strings.TrimPrefix(path.Clean("/"+target), "/")
+		if out == "" {
+			out = "."
+		}
+		if err := mkdirParents(root, path.Dir(out)); err != nil {
 			return err
 		}
-		if err := c.copyTree(src, out); err != nil {
-			return errs.Wrap(errs.Internal, err, "COPY %s to %s", s, target)
+		if err := c.copyTree(root, src, out); err != nil {
+			return errs.Wrap(errs.InvalidArgument, err, "COPY %s to %s", s, target)
 		}
 	}
 	return nil
 }
 
-func mkdirParents(root, p string) error {
-	rel, err := filepath.Rel(root, p)
-	if err != nil || rel == "." {
-		return err
+// mkdirParents creates rel's directories in root, 0755. One that exists as
+// anything but a directory (a symlink a source planted) is refused.
+func mkdirParents(root *os.Root, rel string) error {
+	if rel == "." || rel == "" {
+		return nil
 	}
-	cur := root
-	for _, part := range strings.Split(rel, string(filepath.Separator)) {
-		cur = filepath.Join(cur, part)
-		if err := os.Mkdir(cur, 0o755); err != nil && !os.IsExist(err) {
-			return errs.Wrap(errs.Internal, err, "create %s", cur)
+	cur := ""
+	for _, part := range strings.Split(rel, "/") {
+		cur = path.Join(cur, part)
+		if err := root.Mkdir(cur, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return errs.Wrap(errs.InvalidArgument, err, "create /%s", cur)
 		}
-		_ = os.Chmod(cur, 0o755)
+		if fi, err := root.Lstat(cur); err != nil || !fi.IsDir() {
+			return errs.Field("dest", "/%s exists in the layer and is not a directory", cur)
+		}
+		_ = root.Chmod(cur, 0o755)
 	}
 	return nil
 }
 
-func (c CopySpec) copyTree(src, dst string) error {
+func (c CopySpec) copyTree(root *os.Root, src, dst string) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		rel, _ := filepath.Rel(src, p)
-		out := filepath.Join(dst, rel)
+		out := path.Join(dst, filepath.ToSlash(rel))
 		fi, err := os.Lstat(p)
 		if err != nil {
 			return err
@@ -153,44 +170,63 @@ func (c CopySpec) copyTree(src, dst string) error {
 		}
 		switch {
 		case fi.IsDir():
-			if err := os.Mkdir(out, 0o700); err != nil && !os.IsExist(err) {
-				return err
+			if err := root.Mkdir(out, 0o700); err != nil {
+				if !errors.Is(err, fs.ErrExist) {
+					return err
+				}
+				// A later source replaces what an earlier one left there
+				// (a symlink, a file) by its directory.
+				if ofi, err := root.Lstat(out); err != nil {
+					return err
+				} else if !ofi.IsDir() {
+					if err := root.Remove(out); err != nil {
+						return err
+					}
+					if err := root.Mkdir(out, 0o700); err != nil {
+						return err
+					}
+				}
 			}
 		case fi.Mode()&fs.ModeSymlink != 0:
 			t, err := os.Readlink(p)
 			if err != nil {
 				return err
 			}
-			_ = os.Remove(out)
-			if err := os.Symlink(t, out); err != nil {
+			_ = root.Remove(out)
+			if err := root.Symlink(t, out); err != nil {
 				return err
 			}
-			return os.Lchown(out, c.UID, c.GID)
+			return root.Lchown(out, c.UID, c.GID)
 		case fi.Mode().IsRegular():
-			if err := copyFile(p, out); err != nil {
+			if err := copyFile(root, p, out); err != nil {
 				return err
 			}
 		default:
 			return nil // devices, fifos and sockets are not copied
 		}
-		if err := os.Lchown(out, c.UID, c.GID); err != nil {
+		if err := root.Lchown(out, c.UID, c.GID); err != nil {
 			return err
 		}
-		if err := os.Chmod(out, mode); err != nil {
+		if err := root.Chmod(out, mode); err != nil {
 			return err
 		}
-		return unix.Lutimes(out, []unix.Timeval{unix.NsecToTimeval(fi.ModTime().UnixNano()), unix.NsecToTimeval(fi.ModTime().UnixNano())})
+		return root.Chtimes(out, fi.ModTime(), fi.ModTime())
 	})
 }
 
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
+// copyFile copies the regular file src (refusing anything else without
+// opening it for long: O_NONBLOCK) to dst inside root.
+func copyFile(root *os.Root, src, dst string) error {
+	in, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	_ = os.Remove(dst)
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if fi, err := in.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return errors.Join(err, errs.Field("source", "%s is not a regular file", src))
+	}
+	_ = root.Remove(dst)
+	out, err := root.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
