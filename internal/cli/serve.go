@@ -45,6 +45,7 @@ type ServeConfig struct {
 	CriuPath        string `json:"criu_path"`
 	AgentPath       string `json:"agent_path"`
 	LogLevel        string `json:"log_level"`
+	CheckpointConfig
 	NetworkServeConfig
 	// Reaper policies, per-owner quotas and prices (see internal/reaper,
 	// internal/quota, internal/metering); zero values are the defaults.
@@ -92,6 +93,9 @@ func (c *ServeConfig) Validate() error {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return errs.Field("log_level", "must be debug, info, warn or error")
+	}
+	if err := c.CheckpointConfig.Validate(); err != nil {
+		return err
 	}
 	return c.NetworkServeConfig.Validate()
 }
@@ -185,6 +189,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		return err
 	}
 	runtimes := map[string]runtime.Runtime{}
+	var probed <-chan struct{}
 	criu := lookBinary(cfg.CriuPath, filepath.Join(cfg.CacheDir, "bin", "criu"))
 	if _, err := os.Stat(criu); criu != "" && err != nil {
 		// Without CRIU, runc memory pauses fall back to disk (and say so).
@@ -192,11 +197,13 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		criu = ""
 	}
 	if p := lookBinary(cfg.RuncPath, "runc"); p != "" {
-		r, err := oci.New("runc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runc"), CRIU: criu, Logger: log})
+		r, err := oci.New("runc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runc"), CRIU: criu, Logger: log,
+			ProbeCacheDir: cfg.CacheDir, TrustCRIU: cfg.TrustCRIU})
 		if err != nil {
 			return err
 		}
 		runtimes["runc"] = r
+		probed = r.StartProbe() // in the background; see the bounded wait before listening
 	}
 	if p := lookBinary(cfg.RunscPath, filepath.Join(selfDir, "runsc"), filepath.Join(cfg.CacheDir, "bin", "runsc"), "runsc"); p != "" {
 		r, err := oci.New("runsc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runsc"), Logger: log})
@@ -214,6 +221,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		DataDir: cfg.DataDir, DefaultRuntime: cfg.Runtime, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTTL: defTTL, MaxTTL: maxTTL, AgentPath: agent, Log: log,
 		Reaper: cfg.Reaper, Quotas: cfg.Quotas, Prices: cfg.Prices,
+		CheckpointTimeout: cfg.checkpointTimeout(), CheckpointTimeoutPerGiB: cfg.checkpointTimeoutPerGiB(),
 	}, st, runtimes, tpl)
 	if err != nil {
 		return err
@@ -233,6 +241,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	}
 	d.Run()
 
+	waitProbe(probed, log)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return errs.Wrap(errs.Unavailable, err, "listen")
