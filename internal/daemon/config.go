@@ -23,11 +23,6 @@ type Config struct {
 	MaxResources     sandbox.Resources
 	AgentPath        string        // host path of the static berth-agent binary
 	ReadyTimeout     time.Duration // how long a new sandbox's agent may take to answer
-	// CheckpointTimeout + CheckpointTimeoutPerGiB × the memory limit bound
-	// one memory checkpoint or restore; past it the runtime's helper is
-	// killed and the pause falls back to disk (a restore boots from disk).
-	CheckpointTimeout       time.Duration
-	CheckpointTimeoutPerGiB time.Duration
 	Log              *slog.Logger
 	Now              func() time.Time
 	// Reaper, quotas and prices (reaper.go, quota.go, usage.go).
@@ -35,6 +30,12 @@ type Config struct {
 	Quotas     quota.Config
 	Prices     metering.Prices
 	CgroupRoot string // cgroup v1 mount root, for throttling; default /sys/fs/cgroup
+
+	// CheckpointTimeout + CheckpointTimeoutPerGiB × the memory limit bound
+	// one memory checkpoint or restore; past it the runtime's helper is
+	// killed and the pause falls back to disk (a restore boots from disk).
+	CheckpointTimeout       time.Duration
+	CheckpointTimeoutPerGiB time.Duration
 }
 
 // maxSocketPath is sun_path's limit (108) minus the NUL byte.
