@@ -198,7 +198,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	}
 	if p := lookBinary(cfg.RuncPath, "runc"); p != "" {
 		r, err := oci.New("runc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runc"), CRIU: criu, Logger: log,
-			ProbeCacheDir: cfg.CacheDir, TrustCRIU: cfg.TrustCRIU})
+			ProbeCacheDir: cfg.CacheDir, TrustCRIU: cfg.TrustCRIU, ProbeTimeout: 2 * cfg.checkpointTimeout()})
 		if err != nil {
 			return err
 		}
