@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -81,9 +83,19 @@ func fakeCRIU(t *testing.T, behaviour string) (path, marker string) {
 		"fail": "echo 'criu: simulated failure' >&2\nexit 1\n",
 	}[behaviour]
 	path = filepath.Join(t.TempDir(), "criu")
-	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+	script := []byte("#!/bin/sh\n" + body)
+	if err := os.WriteFile(path, script, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// A server on the shared cache dir caches the probe's verdict on this
+	// stand-in (keyed by its hash): remove it with the stand-in.
+	sum := sha256.Sum256(script)
+	t.Cleanup(func() {
+		stale, _ := filepath.Glob("/var/cache/berth/criu-probe/*-" + hex.EncodeToString(sum[:])[:16] + ".json")
+		for _, p := range stale {
+			_ = os.Remove(p)
+		}
+	})
 	return path, marker
 }
 
