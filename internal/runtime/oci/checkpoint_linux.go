@@ -32,7 +32,7 @@ func (o *OCI) Capabilities(ctx context.Context) runtime.Capabilities {
 	case o.cfg.TrustCRIU:
 		caps.Checkpoint = true
 	default:
-		done := o.StartProbe()
+		done := o.StartProbe(context.WithoutCancel(ctx))
 		select {
 		case <-done:
 			caps.Checkpoint, caps.CheckpointReason = o.probe.OK, o.probe.Reason

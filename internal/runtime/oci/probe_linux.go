@@ -41,7 +41,9 @@ const probeScript = "setsid sleep 1000 </dev/null >/dev/null 2>&1 & exec sleep 1
 // returns a channel closed when its verdict is in. The trial is bounded by
 // ProbeTimeout; a verdict about CRIU itself is cached per kernel release and
 // CRIU binary in ProbeCacheDir, so a restart does not pay for it again.
-func (o *OCI) StartProbe() <-chan struct{} {
+// Cancelling ctx (the server's lifetime) stops the trial and removes its
+// container before the channel closes: a server that exits waits for it.
+func (o *OCI) StartProbe(ctx context.Context) <-chan struct{} {
 	o.probeOnce.Do(func() {
 		if o.name != Runc || o.cfg.CRIU == "" || o.cfg.TrustCRIU {
 			close(o.probeDone)
@@ -49,7 +51,7 @@ func (o *OCI) StartProbe() <-chan struct{} {
 		}
 		go func() {
 			defer close(o.probeDone)
-			o.probe = o.runProbe()
+			o.probe = o.runProbe(ctx)
 			o.log.Info("runc checkpoint probe", "ok", o.probe.OK, "reason", o.probe.Reason,
 				"kernel", o.probe.Kernel, "cached", o.probe.Cached, "ms", o.probe.Millis)
 		}()
@@ -57,7 +59,7 @@ func (o *OCI) StartProbe() <-chan struct{} {
 	return o.probeDone
 }
 
-func (o *OCI) runProbe() ProbeResult {
+func (o *OCI) runProbe(ctx context.Context) ProbeResult {
 	res := ProbeResult{Kernel: kernelRelease(), At: time.Now()}
 	sum, err := fileSHA256(o.cfg.CRIU)
 	if err != nil {
@@ -77,7 +79,7 @@ func (o *OCI) runProbe() ProbeResult {
 		}
 	}
 	start := time.Now()
-	definitive, err := o.trialCheckpoint()
+	definitive, err := o.trialCheckpoint(ctx)
 	res.Millis = time.Since(start).Milliseconds()
 	if err == nil {
 		res.OK = true
@@ -100,7 +102,7 @@ func (o *OCI) runProbe() ProbeResult {
 // own spec, checkpoints it with CRIU and restores it, all within
 // ProbeTimeout, and removes everything it made. definitive says whether
 // the outcome is CRIU's (cacheable) rather than a set-up problem.
-func (o *OCI) trialCheckpoint() (definitive bool, err error) {
+func (o *OCI) trialCheckpoint(parent context.Context) (definitive bool, err error) {
 	// A state root of its own: the daemon's reconciliation never sees the
 	// throwaway container, and a trial cut short by a crash is swept here.
 	dir := o.cfg.Root + "-probe"
@@ -122,24 +124,27 @@ func (o *OCI) trialCheckpoint() (definitive bool, err error) {
 		Args: []string{"/bin/sh", "-c", probeScript}, Resources: runtime.Resources{MemoryBytes: 64 << 20, Pids: 32},
 		LogPath: filepath.Join(dir, "runtime.log"),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), o.cfg.ProbeTimeout)
+	ctx, cancel := context.WithTimeout(parent, o.cfg.ProbeTimeout)
 	defer cancel()
-	bound := func(step string, err error) error {
-		if ctx.Err() != nil {
-			return fmt.Errorf("trial %s of a throwaway container did not finish within %s (CRIU hung; it was killed)", step, o.cfg.ProbeTimeout)
+	bound := func(step string, err error) (bool, error) {
+		switch {
+		case parent.Err() != nil:
+			return false, fmt.Errorf("trial %s interrupted: the server is stopping", step)
+		case ctx.Err() != nil:
+			return true, fmt.Errorf("trial %s of a throwaway container did not finish within %s (CRIU hung; it was killed)", step, o.cfg.ProbeTimeout)
 		}
-		return fmt.Errorf("trial %s of a throwaway container failed: %s", step, tail(err.Error(), 400))
+		return true, fmt.Errorf("trial %s of a throwaway container failed: %s", step, tail(err.Error(), 400))
 	}
 	if err := probe.Run(ctx, spec); err != nil {
 		return false, fmt.Errorf("trial checkpoint: start a throwaway container: %w", err)
 	}
 	img := filepath.Join(dir, "image")
 	if err := probe.checkpoint(ctx, spec.ID, img); err != nil {
-		return true, bound("checkpoint", err)
+		return bound("checkpoint", err)
 	}
 	_ = probe.Delete(ctx, spec.ID)
 	if err := probe.restore(ctx, spec, img); err != nil {
-		return true, bound("restore", err)
+		return bound("restore", err)
 	}
 	st, err := probe.State(ctx, spec.ID)
 	if err != nil || st.State != "running" || st.Pid <= 0 || syscall.Kill(st.Pid, 0) != nil {

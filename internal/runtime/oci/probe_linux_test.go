@@ -79,7 +79,7 @@ func TestCheckpointProbeFaults(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			<-o2.StartProbe()
+			<-o2.StartProbe(ctx)
 			if !o2.probe.Cached || o2.probe.OK || o2.probe.Reason != caps.CheckpointReason {
 				t.Errorf("second probe = %+v, want the cached verdict %q", o2.probe, caps.CheckpointReason)
 			}
@@ -89,7 +89,7 @@ func TestCheckpointProbeFaults(t *testing.T) {
 
 func TestCheckpointProbeRealCRIU(t *testing.T) {
 	o := newBackend(t, Runc)
-	<-o.StartProbe()
+	<-o.StartProbe(context.Background())
 	p := o.probe
 	t.Logf("runc checkpoint probe on kernel %s: ok=%v reason=%q (%d ms)", p.Kernel, p.OK, p.Reason, p.Millis)
 	if p.Kernel == "" || len(p.CRIU) != 64 {
