@@ -203,7 +203,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 			return err
 		}
 		runtimes["runc"] = r
-		probed = r.StartProbe(ctx) // in the background; see the bounded wait before listening
+		probed = r.StartProbe(ctx)  // in the background; see the bounded wait before listening
 		defer func() { <-probed }() // a trial cut short by shutdown removes its container first
 	}
 	if p := lookBinary(cfg.RunscPath, filepath.Join(selfDir, "runsc"), filepath.Join(cfg.CacheDir, "bin", "runsc"), "runsc"); p != "" {
