@@ -323,3 +323,71 @@ func TestCheckpointRealCRIU(t *testing.T) {
 		wantMemoryPause(t, s, id, "runc")
 	})
 }
+
+// TestRestoreFaults: a memory image whose restore hangs or fails. The
+// stand-in criu passes calls to the real one until a flag file appears,
+// then hangs or fails: the resume answers within its bound, boots the
+// sandbox from disk with every file, and says so. Where this host's CRIU
+// cannot even checkpoint, the pause is disk (the honest outcome) and there
+// is no image to restore.
+func TestRestoreFaults(t *testing.T) {
+	const realCRIU = "/var/cache/berth/bin/criu"
+	if _, err := os.Stat(realCRIU); err != nil {
+		t.Fatalf("criu not built at %s (scripts/build-criu.sh): %v", realCRIU, err)
+	}
+	for _, behaviour := range []string{"hang", "fail"} {
+		t.Run(behaviour, func(t *testing.T) {
+			dir := t.TempDir()
+			flag := filepath.Join(dir, "broken")
+			var b [4]byte
+			_, _ = rand.Read(b[:])
+			marker := fmt.Sprint(700000 + binary.BigEndian.Uint32(b[:])%99999)
+			broken := map[string]string{"hang": "sleep " + marker + " &\n\twait", "fail": "echo 'criu: simulated restore failure' >&2\n\texit 1"}[behaviour]
+			criu := filepath.Join(dir, "criu")
+			script := fmt.Sprintf("#!/bin/sh\nif [ -e %s ]; then\n\t%s\nfi\nexec %s \"$@\"\n", flag, broken, realCRIU)
+			if err := os.WriteFile(criu, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cfg := filepath.Join(dir, "berth.json")
+			if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`{"criu_path": %q, "trust_criu": true, "checkpoint_timeout": "2s", "checkpoint_timeout_per_gib": "1s"}`, criu)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			s := startServer(t, "--config", cfg)
+			id := s.create("--runtime", "runc", "--memory", "256")
+			s.must("exec", id, "--", "sh", "-c", "echo kept > /home/user/f")
+			s.must("pause", id, "--mode", "memory")
+			v := inspect(t, s, id)
+			if v.PauseActual != "memory" {
+				// This host's CRIU cannot checkpoint within the bound: disk, said so.
+				if v.State != "paused" || v.PauseActual != "disk" || !strings.Contains(v.Message, "memory checkpoint") {
+					t.Fatalf("pause: %+v", v)
+				}
+				t.Logf("this host's CRIU did not checkpoint (%s); no image to restore", v.Message)
+			} else if err := os.WriteFile(flag, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			s.must("resume", id)
+			t.Logf("resume answered after %v", time.Since(start))
+			v = inspect(t, s, id)
+			if v.State != "running" || v.ResumedFrom != "disk" {
+				t.Fatalf("after resume: %+v", v)
+			}
+			if _, err := os.Stat(flag); err == nil {
+				want := map[string]string{"hang": "restore did not finish within", "fail": "memory restore failed"}[behaviour]
+				if !strings.Contains(v.Message, want) {
+					t.Errorf("resume message %q, want it to say %q", v.Message, want)
+				}
+				if evs := s.must("events", id, "--json"); !strings.Contains(evs, `"resume_degraded"`) {
+					t.Errorf("no resume_degraded event:\n%s", evs)
+				}
+			}
+			if out := s.must("exec", id, "--", "cat", "/home/user/f"); out != "kept" {
+				t.Fatalf("file after the fallback: %q", out)
+			}
+			if l := criuLeftovers(marker); l != "" {
+				t.Errorf("the stand-in criu outlived the resume:\n%s", l)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,6 +46,23 @@ func TestQuickstart(t *testing.T) {
 			if err != nil {
 				t.Fatalf("quickstart.sh: %v", err)
 			}
+			// A workstation without --runtime lives through pauses: it gets
+			// runsc when runc cannot take memory checkpoints here and runsc can.
+			want := "runc"
+			if !checkpointCaps(t, s, "runc").Checkpoint && checkpointCaps(t, s, "runsc").Checkpoint {
+				want = "runsc"
+			}
+			w := s.create("--workstation")
+			var sb struct {
+				Runtime string `json:"runtime"`
+			}
+			if err := json.Unmarshal([]byte(s.must("inspect", w)), &sb); err != nil {
+				t.Fatal(err)
+			}
+			if sb.Runtime != want {
+				t.Errorf("workstation runtime %q, want %q", sb.Runtime, want)
+			}
+			s.must("rm", w)
 		})
 	}
 }
