@@ -391,3 +391,31 @@ func TestRestoreFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestFailedSaysHowToRecover: a sandbox whose processes die is failed, but
+// its workspace is intact: inspect, events and a refused resume say that
+// `berth start` brings it back, and it does, with its files.
+func TestFailedSaysHowToRecover(t *testing.T) {
+	s := startServer(t)
+	id := s.create()
+	s.must("exec", id, "--", "sh", "-c", "echo kept > /home/user/f")
+	if out, err := exec.Command("runc", "--root", filepath.Join(s.dataDir, "runtime", "runc"), "kill", id, "KILL").CombinedOutput(); err != nil {
+		t.Fatalf("runc kill: %v %s", err, out)
+	}
+	waitState(t, s, id, "failed", 30*time.Second)
+	hint := "berth start " + id
+	if v := inspect(t, s, id); !strings.Contains(v.Message, hint) {
+		t.Errorf("failed sandbox message %q does not say %q", v.Message, hint)
+	}
+	if evs := s.must("events", id); !strings.Contains(evs, hint) {
+		t.Errorf("events do not say %q:\n%s", hint, evs)
+	}
+	out, code := s.run("resume", id)
+	if code != 4 || !strings.Contains(out, hint) {
+		t.Errorf("resume of a failed sandbox: exit %d: %s; want 4 naming %q", code, out, hint)
+	}
+	s.must("start", id)
+	if out := s.must("exec", id, "--", "cat", "/home/user/f"); out != "kept" {
+		t.Fatalf("file after berth start: %q", out)
+	}
+}
