@@ -398,6 +398,14 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 	return c.Restored(ctx, agentapi.RestoredRequest{RestoreCount: count, HostTime: time.Now()})
 }
 
+// canFreeze asks only what is known now: runc's capabilities otherwise
+// wait for its trial checkpoint, which a freeze does not need.
+func canFreeze(ctx context.Context, rt runtime.Runtime) bool {
+	now, cancel := context.WithCancel(ctx)
+	cancel()
+	return rt.Capabilities(now).Freeze
+}
+
 // boundedRestore is rt.Restore within checkpointTimeout; on failure the
 // half-restored container is removed (on a fresh context).
 func (d *Daemon) boundedRestore(ctx context.Context, rt runtime.Runtime, sb *sandbox.Sandbox, spec runtime.Spec, img string) error {

@@ -15,7 +15,8 @@ import (
 // itself. runc checkpoints only when a trial checkpoint and restore of a
 // throwaway container with the configured CRIU works (probe_linux.go):
 // `criu check` says "Looks good" on kernels where a real dump hangs.
-// While the trial runs, Capabilities waits for it as long as ctx allows.
+// While the trial runs, Capabilities waits for it as long as ctx allows
+// (a done ctx asks for what is known now: Freeze is, without waiting).
 func (o *OCI) Capabilities(ctx context.Context) runtime.Capabilities {
 	o.capsOnce.Do(func() {
 		o.caps = runtime.Capabilities{Freeze: freezerAvailable(o.cfg.CgroupRoot)}
@@ -35,10 +36,15 @@ func (o *OCI) Capabilities(ctx context.Context) runtime.Capabilities {
 		done := o.StartProbe(context.WithoutCancel(ctx))
 		select {
 		case <-done:
-			caps.Checkpoint, caps.CheckpointReason = o.probe.OK, o.probe.Reason
-		case <-ctx.Done():
-			caps.Checkpoint, caps.CheckpointReason = false, "the trial checkpoint of CRIU is still running"
+		default:
+			select {
+			case <-done:
+			case <-ctx.Done():
+				caps.Checkpoint, caps.CheckpointReason = false, "the trial checkpoint of CRIU is still running"
+				return caps
+			}
 		}
+		caps.Checkpoint, caps.CheckpointReason = o.probe.OK, o.probe.Reason
 	}
 	return caps
 }
