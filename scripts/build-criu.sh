@@ -29,7 +29,16 @@ fi
 
 # Local patches, applied in order; their hash is stamped next to the binary
 # so a changed patch set rebuilds.
-PATCHES="$HERE/criu-rlimit-eperm.patch"
+# - criu-rlimit-eperm.patch: read rlimits from /proc/<pid>/limits where
+#   prlimit64 gets EPERM (hosts that withhold CAP_SYS_RESOURCE).
+# - criu-no-hw-breakpoints.patch: step to rt_sigreturn syscall by syscall
+#   instead of trusting an x86 debug-register breakpoint. On a 6.18.44 VM
+#   host `criu dump` hung right after "Daemon N exited trapping" -- the
+#   wait for that breakpoint's trap -- while `criu check` said "Looks good":
+#   consistent with a breakpoint that is set but never fires. The stepping
+#   path is CRIU's own (CRIU_FAULT=130) and costs a few ptrace stops per
+#   task. berth serve's trial checkpoint catches any remaining hang.
+PATCHES="$HERE/criu-rlimit-eperm.patch $HERE/criu-no-hw-breakpoints.patch"
 STAMP=$(cat $PATCHES | sha256sum | cut -c1-16)
 
 if [ -x "$DEST" ] && [ "$(cat "$DEST.stamp" 2>/dev/null)" = "$STAMP" ] && "$DEST" check >/dev/null 2>&1; then

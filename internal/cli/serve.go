@@ -45,6 +45,7 @@ type ServeConfig struct {
 	CriuPath        string `json:"criu_path"`
 	AgentPath       string `json:"agent_path"`
 	LogLevel        string `json:"log_level"`
+	CheckpointConfig
 	NetworkServeConfig
 	// Reaper policies, per-owner quotas and prices (see internal/reaper,
 	// internal/quota, internal/metering); zero values are the defaults.
@@ -92,6 +93,9 @@ func (c *ServeConfig) Validate() error {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return errs.Field("log_level", "must be debug, info, warn or error")
+	}
+	if err := c.CheckpointConfig.Validate(); err != nil {
+		return err
 	}
 	return c.NetworkServeConfig.Validate()
 }
@@ -192,6 +196,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		return err
 	}
 	runtimes := map[string]runtime.Runtime{}
+	var probed <-chan struct{}
 	criu := lookBinary(cfg.CriuPath, filepath.Join(cfg.CacheDir, "bin", "criu"))
 	if _, err := os.Stat(criu); criu != "" && err != nil {
 		// Without CRIU, runc memory pauses fall back to disk (and say so).
@@ -199,11 +204,14 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		criu = ""
 	}
 	if p := lookBinary(cfg.RuncPath, "runc"); p != "" {
-		r, err := oci.New("runc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runc"), CRIU: criu, Logger: log})
+		r, err := oci.New("runc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runc"), CRIU: criu, Logger: log,
+			ProbeCacheDir: cfg.CacheDir, TrustCRIU: cfg.TrustCRIU, ProbeTimeout: 2 * cfg.checkpointTimeout()})
 		if err != nil {
 			return err
 		}
 		runtimes["runc"] = r
+		probed = r.StartProbe(ctx)  // in the background; see the bounded wait before listening
+		defer func() { <-probed }() // a trial cut short by shutdown removes its container first
 	}
 	if p := lookBinary(cfg.RunscPath, filepath.Join(selfDir, "runsc"), filepath.Join(cfg.CacheDir, "bin", "runsc"), "runsc"); p != "" {
 		r, err := oci.New("runsc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runsc"), Logger: log})
@@ -221,6 +229,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		DataDir: cfg.DataDir, DefaultRuntime: cfg.Runtime, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTTL: defTTL, MaxTTL: maxTTL, AgentPath: agent, Log: log,
 		Reaper: cfg.Reaper, Quotas: cfg.Quotas, Prices: cfg.Prices,
+		CheckpointTimeout: cfg.checkpointTimeout(), CheckpointTimeoutPerGiB: cfg.checkpointTimeoutPerGiB(),
 	}, st, runtimes, tpl)
 	if err != nil {
 		return err
@@ -240,6 +249,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	}
 	d.Run()
 
+	waitProbe(probed, log)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return errs.Wrap(errs.Unavailable, err, "listen")

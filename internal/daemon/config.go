@@ -30,6 +30,12 @@ type Config struct {
 	Quotas     quota.Config
 	Prices     metering.Prices
 	CgroupRoot string // cgroup v1 mount root, for throttling; default /sys/fs/cgroup
+
+	// CheckpointTimeout + CheckpointTimeoutPerGiB × the memory limit bound
+	// one memory checkpoint or restore; past it the runtime's helper is
+	// killed and the pause falls back to disk (a restore boots from disk).
+	CheckpointTimeout       time.Duration
+	CheckpointTimeoutPerGiB time.Duration
 }
 
 // maxSocketPath is sun_path's limit (108) minus the NUL byte.
@@ -53,6 +59,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxTTL < c.DefaultTTL {
 		return errs.Field("max_ttl", "must be at least default_ttl (%s)", c.DefaultTTL)
+	}
+	if c.CheckpointTimeout < 0 {
+		return errs.Field("checkpoint_timeout", "must not be negative")
+	}
+	if c.CheckpointTimeoutPerGiB < 0 {
+		return errs.Field("checkpoint_timeout_per_gib", "must not be negative")
 	}
 	if c.AgentPath == "" {
 		return errs.Field("agent_path", "must be set (berth-agent is looked up beside the berth executable)")
@@ -81,6 +93,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = 30 * time.Second
+	}
+	if c.CheckpointTimeout == 0 {
+		c.CheckpointTimeout = 10 * time.Second
+	}
+	if c.CheckpointTimeoutPerGiB == 0 {
+		c.CheckpointTimeoutPerGiB = 5 * time.Second
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()

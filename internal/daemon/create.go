@@ -31,6 +31,21 @@ var envKeyOK = func(k string) bool {
 	return true
 }
 
+// workstationRuntime is the runtime of a create that names none: the
+// default, except that a workstation (which lives through pauses) gets runsc
+// when the default cannot take memory checkpoints here and runsc can.
+func (d *Daemon) workstationRuntime(ctx context.Context, workstation bool) string {
+	def := d.cfg.DefaultRuntime
+	if !workstation || def == "runsc" {
+		return def
+	}
+	alt, ok := d.runtimes["runsc"]
+	if !ok || d.runtimes[def].Capabilities(ctx).Checkpoint || !alt.Capabilities(ctx).Checkpoint {
+		return def
+	}
+	return "runsc"
+}
+
 // normalize fills defaults and validates a create request; errors name the field.
 func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Template, error) {
 	if req.Owner == "" {
@@ -51,7 +66,7 @@ func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Temp
 		return nil, errs.Field("template", "template %q is %s, not ready: %s", req.Template, tpl.State, tpl.Progress+tpl.Error)
 	}
 	if req.Runtime == "" {
-		req.Runtime = d.cfg.DefaultRuntime
+		req.Runtime = d.workstationRuntime(ctx, req.Workstation)
 	}
 	if _, ok := d.runtimes[req.Runtime]; !ok {
 		names := make([]string, 0, len(d.runtimes))
@@ -176,9 +191,19 @@ func (d *Daemon) fail(ctx context.Context, sb *sandbox.Sandbox, reason string, c
 	if err := d.halt(tctx, sb); err != nil {
 		d.log.Error("teardown after failure", "sandbox_id", sb.ID, "err", err)
 	}
-	if _, err := d.transition(tctx, sb.ID, sandbox.Failed, "berth", reason, shortError(cause), nil); err != nil {
+	msg := shortError(cause)
+	if _, err := os.Stat(filepath.Join(d.sandboxDir(sb.ID), "disk.img")); err == nil {
+		msg += "; " + recoverHint(sb.ID)
+	}
+	if _, err := d.transition(tctx, sb.ID, sandbox.Failed, "berth", reason, msg, nil); err != nil {
 		d.log.Error("record failure", "sandbox_id", sb.ID, "err", err)
 	}
+}
+
+// recoverHint tells a user how to bring back a failed sandbox whose
+// workspace is intact.
+func recoverHint(id string) string {
+	return "its workspace is kept: `berth start " + id + "` boots it again"
 }
 
 // layersOf resolves a template's layer digests to host paths, top first.

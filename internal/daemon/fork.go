@@ -130,7 +130,7 @@ func (d *Daemon) Fork(ctx context.Context, owner, id, actor string, count int) (
 // running again when it returns.
 func (d *Daemon) forkCapture(ctx context.Context, parent *sandbox.Sandbox, actor string) (store.Snapshot, string, string, error) {
 	tctx, cancel := teardownCtx(ctx)
-	defer cancel()
+	defer func() { cancel() }() // cancel is replaced after a failed checkpoint
 	rt, err := d.runtimeFor(parent)
 	if err != nil {
 		return store.Snapshot{}, "", "", err
@@ -164,11 +164,24 @@ func (d *Daemon) forkCapture(ctx context.Context, parent *sandbox.Sandbox, actor
 		}
 	}
 	mode, reason := ForkMemory, ""
-	if err := d.checkpointTo(tctx, parent, img); err != nil {
+	limit := d.checkpointTimeout(parent)
+	cctx, ccancel := context.WithTimeout(tctx, limit)
+	err = d.checkpointTo(cctx, parent, img)
+	timedOut := err != nil && cctx.Err() != nil
+	ccancel()
+	if err != nil {
 		mode, reason = ForkDisk, "memory checkpoint failed: "+shortError(err)
+		if timedOut {
+			reason = fmt.Sprintf("memory checkpoint did not finish within %s; the runtime's checkpoint helper was killed", limit)
+		}
 		d.log.Warn("fork checkpoint failed", "sandbox_id", parent.ID, "err", err)
 		_ = os.RemoveAll(d.snapshotDir(snapID))
-		if err := d.ensureRunning(tctx, parent); err != nil {
+		// The rest of the fork runs on a fresh context: the checkpoint may
+		// have used up this one.
+		cancel()
+		tctx, cancel = teardownCtx(ctx)
+		d.thawAfterCheckpoint(tctx, parent)
+		if err := d.ensureRunning(tctx, parent, timedOut); err != nil {
 			return store.Snapshot{}, "", "", err
 		}
 	}
@@ -209,32 +222,33 @@ func (d *Daemon) checkpointTo(ctx context.Context, sb *sandbox.Sandbox, img stri
 		return fmt.Errorf("quiesce agent: %w", err)
 	}
 	if err := waitGone(ctx, d.socketPath(sb.ID), 5*time.Second); err != nil {
-		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 		return fmt.Errorf("quiesce agent: %w", err)
 	}
 	if err := rt.Checkpoint(ctx, sb.ID, img); err != nil {
+		// The caller thaws the container and lets the agent listen again.
 		_ = os.RemoveAll(img)
-		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 		return err
 	}
 	// The parent is restored under its own id next: remove what is left.
 	return rt.Delete(ctx, sb.ID)
 }
 
-// ensureRunning brings a parent back whose checkpoint failed half-way.
-func (d *Daemon) ensureRunning(ctx context.Context, sb *sandbox.Sandbox) error {
+// ensureRunning brings a parent back whose checkpoint failed half-way. A
+// checkpoint killed mid-way (killed) may have left CRIU's traces in the
+// processes (network lock, parasite), so that parent is booted again.
+func (d *Daemon) ensureRunning(ctx context.Context, sb *sandbox.Sandbox, killed bool) error {
 	rt, err := d.runtimeFor(sb)
 	if err != nil {
 		return err
 	}
-	if st, err := rt.State(ctx, sb.ID); err == nil && st.State == "running" {
+	if st, err := rt.State(ctx, sb.ID); err == nil && st.State == "running" && !killed {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		if _, err := d.client(sb.ID).WaitReady(wctx, 10*time.Millisecond); err == nil {
 			return nil
 		}
 	}
-	d.event(ctx, sb, "berth", "fork", "parent_rebooted", "the failed checkpoint stopped the parent; it was booted again from its workspace", nil)
+	d.event(ctx, sb, "berth", "fork", "parent_rebooted", "the failed checkpoint stopped or disturbed the parent; it was booted again from its workspace", nil)
 	_ = d.halt(ctx, sb)
 	if err := d.boot(ctx, sb, nil); err != nil {
 		d.fail(ctx, sb, "fork_failed", err)
@@ -300,8 +314,7 @@ func (d *Daemon) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers []
 		return err
 	}
 	_ = os.Remove(d.socketPath(sb.ID))
-	if err := rt.Restore(ctx, d.spec(sb, nil, root), img); err != nil {
-		_ = rt.Delete(ctx, sb.ID)
+	if err := d.boundedRestore(ctx, rt, sb, d.spec(sb, nil, root), img); err != nil {
 		return err
 	}
 	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR2); err != nil {

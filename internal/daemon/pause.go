@@ -13,6 +13,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -85,15 +86,16 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	case sandbox.PauseMemory:
 		if caps := rt.Capabilities(tctx); !caps.Checkpoint {
 			actual, why = sandbox.PauseDisk, "runtime "+sb.Runtime+" cannot checkpoint memory here: "+caps.CheckpointReason
-		} else if release, err = d.checkpoint(tctx, sb); err != nil {
-			actual, why = sandbox.PauseDisk, "memory checkpoint failed: "+shortError(err)
+		} else if release, err = d.boundedCheckpoint(tctx, sb); err != nil {
+			actual, why = sandbox.PauseDisk, shortError(err)
 			d.log.Warn("checkpoint failed", "sandbox_id", id, "err", err)
 		}
 	}
 	if actual == sandbox.PauseDisk {
-		if err := d.halt(tctx, sb); err != nil {
-			d.fail(tctx, sb, "pause_failed", err)
-			return nil, errs.Wrap(errs.Internal, err, "pause sandbox %s", id)
+		// On a context of its own: a checkpoint that hung must not have used
+		// up the time the disk pause needs.
+		if err := d.haltForDisk(ctx, sb); err != nil {
+			return nil, d.pauseRefused(ctx, sb, actor, mode, why, err)
 		}
 	}
 	if why != "" {
@@ -127,6 +129,87 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	return out, err
 }
 
+// checkpointTimeout bounds one checkpoint or restore of sb: a base plus a
+// share per GiB of its memory limit (the image is at most that big).
+func (d *Daemon) checkpointTimeout(sb *sandbox.Sandbox) time.Duration {
+	gib := (sb.Resources.MemoryMiB + 1023) / 1024
+	return d.cfg.CheckpointTimeout + time.Duration(gib)*d.cfg.CheckpointTimeoutPerGiB
+}
+
+// boundedCheckpoint is checkpoint within checkpointTimeout. On failure or
+// timeout the runtime's helpers are gone (killed as a process group), the
+// sandbox's processes are thawed and its agent is told to listen again;
+// the error says what happened, for the pause_degraded event.
+func (d *Daemon) boundedCheckpoint(ctx context.Context, sb *sandbox.Sandbox) (func(context.Context) error, error) {
+	limit := d.checkpointTimeout(sb)
+	cctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	release, err := d.checkpoint(cctx, sb)
+	if err == nil {
+		return release, nil
+	}
+	timedOut := cctx.Err() != nil
+	d.thawAfterCheckpoint(ctx, sb)
+	if timedOut {
+		return nil, fmt.Errorf("memory checkpoint did not finish within %s (checkpoint_timeout + checkpoint_timeout_per_gib × %d MiB); the runtime's checkpoint helper was killed: %w", limit, sb.Resources.MemoryMiB, err)
+	}
+	return nil, fmt.Errorf("memory checkpoint failed: %w", err)
+}
+
+// thawAfterCheckpoint undoes what a failed checkpoint may have left: CRIU
+// freezes the cgroup and the agent closed its socket to quiesce. It runs on
+// a fresh context, since the checkpoint's may be used up.
+func (d *Daemon) thawAfterCheckpoint(ctx context.Context, sb *sandbox.Sandbox) {
+	rt, err := d.runtimeFor(sb)
+	if err != nil {
+		return
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_ = rt.Thaw(fctx, sb.ID)
+	_ = rt.Kill(fctx, sb.ID, syscall.SIGUSR2)
+}
+
+// haltForDisk stops a sandbox's processes for a disk pause, keeping its
+// workspace, on fresh contexts (one retry).
+func (d *Daemon) haltForDisk(ctx context.Context, sb *sandbox.Sandbox) error {
+	var err error
+	for range 2 {
+		hctx, cancel := teardownCtx(ctx)
+		err = d.halt(hctx, sb)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		d.log.Warn("halt for a disk pause", "sandbox_id", sb.ID, "err", err)
+	}
+	return err
+}
+
+// pauseRefused settles a pause that could not even stop the sandbox: it is
+// booted again from its intact workspace and ends running, with an event
+// saying why; only a workspace that cannot boot ends failed (with how to
+// recover). The returned error answers the pause request.
+func (d *Daemon) pauseRefused(ctx context.Context, sb *sandbox.Sandbox, actor string, mode sandbox.PauseMode, why string, cause error) error {
+	fctx, cancel := teardownCtx(ctx)
+	defer cancel()
+	msg := "could not stop the sandbox for a disk pause: " + shortError(cause)
+	if why != "" {
+		msg = why + "; then " + msg
+	}
+	_ = d.halt(fctx, sb)
+	if err := d.boot(fctx, sb, nil); err != nil {
+		d.fail(fctx, sb, "pause_failed", errors.Join(cause, err))
+		return errs.Wrap(errs.Internal, err, "pause sandbox %s", sb.ID)
+	}
+	d.event(fctx, sb, "berth", "pause_refused", "pause_failed", msg+"; it was booted again from its workspace",
+		map[string]string{"requested": string(mode)})
+	if _, err := d.transition(fctx, sb.ID, sandbox.Running, actor, "pause_refused", msg, nil); err != nil {
+		return err
+	}
+	return errs.Wrap(errs.Unavailable, cause, "pause sandbox %s refused (it is running again)", sb.ID)
+}
+
 // checkpoint quiesces the agent (it closes its host socket, which gVisor
 // cannot save), writes the memory image to a temp dir and renames it into
 // place, so a crash leaves either no image or a complete one.
@@ -146,13 +229,11 @@ func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release f
 		return nil, fmt.Errorf("quiesce agent: %w", err)
 	}
 	if err := waitGone(ctx, d.socketPath(sb.ID), 5*time.Second); err != nil {
-		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 		return nil, fmt.Errorf("quiesce agent: %w", err)
 	}
 	if err := rt.Checkpoint(ctx, sb.ID, tmp); err != nil {
+		// The caller thaws the container and lets the agent listen again.
 		_ = os.RemoveAll(tmp)
-		// A failed checkpoint may leave the container running; let the agent listen again.
-		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 		return nil, err
 	}
 	if err := os.Rename(tmp, final); err != nil {
@@ -216,6 +297,12 @@ func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool)
 	if err != nil {
 		return nil, err
 	}
+	if sb.State == sandbox.Failed {
+		if _, err := os.Stat(filepath.Join(d.sandboxDir(id), "disk.img")); err == nil {
+			return nil, errs.Wrap(errs.Conflict, &sandbox.TransitionError{From: sb.State, To: sandbox.Running},
+				"sandbox %s is failed (%s), not paused; %s", id, sb.Reason, recoverHint(id))
+		}
+	}
 	if sb.State != sandbox.Paused {
 		return nil, &sandbox.TransitionError{From: sb.State, To: sandbox.Running}
 	}
@@ -247,9 +334,12 @@ func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool)
 	}
 	if from == sandbox.PauseDisk || from == "" {
 		from = sandbox.PauseDisk
-		_ = d.halt(tctx, sb)
-		if err := d.boot(tctx, sb, nil); err != nil {
-			d.fail(tctx, sb, "resume_failed", err)
+		// A fresh context: a restore that hung must not starve the cold boot.
+		bctx, bcancel := teardownCtx(ctx)
+		defer bcancel()
+		_ = d.halt(bctx, sb)
+		if err := d.boot(bctx, sb, nil); err != nil {
+			d.fail(bctx, sb, "resume_failed", err)
 			return nil, err
 		}
 	}
@@ -292,8 +382,7 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 	}
 	d.netTrust(sb, root)
 	_ = os.Remove(d.socketPath(sb.ID))
-	if err := rt.Restore(ctx, d.spec(sb, &tpl, root), img); err != nil {
-		_ = rt.Delete(ctx, sb.ID)
+	if err := d.boundedRestore(ctx, rt, sb, d.spec(sb, &tpl, root), img); err != nil {
 		return err
 	}
 	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR2); err != nil {
@@ -307,6 +396,34 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 		return err
 	}
 	return c.Restored(ctx, agentapi.RestoredRequest{RestoreCount: count, HostTime: time.Now()})
+}
+
+// canFreeze asks only what is known now: runc's capabilities otherwise
+// wait for its trial checkpoint, which a freeze does not need.
+func canFreeze(ctx context.Context, rt runtime.Runtime) bool {
+	now, cancel := context.WithCancel(ctx)
+	cancel()
+	return rt.Capabilities(now).Freeze
+}
+
+// boundedRestore is rt.Restore within checkpointTimeout; on failure the
+// half-restored container is removed (on a fresh context).
+func (d *Daemon) boundedRestore(ctx context.Context, rt runtime.Runtime, sb *sandbox.Sandbox, spec runtime.Spec, img string) error {
+	limit := d.checkpointTimeout(sb)
+	rctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	err := rt.Restore(rctx, spec, img)
+	if err == nil {
+		return nil
+	}
+	timedOut := rctx.Err() != nil
+	dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer dcancel()
+	_ = rt.Delete(dctx, sb.ID)
+	if timedOut {
+		return fmt.Errorf("restore did not finish within %s; the runtime's restore helper was killed: %w", limit, err)
+	}
+	return err
 }
 
 // reconcilePaused settles sandboxes caught mid-pause or mid-resume by a

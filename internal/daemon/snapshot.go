@@ -74,7 +74,7 @@ func (d *Daemon) captureUpper(ctx context.Context, sb *sandbox.Sandbox, running 
 	if err != nil {
 		return template.Layer{}, err
 	}
-	if running && rt.Capabilities(ctx).Freeze {
+	if running && canFreeze(ctx, rt) {
 		if err := rt.Freeze(ctx, sb.ID); err != nil {
 			return template.Layer{}, errs.Wrap(errs.Internal, err, "freeze %s for a consistent snapshot", sb.ID)
 		}

@@ -396,6 +396,7 @@ func TestNetworkSecretInjection(t *testing.T) {
 	marker := "marker-" + hex.EncodeToString([]byte(id))
 	s.must("exec", id, "--", "sh", "-c", "set -e; echo "+marker+" > /home/user/marker; env > /home/user/env.txt; sync")
 	s.must("pause", id, "--mode", "memory") // falls back to disk where memory checkpoints are unavailable
+	wantMemoryPause(t, s, id, "runc")
 	syscall.Sync()
 	dir := filepath.Join(s.dataDir, "sandboxes", id)
 	img, err := os.ReadFile(filepath.Join(dir, "disk.img"))

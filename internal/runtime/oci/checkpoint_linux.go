@@ -4,42 +4,49 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
 )
 
-// Capabilities reports what this backend can do here. runc checkpoints
-// only with a CRIU that passes `criu check` (Debian's 3.17 does not work on
-// 6.x kernels); the probe runs once.
+// Capabilities reports what this backend can do here. runsc checkpoints
+// itself. runc checkpoints only when a trial checkpoint and restore of a
+// throwaway container with the configured CRIU works (probe_linux.go):
+// `criu check` says "Looks good" on kernels where a real dump hangs.
+// While the trial runs, Capabilities waits for it as long as ctx allows
+// (a done ctx asks for what is known now: Freeze is, without waiting).
 func (o *OCI) Capabilities(ctx context.Context) runtime.Capabilities {
 	o.capsOnce.Do(func() {
 		o.caps = runtime.Capabilities{Freeze: freezerAvailable(o.cfg.CgroupRoot)}
 		if !o.caps.Freeze {
 			o.caps.CheckpointReason = "no cgroup freezer"
 		}
-		switch {
-		case o.name == Runsc:
-			o.caps.Checkpoint = true
-		case o.cfg.CRIU == "":
-			o.caps.CheckpointReason = "no criu configured for runc"
+	})
+	caps := o.caps
+	switch {
+	case o.name == Runsc:
+		caps.Checkpoint = true
+	case o.cfg.CRIU == "":
+		caps.CheckpointReason = "no criu configured for runc"
+	case o.cfg.TrustCRIU:
+		caps.Checkpoint = true
+	default:
+		done := o.StartProbe(context.WithoutCancel(ctx))
+		select {
+		case <-done:
 		default:
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			out, err := exec.CommandContext(cctx, o.cfg.CRIU, "check").CombinedOutput()
-			if err != nil {
-				o.caps.CheckpointReason = "criu check failed: " + tail(strings.TrimSpace(string(out)), 512)
-			} else {
-				o.caps.Checkpoint = true
+			select {
+			case <-done:
+			case <-ctx.Done():
+				caps.Checkpoint, caps.CheckpointReason = false, "the trial checkpoint of CRIU is still running"
+				return caps
 			}
 		}
-		o.log.Info("runtime capabilities", "checkpoint", o.caps.Checkpoint, "reason", o.caps.CheckpointReason, "freeze", o.caps.Freeze)
-	})
-	return o.caps
+		caps.Checkpoint, caps.CheckpointReason = o.probe.OK, o.probe.Reason
+	}
+	return caps
 }
 
 func freezerAvailable(cgroupRoot string) bool {
@@ -64,6 +71,13 @@ func (o *OCI) Checkpoint(ctx context.Context, id, imageDir string) error {
 	if c := o.Capabilities(ctx); !c.Checkpoint {
 		return errs.E(errs.FailedPrecondition, "%s cannot checkpoint on this host: %s", o.name, c.CheckpointReason)
 	}
+	return o.checkpoint(ctx, id, imageDir)
+}
+
+// checkpoint is Checkpoint without the capability check (the probe uses it).
+// ctx bounds it: when ctx ends, the runtime and its helpers (CRIU, runsc's
+// checkpoint process) are killed as a process group.
+func (o *OCI) checkpoint(ctx context.Context, id, imageDir string) error {
 	if err := os.MkdirAll(imageDir, 0o700); err != nil {
 		return errs.Wrap(errs.Internal, err, "create image dir")
 	}
@@ -101,6 +115,11 @@ func (o *OCI) Restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 	if c := o.Capabilities(ctx); !c.Checkpoint {
 		return errs.E(errs.FailedPrecondition, "%s cannot restore on this host: %s", o.name, c.CheckpointReason)
 	}
+	return o.restore(ctx, spec, imageDir)
+}
+
+// restore is Restore without the capability check (the probe uses it).
+func (o *OCI) restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
 	if _, err := os.Stat(imageDir); err != nil {
 		return errs.Wrap(errs.NotFound, err, "memory image")
 	}

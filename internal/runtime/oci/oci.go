@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -35,6 +36,15 @@ type Config struct {
 	// CgroupRoot is the cgroup v1 mount root used for Stats; default /sys/fs/cgroup.
 	CgroupRoot string
 	Logger     *slog.Logger
+	// ProbeCacheDir keeps the verdict of runc's trial checkpoint per kernel
+	// release and CRIU binary; "" runs the trial on every start.
+	ProbeCacheDir string
+	// ProbeTimeout bounds the trial checkpoint and restore; default 20s.
+	ProbeTimeout time.Duration
+	// TrustCRIU skips the trial: runc claims memory checkpoints whenever
+	// CRIU is set. For hosts where the trial is known to pass, and for
+	// tests of what happens when a real checkpoint then fails.
+	TrustCRIU bool
 }
 
 // OCI is one backend. It is safe for concurrent use.
@@ -45,6 +55,10 @@ type OCI struct {
 
 	capsOnce sync.Once
 	caps     runtime.Capabilities
+
+	probeOnce sync.Once
+	probeDone chan struct{}
+	probe     ProbeResult // set before probeDone is closed
 }
 
 var _ runtime.Runtime = (*OCI)(nil)
@@ -76,10 +90,13 @@ func New(name string, cfg Config) (*OCI, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = 20 * time.Second
+	}
 	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
 		return nil, errs.Wrap(errs.Internal, err, "create runtime root")
 	}
-	return &OCI{name: name, cfg: cfg, log: cfg.Logger.With("runtime", name)}, nil
+	return &OCI{name: name, cfg: cfg, log: cfg.Logger.With("runtime", name), probeDone: make(chan struct{})}, nil
 }
 
 // Name is "runc" or "runsc".
@@ -138,6 +155,7 @@ func (o *OCI) exec(ctx context.Context, netns bool, op, id string, args ...strin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
+	killGroupOnCancel(cmd)
 	start := time.Now()
 	err := cmd.Run()
 	o.log.Debug("runtime command", "op", op, "sandbox_id", id, "args", full, "took", time.Since(start), "err", err)
@@ -166,6 +184,8 @@ func (o *OCI) execDetached(ctx context.Context, netns bool, op, id, logPath stri
 	defer devnull.Close()
 	cmd := exec.CommandContext(ctx, o.cfg.Binary, full...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	cmd.WaitDelay = 5 * time.Second
+	killGroupOnCancel(cmd)
 	if o.name == Runc {
 		// runc hands its own stdio to PID 1, and CRIU cannot dump a
 		// regular file outside the container's mounts ("Can't lookup
@@ -180,6 +200,22 @@ func (o *OCI) execDetached(ctx context.Context, netns bool, op, id, logPath stri
 		return o.cmdError(op, id, err, readFrom(logPath, offset, 8192))
 	}
 	return nil
+}
+
+// killGroupOnCancel runs cmd in a process group of its own and kills the
+// whole group when ctx ends: runc's CRIU (swrk) and runsc's checkpoint
+// helpers are children that a plain kill of the runtime would leave behind,
+// still holding the sandbox's processes seized or frozen. The container's
+// own processes are not in it (runc's init calls setsid; CRIU restores the
+// original sessions).
+func killGroupOnCancel(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error {
+		if cmd.Process == nil {
+			return nil
+		}
+		return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
 }
 
 // readFrom returns up to max bytes of path's content from offset on (its end if longer).

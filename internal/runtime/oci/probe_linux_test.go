@@ -1,0 +1,157 @@
+package oci
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/runtime/runtimetest"
+)
+
+// fakeCRIU installs a stand-in for the criu binary: "hang" never answers
+// (its child sleep marks the process group that must be killed), "fail"
+// exits at once with an error. It returns the script and the marker that
+// every process it leaves behind carries on its command line.
+func fakeCRIU(t *testing.T, behaviour string) (path, marker string) {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	marker = fmt.Sprint(900000 + binary.BigEndian.Uint32(b[:])%99999)
+	body := map[string]string{
+		"hang": "sleep " + marker + " &\nwait\n",
+		"fail": "echo 'criu: simulated failure " + marker + "' >&2\nexit 1\n",
+	}[behaviour]
+	path = filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path, marker
+}
+
+// leftovers lists processes whose command line carries marker.
+func leftovers(marker string) string {
+	out, _ := exec.Command("pgrep", "-af", "sleep "+marker).Output()
+	return strings.TrimSpace(string(out))
+}
+
+func TestCheckpointProbeFaults(t *testing.T) {
+	runtimetest.RequireHost(t, "runc", rootfs.BusyboxPath)
+	for _, behaviour := range []string{"hang", "fail"} {
+		t.Run(behaviour, func(t *testing.T) {
+			criu, marker := fakeCRIU(t, behaviour)
+			cache := t.TempDir()
+			cfg := Config{Root: filepath.Join(t.TempDir(), "state"), CRIU: criu, ProbeCacheDir: cache, ProbeTimeout: 3 * time.Second}
+			o, err := New(Runc, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			caps := o.Capabilities(ctx)
+			if caps.Checkpoint {
+				t.Fatalf("runc with a criu that %ss reports memory checkpoints", behaviour)
+			}
+			want := map[string]string{"hang": "did not finish within 3s", "fail": "trial checkpoint of a throwaway container failed"}[behaviour]
+			if !strings.Contains(caps.CheckpointReason, want) {
+				t.Errorf("reason = %q, want it to contain %q", caps.CheckpointReason, want)
+			}
+			if l := leftovers(marker); l != "" {
+				t.Errorf("the stand-in criu's processes outlived the probe:\n%s", l)
+			}
+			if _, err := os.Stat(cfg.Root + "-probe"); !os.IsNotExist(err) {
+				t.Errorf("probe dir left behind: %v", err)
+			}
+			if err := o.Checkpoint(ctx, "x1", filepath.Join(t.TempDir(), "img")); !errs.Is(err, errs.FailedPrecondition) {
+				t.Errorf("Checkpoint after a failed probe: %v, want failed_precondition", err)
+			}
+			// A second server start with the same kernel and criu reads the verdict.
+			o2, err := New(Runc, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-o2.StartProbe(ctx)
+			if !o2.probe.Cached || o2.probe.OK || o2.probe.Reason != caps.CheckpointReason {
+				t.Errorf("second probe = %+v, want the cached verdict %q", o2.probe, caps.CheckpointReason)
+			}
+		})
+	}
+}
+
+func TestCheckpointProbeRealCRIU(t *testing.T) {
+	o := newBackend(t, Runc)
+	<-o.StartProbe(context.Background())
+	p := o.probe
+	t.Logf("runc checkpoint probe on kernel %s: ok=%v reason=%q (%d ms)", p.Kernel, p.OK, p.Reason, p.Millis)
+	if p.Kernel == "" || len(p.CRIU) != 64 {
+		t.Errorf("probe verdict lacks its key: %+v", p)
+	}
+	if !p.OK && p.Reason == "" {
+		t.Errorf("probe says no without a reason")
+	}
+	if caps := o.Capabilities(context.Background()); caps.Checkpoint != p.OK {
+		t.Errorf("Capabilities().Checkpoint = %v, probe said %v", caps.Checkpoint, p.OK)
+	}
+	if _, err := os.Stat(o.cfg.Root + "-probe"); !os.IsNotExist(err) {
+		t.Errorf("probe dir left behind: %v", err)
+	}
+}
+
+// TestCheckpointBounded: a checkpoint whose criu hangs or fails returns
+// within its context's bound, kills the helper's whole process group and
+// leaves the container running.
+func TestCheckpointBounded(t *testing.T) {
+	runtimetest.RequireHost(t, "runc", rootfs.BusyboxPath)
+	for _, behaviour := range []string{"hang", "fail"} {
+		t.Run(behaviour, func(t *testing.T) {
+			criu, marker := fakeCRIU(t, behaviour)
+			base, err := os.MkdirTemp("", "bck")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(base) })
+			o, err := New(Runc, Config{Root: filepath.Join(base, "state"), CRIU: criu, TrustCRIU: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			root := filepath.Join(base, "rootfs")
+			if err := rootfs.BusyboxRootFS(root); err != nil {
+				t.Fatal(err)
+			}
+			spec := runtime.Spec{ID: "bck" + marker, BundleDir: filepath.Join(base, "bundle"), RootFS: root,
+				Args: []string{"/bin/sh", "-c", probeScript}, LogPath: filepath.Join(base, "runtime.log")}
+			ctx := context.Background()
+			if err := o.Run(ctx, spec); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = o.Delete(context.Background(), spec.ID) })
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			start := time.Now()
+			err = o.Checkpoint(cctx, spec.ID, filepath.Join(base, "img"))
+			took := time.Since(start)
+			if err == nil {
+				t.Fatalf("Checkpoint with a criu that %ss succeeded", behaviour)
+			}
+			t.Logf("Checkpoint returned after %v: %v", took, err)
+			if took > 15*time.Second {
+				t.Errorf("Checkpoint took %v with a 2s bound", took)
+			}
+			if l := leftovers(marker); l != "" {
+				t.Errorf("the stand-in criu's processes outlived the checkpoint:\n%s", l)
+			}
+			if st, err := o.State(ctx, spec.ID); err != nil || st.State != "running" {
+				t.Errorf("container after the failed checkpoint: %+v, %v; want running", st, err)
+			}
+		})
+	}
+}
