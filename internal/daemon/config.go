@@ -30,6 +30,9 @@ type Config struct {
 	Quotas     quota.Config
 	Prices     metering.Prices
 	CgroupRoot string // cgroup v1 mount root, for throttling; default /sys/fs/cgroup
+	// NoUserNS runs new runc sandboxes without a user namespace (root inside
+	// is then root on the host, limited by capabilities and seccomp only).
+	NoUserNS bool
 }
 
 // maxSocketPath is sun_path's limit (108) minus the NUL byte.

@@ -286,7 +286,7 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 	// As in boot: attach the network while the filesystem is mounted.
 	netErr := make(chan error, 1)
 	go func() { netErr <- d.netUp(ctx, sb, "") }()
-	root, err := rootfs.Remount(ctx, d.sandboxDir(sb.ID), lowers)
+	root, err := rootfs.Remount(ctx, d.sandboxDir(sb.ID), lowers, d.userNSOf(sb))
 	if nerr := <-netErr; err != nil || nerr != nil {
 		return errors.Join(err, nerr)
 	}

@@ -23,14 +23,14 @@ const MinDiskMiB = 8
 // Prepare creates the sandbox filesystem in dir: a sparse ext4 image of
 // diskMiB, loop-mounted at dir/ws, and an overlay of lowers (first = top)
 // under ws/upper mounted at dir/rootfs, whose path it returns. On error
-// nothing stays mounted and the image is removed.
-func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64) (string, error) {
+// nothing stays mounted and the image is removed. With idmap the workspace
+// is made for a sandbox in that user namespace (see IDMap); nil: unshifted.
+func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, idmap *IDMap) (string, error) {
 	if diskMiB < MinDiskMiB {
 		return "", errs.Field("disk_mib", "must be at least %d, got %d", MinDiskMiB, diskMiB)
 	}
 	l := LayoutOf(dir)
-	data, err := overlayData(l, lowers)
-	if err != nil {
+	if _, err := overlayData(l, lowers); err != nil { // validate before any effect
 		return "", err
 	}
 	if err := ctx.Err(); err != nil {
@@ -75,18 +75,21 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64) (s
 			return fail(errs.Wrap(errs.Internal, err, "create %s", d))
 		}
 	}
-	if err := unix.Mount("overlay", l.RootFS, "overlay", 0, data); err != nil {
-		return fail(errs.Wrap(errs.Internal, err, "mount overlay at %s (%s)", l.RootFS, data))
+	if err := shiftUpperRoot(l, idmap); err != nil {
+		return fail(err)
+	}
+	if err := mountRootOverlay(l, lowers, idmap); err != nil {
+		return fail(err)
 	}
 	return l.RootFS, nil
 }
 
 // Remount brings back the mounts of a prepared dir whose image survived but
 // whose mounts did not (host reboot). Mounts already present are kept.
-func Remount(ctx context.Context, dir string, lowers []string) (string, error) {
+// idmap must be what the workspace was prepared with.
+func Remount(ctx context.Context, dir string, lowers []string, idmap *IDMap) (string, error) {
 	l := LayoutOf(dir)
-	data, err := overlayData(l, lowers)
-	if err != nil {
+	if _, err := overlayData(l, lowers); err != nil { // validate before any effect
 		return "", err
 	}
 	if err := ctx.Err(); err != nil {
@@ -120,8 +123,7 @@ func Remount(ctx context.Context, dir string, lowers []string) (string, error) {
 			return "", errs.Wrap(errs.Internal, err, "create %s", d)
 		}
 	}
-	if err := unix.Mount("overlay", l.RootFS, "overlay", 0, data); err != nil {
-		err = errs.Wrap(errs.Internal, err, "mount overlay at %s", l.RootFS)
+	if err := mountRootOverlay(l, lowers, idmap); err != nil {
 		if !wsMounted {
 			err = errors.Join(err, unmount(l.WS))
 		}
@@ -137,6 +139,9 @@ func Teardown(ctx context.Context, dir string) error {
 	l := LayoutOf(dir)
 	var all []error
 	if err := unmount(l.RootFS); err != nil {
+		all = append(all, err)
+	}
+	if err := detachIdmapped(l); err != nil { // left only by a crash mid-mount
 		all = append(all, err)
 	}
 	if err := unmount(l.WS); err != nil {

@@ -107,7 +107,10 @@ func (o *OCI) Restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 	if err := o.writeBundle(spec); err != nil {
 		return err
 	}
-	var err error
+	done, err := hostSysfs(spec)
+	if err != nil {
+		return err
+	}
 	switch o.name {
 	case Runc:
 		work := filepath.Join(spec.BundleDir, "criu-restore")
@@ -127,7 +130,7 @@ func (o *OCI) Restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 			"restore", "--direct", "--detach", "--image-path", imageDir,
 			"--bundle", spec.BundleDir, spec.ID)
 	}
-	if err != nil {
+	if err = errors.Join(err, done()); err != nil {
 		return o.undoStart(spec.ID, err)
 	}
 	return nil

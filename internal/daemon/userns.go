@@ -1,0 +1,156 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// runcUserNS is the host id range root and every other id of a runc sandbox
+// map to. One range for all sandboxes (as Docker's userns-remap): it keeps
+// template and snapshot layers one unshifted copy each (idmapped at mount,
+// so create pays no shifting copy), and a memory image restores into any
+// fork child, since CRIU restores the namespace it dumped. Sandboxes stay
+// apart by their mount, pid, ipc and network namespaces and cgroups; the
+// range only has to own nothing on the host, which a range this high does.
+var runcUserNS = rootfs.IDMap{HostID: 2000000000, Size: 65536}
+
+// extraUserNS records on a sandbox the id mapping its workspace was made
+// for ("HOST:SIZE"), or userNSNone. A sandbox without it predates user
+// namespaces: its workspace holds unshifted ids, and it keeps running
+// without one (shifting a workspace on start would cost a walk of it).
+const (
+	extraUserNS = "userns"
+	userNSNone  = "none"
+)
+
+// setupUserNS makes the data dir searchable for the mapped root, which
+// runc's init resolves the sandbox's root filesystem path as: the data dir
+// and sandboxes/ get the mapped group with search permission only (0710),
+// so local users still cannot look in. Every directory above the data dir
+// must let others search it; if one does not, the daemon says so.
+func setupUserNS(cfg Config) (*rootfs.IDMap, error) {
+	if cfg.NoUserNS {
+		return nil, nil
+	}
+	m := runcUserNS
+	for p := filepath.Dir(filepath.Clean(cfg.DataDir)); ; p = filepath.Dir(p) {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "stat %s", p)
+		}
+		if st.Mode&0o001 == 0 && !(st.Gid == m.HostID && st.Mode&0o010 != 0) {
+			return nil, errs.Field("data_dir", "%s is not searchable by others (mode %o): runc sandboxes in a user namespace cannot reach their root filesystem below it; chmod o+x it, pick another data dir, or run with --no-userns", p, st.Mode&0o7777)
+		}
+		if p == "/" {
+			break
+		}
+	}
+	for _, p := range []string{cfg.DataDir, filepath.Join(cfg.DataDir, "sandboxes")} {
+		if err := shareDir(p, 0, m.HostID, 0o710); err != nil {
+			return nil, err
+		}
+	}
+	return &m, nil
+}
+
+// shareDir gives dir owner uid:gid and, on top of its owner's bits, group
+// search permission (mode's group bits; other bits are cleared).
+func shareDir(dir string, uid, gid uint32, mode os.FileMode) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "stat %s", dir)
+	}
+	if err := os.Lchown(dir, int(uid), int(gid)); err != nil {
+		return errs.Wrap(errs.Internal, err, "chown %s", dir)
+	}
+	perm := fi.Mode().Perm()&0o700 | mode&0o077
+	return errs.Wrap(errs.Internal, os.Chmod(dir, perm), "chmod %s", dir)
+}
+
+// userNSOf is the mapping sb's workspace was made for; nil: none.
+func (d *Daemon) userNSOf(sb *sandbox.Sandbox) *rootfs.IDMap {
+	v := sb.Extra[extraUserNS]
+	if v == "" || v == userNSNone {
+		return nil
+	}
+	m, err := rootfs.ParseIDMap(v)
+	if err != nil {
+		d.log.Error("bad user namespace on sandbox; running it without", "sandbox_id", sb.ID, "err", err)
+		return nil
+	}
+	return &m
+}
+
+// pickUserNS decides, before a sandbox's workspace is made, whether it runs
+// in a user namespace (runc, unless disabled; a memory fork child already
+// carries its parent's choice), and records it before the workspace exists.
+func (d *Daemon) pickUserNS(ctx context.Context, sb *sandbox.Sandbox) error {
+	if _, ok := sb.Extra[extraUserNS]; ok {
+		return nil
+	}
+	v := userNSNone
+	if sb.Runtime == "runc" && d.userNS != nil {
+		v = d.userNS.String()
+	}
+	if _, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
+		if s.Extra == nil {
+			s.Extra = map[string]string{}
+		}
+		s.Extra[extraUserNS] = v
+		return nil
+	}); err != nil {
+		return err
+	}
+	if sb.Extra == nil {
+		sb.Extra = map[string]string{}
+	}
+	sb.Extra[extraUserNS] = v
+	return nil
+}
+
+// shareSandboxDir lets the mapped root of a user-namespaced sandbox reach
+// its root filesystem (search on the sandbox dir) and its agent run dir.
+func (d *Daemon) shareSandboxDir(sb *sandbox.Sandbox) error {
+	m := d.userNSOf(sb)
+	if m == nil {
+		return nil
+	}
+	if err := shareDir(d.sandboxDir(sb.ID), 0, m.HostID, 0o710); err != nil {
+		return err
+	}
+	return shareDir(d.runDir(sb.ID), m.HostID, m.HostID, 0o755)
+}
+
+// runtimeUserNS is the runtime's view of sb's mapping.
+func (d *Daemon) runtimeUserNS(sb *sandbox.Sandbox) *runtime.IDMap {
+	m := d.userNSOf(sb)
+	if m == nil {
+		return nil
+	}
+	return &runtime.IDMap{HostID: m.HostID, Size: m.Size}
+}
+
+// Isolation says how sandboxes of a runtime are isolated from the host.
+func (d *Daemon) Isolation(runtime string) string {
+	switch runtime {
+	case "runc":
+		if d.userNS != nil {
+			return "namespaces+userns+seccomp"
+		}
+		return "namespaces+seccomp"
+	case "runsc":
+		return "gVisor"
+	}
+	return ""
+}
+
+// UserNS is the host id range runc sandboxes' ids map to; nil: none.
+func (d *Daemon) UserNS() *rootfs.IDMap { return d.userNS }
