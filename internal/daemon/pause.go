@@ -27,7 +27,7 @@ func (d *Daemon) MemoryPauseSupported(runtimeName string) bool {
 }
 
 func (d *Daemon) defaultPauseMode(sb *sandbox.Sandbox) sandbox.PauseMode {
-	if d.MemoryPauseSupported(sb.Runtime) {
+	if d.MemoryPauseSupported(sb.Runtime) && d.checkpointBlocked(sb) == "" {
 		return sandbox.PauseMemory
 	}
 	return sandbox.PauseDisk
@@ -85,6 +85,8 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	case sandbox.PauseMemory:
 		if caps := rt.Capabilities(tctx); !caps.Checkpoint {
 			actual, why = sandbox.PauseDisk, "runtime "+sb.Runtime+" cannot checkpoint memory here: "+caps.CheckpointReason
+		} else if blocked := d.checkpointBlocked(sb); blocked != "" {
+			actual, why = sandbox.PauseDisk, blocked
 		} else if release, err = d.checkpoint(tctx, sb); err != nil {
 			actual, why = sandbox.PauseDisk, "memory checkpoint failed: "+shortError(err)
 			d.log.Warn("checkpoint failed", "sandbox_id", id, "err", err)

@@ -138,6 +138,20 @@ func (d *Daemon) runtimeUserNS(sb *sandbox.Sandbox) *runtime.IDMap {
 	return &runtime.IDMap{HostID: m.HostID, Size: m.Size}
 }
 
+// checkpointBlocked says why sb cannot get a memory checkpoint although its
+// runtime can take them; "" if it can. CRIU dumps a sandbox's user namespace
+// only if every namespace of its processes belongs to it, and the network
+// namespace berth makes (and runc joins) belongs to the host's: criu fails
+// with "namespaces doesn't belong to the target user namespace". Such
+// sandboxes pause to disk (which keeps every file) and fork files-only,
+// without a doomed dump first.
+func (d *Daemon) checkpointBlocked(sb *sandbox.Sandbox) string {
+	if sb.Runtime != "runc" || d.userNSOf(sb) == nil || d.netnsPath(sb) == "" {
+		return ""
+	}
+	return "runc cannot checkpoint a sandbox in a user namespace whose network namespace belongs to the host (CRIU); serve with --no-userns for runc memory checkpoints"
+}
+
 // Isolation says how sandboxes of a runtime are isolated from the host.
 func (d *Daemon) Isolation(runtime string) string {
 	switch runtime {
