@@ -33,8 +33,8 @@ const (
 
 // setupUserNS makes the data dir searchable for the mapped root, which
 // runc's init resolves the sandbox's root filesystem path as: the data dir
-// and sandboxes/ get the mapped group with search permission only (0710),
-// so local users still cannot look in. Every directory above the data dir
+// and sandboxes/ get the mapped group with search permission only (g=x), so
+// with a 0700 data dir local users still cannot look in. Every directory above the data dir
 // must let others search it; if one does not, the daemon says so.
 func setupUserNS(cfg Config) (*rootfs.IDMap, error) {
 	if cfg.NoUserNS {
@@ -61,8 +61,8 @@ func setupUserNS(cfg Config) (*rootfs.IDMap, error) {
 	return &m, nil
 }
 
-// shareDir gives dir owner uid:gid and, on top of its owner's bits, group
-// search permission (mode's group bits; other bits are cleared).
+// shareDir gives dir owner uid:gid and the group bits of mode; the owner's
+// and others' bits stay as they are (0700 stays closed to others).
 func shareDir(dir string, uid, gid uint32, mode os.FileMode) error {
 	fi, err := os.Lstat(dir)
 	if err != nil {
@@ -71,7 +71,7 @@ func shareDir(dir string, uid, gid uint32, mode os.FileMode) error {
 	if err := os.Lchown(dir, int(uid), int(gid)); err != nil {
 		return errs.Wrap(errs.Internal, err, "chown %s", dir)
 	}
-	perm := fi.Mode().Perm()&0o700 | mode&0o077
+	perm := fi.Mode().Perm()&^0o070 | mode&0o070
 	return errs.Wrap(errs.Internal, os.Chmod(dir, perm), "chmod %s", dir)
 }
 

@@ -56,60 +56,45 @@ func userNSFd(m IDMap) (int, error) {
 }
 
 // idmapDir is where a userns sandbox's idmapped lowers are mounted while the
-// overlay is set up (the overlay keeps its own references; these go at once).
+// overlay is set up, on kernels whose overlayfs cannot take detached mounts
+// as layers (the overlay keeps its own references; these go at once).
 func idmapDir(l Layout) string { return filepath.Join(l.Dir, "idmap") }
 
-// idmapLowers mounts an idmapped, read-only clone of each lower (same order)
-// under idmapDir and returns their paths and an undo that detaches them.
-func idmapLowers(l Layout, lowers []string, m IDMap) ([]string, func() error, error) {
+// idmapTrees returns, for each lower (same order), an fd of a detached,
+// read-only, nosuid, nodev clone of it that shows its ids through m.
+func idmapTrees(lowers []string, m IDMap) ([]int, error) {
 	nsfd, err := userNSFd(m)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	base := idmapDir(l)
-	undo := func() error { return detachIdmapped(l) }
-	// A stale dir (crash between mount and detach) holds nothing we need.
-	if err := undo(); err != nil {
-		return nil, nil, err
-	}
-	if err := os.Mkdir(base, 0o700); err != nil {
-		return nil, nil, errs.Wrap(errs.Internal, err, "create %s", base)
-	}
-	out := make([]string, 0, len(lowers))
-	for i, lower := range lowers {
-		target := filepath.Join(base, strconv.Itoa(i))
-		if err := idmapOne(lower, target, nsfd); err != nil {
-			return nil, nil, errors.Join(err, undo())
+	fds := make([]int, 0, len(lowers))
+	for _, src := range lowers {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			closeAll(fds)
+			return nil, errs.Wrap(errs.Internal, err, "open_tree %s", src)
 		}
-		out = append(out, target)
+		fds = append(fds, fd)
+		attr := &unix.MountAttr{
+			Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
+			Userns_fd: uint64(nsfd),
+		}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
+			closeAll(fds)
+			kind := errs.Internal
+			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
+				kind = errs.Unavailable // the filesystem of the layers cannot be idmapped
+			}
+			return nil, errs.Wrap(kind, err, "idmap %s", src)
+		}
 	}
-	return out, undo, nil
+	return fds, nil
 }
 
-func idmapOne(src, target string, nsfd int) error {
-	if err := os.Mkdir(target, 0o700); err != nil {
-		return errs.Wrap(errs.Internal, err, "create %s", target)
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
 	}
-	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
-	if err != nil {
-		return errs.Wrap(errs.Internal, err, "open_tree %s", src)
-	}
-	defer unix.Close(fd)
-	attr := &unix.MountAttr{
-		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
-		Userns_fd: uint64(nsfd),
-	}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
-		kind := errs.Internal
-		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
-			kind = errs.Unavailable // the filesystem of the layers cannot be idmapped
-		}
-		return errs.Wrap(kind, err, "idmap %s", src)
-	}
-	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return errs.Wrap(errs.Internal, err, "move_mount %s to %s", src, target)
-	}
-	return nil
 }
 
 // detachIdmapped removes what a crash between the idmapped mounts and the
@@ -136,26 +121,61 @@ func detachIdmapped(l Layout) error {
 	return errors.Join(all...)
 }
 
+// detachedLayers is false only in the test of the attached fallback.
+var detachedLayers = true
+
 // mountRootOverlay mounts the overlay of lowers over l's upper at l.RootFS.
-// With m the lowers are idmapped first; the overlay holds private clones of
-// its layers, so the idmapped mounts are detached right after.
+// With m the lowers are idmapped clones, handed to overlayfs as detached
+// mounts (/proc/self/fd/N: nothing to mount, move or clean up). A kernel
+// that refuses detached layers gets them attached under idmapDir for the
+// mount and detached right after; the overlay holds its own references.
 func mountRootOverlay(l Layout, lowers []string, m *IDMap) error {
-	undo := func() error { return nil }
-	if m != nil {
-		mapped, u, err := idmapLowers(l, lowers, *m)
-		if err != nil {
+	if m == nil {
+		return mountOverlayOf(l, lowers)
+	}
+	fds, err := idmapTrees(lowers, *m)
+	if err != nil {
+		return err
+	}
+	defer closeAll(fds)
+	paths := make([]string, len(fds))
+	if detachedLayers {
+		for i, fd := range fds {
+			paths[i] = "/proc/self/fd/" + strconv.Itoa(fd)
+		}
+		err = mountOverlayOf(l, paths)
+		if err == nil || !(errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM)) {
 			return err
 		}
-		lowers, undo = mapped, u
 	}
+	if err := detachIdmapped(l); err != nil { // a stale dir from a crash
+		return err
+	}
+	base := idmapDir(l)
+	if err := os.Mkdir(base, 0o700); err != nil {
+		return errs.Wrap(errs.Internal, err, "create %s", base)
+	}
+	for i, fd := range fds {
+		paths[i] = filepath.Join(base, strconv.Itoa(i))
+		if err := os.Mkdir(paths[i], 0o700); err != nil {
+			return errors.Join(errs.Wrap(errs.Internal, err, "create %s", paths[i]), detachIdmapped(l))
+		}
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, paths[i], unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return errors.Join(errs.Wrap(errs.Internal, err, "move_mount %s", lowers[i]), detachIdmapped(l))
+		}
+	}
+	return errors.Join(mountOverlayOf(l, paths), detachIdmapped(l))
+}
+
+func mountOverlayOf(l Layout, lowers []string) error {
 	data, err := overlayData(l, lowers)
 	if err != nil {
-		return errors.Join(err, undo())
+		return err
 	}
 	if err := unix.Mount("overlay", l.RootFS, "overlay", 0, data); err != nil {
-		return errors.Join(errs.Wrap(errs.Internal, err, "mount overlay at %s (%s)", l.RootFS, data), undo())
+		return errs.Wrap(errs.Internal, err, "mount overlay at %s (%s)", l.RootFS, data)
 	}
-	return undo()
+	return nil
 }
 
 // shiftUpperRoot gives a fresh workspace's upper dir to the mapped

@@ -23,6 +23,15 @@ func owner(t *testing.T, p string) [2]uint32 {
 // An idmapped workspace shows the layers shifted, keeps the layers
 // themselves unshifted, and its capture comes back unshifted.
 func TestPrepareIdmapped(t *testing.T) {
+	t.Run("detached layers", testPrepareIdmapped)
+	t.Run("attached layers", func(t *testing.T) { // kernels whose overlayfs wants paths
+		detachedLayers = false
+		t.Cleanup(func() { detachedLayers = true })
+		testPrepareIdmapped(t)
+	})
+}
+
+func testPrepareIdmapped(t *testing.T) {
 	ctx := context.Background()
 	lowers := newLowers(t)
 	if err := os.MkdirAll(filepath.Join(lowers[0], "home/user"), 0o755); err != nil {

@@ -165,3 +165,89 @@ func TestRuncUserNamespace(t *testing.T) {
 		t.Errorf("after stop/start and a disk pause:\n%s", out)
 	}
 }
+
+// TestRuncUserNamespaceLifecycle: what else a user-namespaced runc sandbox
+// goes through keeps working — a template build whose RUN step makes files
+// for root and for uid 1000 (the captured layer is unshifted and a sandbox
+// from it sees those owners), a fork, a memory pause (which degrades to disk
+// with its reason: CRIU cannot dump it here) — and a sandbox made without a
+// user namespace stays without one after the daemon gets it back.
+func TestRuncUserNamespaceLifecycle(t *testing.T) {
+	s := startServer(t)
+	ctxDir := t.TempDir()
+	writeFiles(t, ctxDir, map[string]string{"Dockerfile": "FROM tiny\n" +
+		"RUN mkdir -p /srv/app && echo r > /srv/app/rootfile && echo u > /srv/app/userfile && chown 1000:1000 /srv/app/userfile && chmod 4755 /srv/app/rootfile\n"})
+	if out, code := s.run("template", "build", "-t", "owned", ctxDir); code != 0 {
+		t.Fatalf("template build: exit %d: %s", code, out)
+	}
+	id := s.must("create", "--template", "owned")
+	if out := s.must("exec", "--user", "root", id, "--", "sh", "-c", "stat -c '%u:%g %a' /srv/app /srv/app/rootfile /srv/app/userfile; awk '{print $2}' /proc/self/uid_map"); out != fmt.Sprintf("0:0 755\n0:0 4755\n1000:1000 644\n%d", mappedRoot) {
+		t.Errorf("sandbox from the built template sees:\n%s", out)
+	}
+	var tpls []struct {
+		Name   string   `json:"name"`
+		Layers []string `json:"layers"`
+	}
+	if err := json.Unmarshal([]byte(s.must("template", "ls", "--json")), &tpls); err != nil {
+		t.Fatal(err)
+	}
+	for _, tp := range tpls {
+		if tp.Name != "owned" || len(tp.Layers) == 0 {
+			continue
+		}
+		layer := filepath.Join(s.dataDir, "layers", tp.Layers[0])
+		if _, err := os.Stat(layer); err != nil {
+			layer = filepath.Join(s.dataDir, "layers", strings.TrimPrefix(tp.Layers[0], "sha256:"))
+		}
+		for rel, want := range map[string]string{"srv/app/rootfile": "0:0", "srv/app/userfile": "1000:1000"} {
+			if got := hostOwner(t, filepath.Join(layer, rel)); got != want {
+				t.Errorf("built layer %s owned by %s on the host, want %s (unshifted)", rel, got, want)
+			}
+		}
+	}
+
+	s.must("exec", "--user", "root", id, "--", "sh", "-c", "echo mine > /root/m && chown 1000 /root/m")
+	res := s.fork(id, 1)
+	if res.Mode != "disk" || !strings.Contains(res.Reason, "user namespace") {
+		t.Errorf("fork of a userns runc sandbox: mode %q reason %q, want files-only saying why", res.Mode, res.Reason)
+	}
+	kid := res.Sandboxes[0].ID
+	if out := s.must("exec", "--user", "root", kid, "--", "sh", "-c", "stat -c %u /root/m /srv/app/userfile; awk '{print $2}' /proc/self/uid_map"); out != fmt.Sprintf("1000\n1000\n%d", mappedRoot) {
+		t.Errorf("fork child sees:\n%s", out)
+	}
+
+	s.must("pause", id, "--mode", "memory")
+	v := inspect(t, s, id)
+	if v.State != "paused" || v.PauseRequested != "memory" || v.PauseActual != "disk" || !strings.Contains(v.Message, "user namespace") {
+		t.Fatalf("memory pause of a userns runc sandbox: %+v (want an honest fallback to disk)", v)
+	}
+	s.must("resume", id)
+	if out := s.must("exec", "--user", "root", id, "--", "stat", "-c", "%u", "/root/m"); out != "1000" {
+		t.Errorf("after the degraded pause: %q", out)
+	}
+
+	// A server without user namespaces, then the default again: its sandbox
+	// keeps running unmapped, new ones are mapped.
+	plain := startServer(t, "--no-userns")
+	if out := plain.must("info"); !strings.Contains(out, "namespaces+seccomp") || strings.Contains(out, "userns") {
+		t.Errorf("berth info with --no-userns:\n%s", out)
+	}
+	old := plain.create()
+	plain.must("exec", "--user", "root", old, "--", "sh", "-c", "echo old > /root/o")
+	full := "0 0 4294967295"
+	if out := plain.must("exec", "--user", "root", old, "--", "cat", "/proc/self/uid_map"); strings.Join(strings.Fields(out), " ") != full {
+		t.Fatalf("--no-userns sandbox uid_map %q", out)
+	}
+	plain.must("stop", old)
+	plain.stop()
+	plain.extra = nil
+	plain.start()
+	plain.must("start", old)
+	if out := plain.must("exec", "--user", "root", old, "--", "sh", "-c", "cat /root/o; stat -c %u /root/o; cat /proc/self/uid_map"); strings.Join(strings.Fields(out), " ") != "old 0 "+full {
+		t.Errorf("pre-userns sandbox after the switch: %q", out)
+	}
+	fresh := plain.create()
+	if out := plain.must("exec", "--user", "root", fresh, "--", "awk", "{print $2}", "/proc/self/uid_map"); out != strconv.Itoa(mappedRoot) {
+		t.Errorf("new sandbox after the switch: uid_map host id %q", out)
+	}
+}
