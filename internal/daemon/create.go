@@ -137,6 +137,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
 	}
+	d.presetUserNS(sb) // recorded with the intent below, not in a write of its own
 	actor := req.Actor
 	if actor == "" {
 		actor = req.Owner

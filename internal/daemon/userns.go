@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 
@@ -89,6 +90,27 @@ func (d *Daemon) userNSOf(sb *sandbox.Sandbox) *rootfs.IDMap {
 	return &m
 }
 
+// userNSChoice is what a new workspace of runtime gets: the mapping for
+// runc (unless disabled), none otherwise.
+func (d *Daemon) userNSChoice(runtime string) string {
+	if runtime == "runc" && d.userNS != nil {
+		return d.userNS.String()
+	}
+	return userNSNone
+}
+
+// presetUserNS records the choice on a sandbox not yet stored (Create).
+func (d *Daemon) presetUserNS(sb *sandbox.Sandbox) {
+	if _, ok := sb.Extra[extraUserNS]; ok {
+		return
+	}
+	sb.Extra = maps.Clone(sb.Extra)
+	if sb.Extra == nil {
+		sb.Extra = map[string]string{}
+	}
+	sb.Extra[extraUserNS] = d.userNSChoice(sb.Runtime)
+}
+
 // pickUserNS decides, before a sandbox's workspace is made, whether it runs
 // in a user namespace (runc, unless disabled; a memory fork child already
 // carries its parent's choice), and records it before the workspace exists.
@@ -96,10 +118,7 @@ func (d *Daemon) pickUserNS(ctx context.Context, sb *sandbox.Sandbox) error {
 	if _, ok := sb.Extra[extraUserNS]; ok {
 		return nil
 	}
-	v := userNSNone
-	if sb.Runtime == "runc" && d.userNS != nil {
-		v = d.userNS.String()
-	}
+	v := d.userNSChoice(sb.Runtime)
 	if _, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
 		if s.Extra == nil {
 			s.Extra = map[string]string{}
