@@ -117,6 +117,14 @@ func (o *OCI) Restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 		if err = os.MkdirAll(work, 0o700); err != nil {
 			return errs.Wrap(errs.Internal, err, "create criu work dir")
 		}
+		if spec.UserNS != nil {
+			// CRIU opens some images (timens, tty) from tasks already in
+			// the sandbox's user namespace: they need search on the dir.
+			// Its parents (the sandbox dir) keep others out.
+			if err = os.Chmod(imageDir, 0o711); err != nil {
+				return errs.Wrap(errs.Internal, err, "open memory image to the user namespace")
+			}
+		}
 		err = o.execDetached(ctx, false, "restore", spec.ID, logPath(spec), "--criu", o.cfg.CRIU,
 			"restore", "--detach", "--image-path", imageDir, "--work-path", work,
 			"--bundle", spec.BundleDir, spec.ID)
