@@ -15,10 +15,10 @@ import (
 )
 
 // runcUserNS is the host id range root and every other id of a runc sandbox
-// map to. One range for all sandboxes (as Docker's userns-remap): it keeps
-// template and snapshot layers one unshifted copy each (idmapped at mount,
-// so create pays no shifting copy), and a memory image restores into any
-// fork child, since CRIU restores the namespace it dumped. Sandboxes stay
+// map to. One range for all sandboxes (as Docker's userns-remap) rather than
+// one per sandbox: layers stay one unshifted copy each, idmapped at mount
+// (no shifting copy on create, fork or snapshot), and a memory image fits
+// any fork child, since CRIU recreates the mapping it dumped. Sandboxes stay
 // apart by their mount, pid, ipc and network namespaces and cgroups; the
 // range only has to own nothing on the host, which a range this high does.
 var runcUserNS = rootfs.IDMap{HostID: 2000000000, Size: 65536}
@@ -35,8 +35,8 @@ const (
 // setupUserNS makes the data dir searchable for the mapped root, which
 // runc's init resolves the sandbox's root filesystem path as: the data dir
 // and sandboxes/ get the mapped group with search permission only (g=x), so
-// with a 0700 data dir local users still cannot look in. Every directory above the data dir
-// must let others search it; if one does not, the daemon says so.
+// a 0700 data dir stays closed to local users. Every directory above the
+// data dir must let others search it; if one does not, the daemon says so.
 func setupUserNS(cfg Config) (*rootfs.IDMap, error) {
 	if cfg.NoUserNS {
 		return nil, nil

@@ -133,3 +133,30 @@ func TestIDMapUnshift(t *testing.T) {
 		}
 	}
 }
+
+// Teardown also removes mounts a crash left in the sandbox dir (a runtime's
+// sysfs, attached idmapped layers), so removing the dir never walks into one.
+func TestTeardownDetachesLeftovers(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	if _, err := Prepare(ctx, dir, newLowers(t), 64, &IDMap{HostID: 2000000000, Size: 65536}); err != nil {
+		t.Fatal(err)
+	}
+	left := []string{filepath.Join(dir, "sysfs"), filepath.Join(idmapDir(LayoutOf(dir)), "0")}
+	for _, p := range left {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Teardown(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range append(left, LayoutOf(dir).RootFS, LayoutOf(dir).WS) {
+		if isMountPoint(p) {
+			t.Errorf("%s still mounted after Teardown", p)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -141,7 +142,13 @@ func Teardown(ctx context.Context, dir string) error {
 	if err := unmount(l.RootFS); err != nil {
 		all = append(all, err)
 	}
-	if err := detachIdmapped(l); err != nil { // left only by a crash mid-mount
+	// What else is mounted in dir was left by a crash mid-setup (idmapped
+	// layers, the runtime's sysfs for a sandbox): never let a RemoveAll of
+	// the dir meet it.
+	if err := detachOthers(l); err != nil {
+		all = append(all, err)
+	}
+	if err := detachIdmapped(l); err != nil {
 		all = append(all, err)
 	}
 	if err := unmount(l.WS); err != nil {
@@ -203,6 +210,35 @@ func unmount(path string) error {
 		kind = errs.Conflict
 	}
 	return errs.Wrap(kind, err, "unmount %s", path)
+}
+
+// detachOthers lazily unmounts every mount below l.Dir but the workspace
+// and the overlay root, deepest first.
+func detachOthers(l Layout) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "read mountinfo")
+	}
+	prefix := filepath.Clean(l.Dir) + "/"
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 5 {
+			continue
+		}
+		p := unescapeMountinfo(fields[4])
+		if strings.HasPrefix(p, prefix) && p != l.WS && p != l.RootFS && !strings.HasPrefix(p, l.WS+"/") && !strings.HasPrefix(p, l.RootFS+"/") {
+			points = append(points, p)
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	var all []error
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			all = append(all, errs.Wrap(errs.Internal, err, "unmount %s", p))
+		}
+	}
+	return errors.Join(all...)
 }
 
 // isMountPoint reports whether path is a mount point in this mount namespace.
