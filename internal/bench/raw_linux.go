@@ -131,7 +131,7 @@ func newID(prefix string) string {
 // the container (if any) and unmounts everything.
 func (x *Raw) bundle(ctx context.Context, rt, id string, args []string, memMiB int64) (string, func(), error) {
 	dir := filepath.Join(x.dir, id)
-	root, err := rootfs.Prepare(ctx, dir, []string{x.lower}, 2048)
+	root, err := rootfs.Prepare(ctx, dir, []string{x.lower}, 2048, nil)
 	if err != nil {
 		return "", nil, err
 	}

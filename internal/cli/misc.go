@@ -258,13 +258,17 @@ func runInfo(e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "berth %s on %s (%d CPUs), you are %s\n", in.Version, in.Hostname, in.CPUs, in.Owner)
 	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUNTIME\tDEFAULT\tFREEZE\tMEMORY CHECKPOINT")
+	fmt.Fprintln(tw, "RUNTIME\tDEFAULT\tISOLATION\tFREEZE\tMEMORY CHECKPOINT")
 	for _, r := range in.Runtimes {
 		cp := "yes"
 		if !r.Checkpoint {
 			cp = "no: " + r.CheckpointReason
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%v\t%s\n", r.Name, r.Default, r.Freeze, cp)
+		iso := r.Isolation
+		if r.UserNS != nil {
+			iso += fmt.Sprintf(" (root = host uid %d)", r.UserNS.HostID)
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%v\t%s\n", r.Name, r.Default, iso, r.Freeze, cp)
 	}
 	return tw.Flush()
 }

@@ -46,6 +46,8 @@ type ServeConfig struct {
 	AgentPath       string `json:"agent_path"`
 	LogLevel        string `json:"log_level"`
 	CheckpointConfig
+	// NoUserNS runs new runc sandboxes without a user namespace.
+	NoUserNS bool `json:"no_userns,omitempty"`
 	NetworkServeConfig
 	// Reaper policies, per-owner quotas and prices (see internal/reaper,
 	// internal/quota, internal/metering); zero values are the defaults.
@@ -122,6 +124,7 @@ func runServe(e *env, args []string) error {
 	rt := pre.String("runtime", "", "default runtime: runc or runsc")
 	noBuild := pre.Bool("no-default-template", false, "do not build the default template on start")
 	logLevel := pre.String("log-level", "", "debug, info, warn, error")
+	noUserNS := pre.Bool("no-userns", false, "run new runc sandboxes without a user namespace (root inside is root on the host)")
 	applyNetFlags := networkFlags(pre)
 	if err := pre.Parse(args); err != nil {
 		return usageError{err.Error()}
@@ -141,6 +144,9 @@ func runServe(e *env, args []string) error {
 	deriveNetwork(cfg.DataDir, &cfg.NetworkServeConfig)
 	if *noBuild {
 		cfg.BuildDefault = false
+	}
+	if *noUserNS {
+		cfg.NoUserNS = true
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -228,7 +234,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	d, err := daemon.New(daemon.Config{
 		DataDir: cfg.DataDir, DefaultRuntime: cfg.Runtime, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTTL: defTTL, MaxTTL: maxTTL, AgentPath: agent, Log: log,
-		Reaper: cfg.Reaper, Quotas: cfg.Quotas, Prices: cfg.Prices,
+		Reaper: cfg.Reaper, Quotas: cfg.Quotas, Prices: cfg.Prices, NoUserNS: cfg.NoUserNS,
 		CheckpointTimeout: cfg.checkpointTimeout(), CheckpointTimeoutPerGiB: cfg.checkpointTimeoutPerGiB(),
 	}, st, runtimes, tpl)
 	if err != nil {

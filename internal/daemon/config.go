@@ -36,6 +36,10 @@ type Config struct {
 	// killed and the pause falls back to disk (a restore boots from disk).
 	CheckpointTimeout       time.Duration
 	CheckpointTimeoutPerGiB time.Duration
+
+	// NoUserNS runs new runc sandboxes without a user namespace (root inside
+	// is then root on the host, limited by capabilities and seccomp only).
+	NoUserNS bool
 }
 
 // maxSocketPath is sun_path's limit (108) minus the NUL byte.

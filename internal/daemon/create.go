@@ -153,6 +153,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
 	}
+	d.presetUserNS(sb) // recorded with the intent below, not in a write of its own
 	actor := req.Actor
 	if actor == "" {
 		actor = req.Owner
@@ -244,8 +245,17 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 		return err
 	}
 	dir := d.sandboxDir(sb.ID)
+	_, statErr := os.Stat(filepath.Join(dir, "disk.img"))
+	if statErr != nil { // a fresh workspace: decide its user namespace first
+		if err := d.pickUserNS(ctx, sb); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(d.runDir(sb.ID), 0o755); err != nil {
 		return errs.Wrap(errs.Internal, err, "create sandbox dir")
+	}
+	if err := d.shareSandboxDir(sb); err != nil {
+		return err
 	}
 	var undo []func(context.Context) error
 	defer func() {
@@ -266,10 +276,10 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	netErr := make(chan error, 1)
 	go func() { netErr <- d.netUp(ctx, sb, "") }()
 	var root string
-	if _, statErr := os.Stat(filepath.Join(dir, "disk.img")); statErr == nil {
-		root, err = rootfs.Remount(ctx, dir, lowers)
+	if statErr == nil {
+		root, err = rootfs.Remount(ctx, dir, lowers, d.userNSOf(sb))
 	} else {
-		root, err = rootfs.Prepare(ctx, dir, lowers, sb.Resources.DiskMiB)
+		root, err = rootfs.Prepare(ctx, dir, lowers, sb.Resources.DiskMiB, d.userNSOf(sb))
 	}
 	t1 := time.Now()
 	nerr := <-netErr
@@ -329,6 +339,7 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 			Pids:        sb.Resources.Pids,
 		},
 		NetNSPath: d.netnsPath(sb),
+		UserNS:    d.runtimeUserNS(sb),
 		LogPath:   filepath.Join(d.runDir(sb.ID), "runtime.log"),
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
@@ -30,6 +31,7 @@ type Daemon struct {
 	log       *slog.Logger
 	store     store.Store
 	runtimes  map[string]runtime.Runtime
+	userNS    *rootfs.IDMap // runc sandboxes' id range (userns.go); nil: none
 	templates *template.Store
 
 	locksMu sync.Mutex
@@ -86,9 +88,15 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	if err != nil {
 		return nil, err
 	}
+	var userNS *rootfs.IDMap
+	if _, ok := rts["runc"]; ok {
+		if userNS, err = setupUserNS(cfg); err != nil {
+			return nil, err
+		}
+	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Daemon{
-		cfg: cfg, agent: agent, tokenKey: tokenKey, log: cfg.Log, store: st, runtimes: rts, templates: tpl,
+		cfg: cfg, agent: agent, tokenKey: tokenKey, log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
 		locks: map[string]*sync.Mutex{}, clients: map[string]*agentapi.Client{},
 		pauseCh: map[string]chan struct{}{},
 		wpools:  newWarmPools(),

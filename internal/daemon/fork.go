@@ -144,6 +144,9 @@ func (d *Daemon) forkCapture(ctx context.Context, parent *sandbox.Sandbox, actor
 	}
 	start := time.Now()
 	caps := rt.Capabilities(tctx)
+	if blocked := d.checkpointBlocked(parent); caps.Checkpoint && blocked != "" {
+		caps.Checkpoint, caps.CheckpointReason = false, blocked
+	}
 	if !caps.Checkpoint {
 		layer, err := d.captureUpper(tctx, parent, true)
 		if err != nil {
@@ -303,9 +306,15 @@ func (d *Daemon) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers []
 	dir := d.sandboxDir(sb.ID)
 	var root string
 	if diskMiB > 0 {
-		root, err = rootfs.Prepare(ctx, dir, lowers, diskMiB)
+		if err := d.pickUserNS(ctx, sb); err != nil {
+			return err
+		}
+		if err := d.shareSandboxDir(sb); err != nil {
+			return err
+		}
+		root, err = rootfs.Prepare(ctx, dir, lowers, diskMiB, d.userNSOf(sb))
 	} else {
-		root, err = rootfs.Remount(ctx, dir, lowers)
+		root, err = rootfs.Remount(ctx, dir, lowers, d.userNSOf(sb))
 	}
 	if err != nil {
 		return err
@@ -362,6 +371,12 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 	extra := maps.Clone(lineage)
 	extra[extraLayers] = strings.Join(sn.Layers, ",")
 	extra[extraSnapshot] = sn.ID
+	// The memory image was dumped in the parent's user namespace (or none):
+	// the child's workspace must be made for the same.
+	extra[extraUserNS] = userNSNone
+	if m := d.userNSOf(parent); m != nil {
+		extra[extraUserNS] = m.String()
+	}
 	sb := &sandbox.Sandbox{
 		ID: sandbox.NewID(), Owner: parent.Owner, Template: parent.Template, TemplateID: parent.TemplateID,
 		Runtime: parent.Runtime, State: sandbox.Creating, Labels: maps.Clone(parent.Labels), Env: maps.Clone(parent.Env),

@@ -28,7 +28,7 @@ func (d *Daemon) MemoryPauseSupported(runtimeName string) bool {
 }
 
 func (d *Daemon) defaultPauseMode(sb *sandbox.Sandbox) sandbox.PauseMode {
-	if d.MemoryPauseSupported(sb.Runtime) {
+	if d.MemoryPauseSupported(sb.Runtime) && d.checkpointBlocked(sb) == "" {
 		return sandbox.PauseMemory
 	}
 	return sandbox.PauseDisk
@@ -86,6 +86,8 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	case sandbox.PauseMemory:
 		if caps := rt.Capabilities(tctx); !caps.Checkpoint {
 			actual, why = sandbox.PauseDisk, "runtime "+sb.Runtime+" cannot checkpoint memory here: "+caps.CheckpointReason
+		} else if blocked := d.checkpointBlocked(sb); blocked != "" {
+			actual, why = sandbox.PauseDisk, blocked
 		} else if release, err = d.boundedCheckpoint(tctx, sb); err != nil {
 			actual, why = sandbox.PauseDisk, shortError(err)
 			d.log.Warn("checkpoint failed", "sandbox_id", id, "err", err)
@@ -376,7 +378,7 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 	// As in boot: attach the network while the filesystem is mounted.
 	netErr := make(chan error, 1)
 	go func() { netErr <- d.netUp(ctx, sb, "") }()
-	root, err := rootfs.Remount(ctx, d.sandboxDir(sb.ID), lowers)
+	root, err := rootfs.Remount(ctx, d.sandboxDir(sb.ID), lowers, d.userNSOf(sb))
 	if nerr := <-netErr; err != nil || nerr != nil {
 		return errors.Join(err, nerr)
 	}

@@ -90,7 +90,9 @@ func (d *Daemon) captureUpper(ctx context.Context, sb *sandbox.Sandbox, running 
 		}
 	}
 	upper := rootfs.LayoutOf(d.sandboxDir(sb.ID)).Upper
-	return d.templates.ImportDir(ctx, func(dir string) error { return rootfs.CopyUpper(ctx, upper, dir) })
+	// The layer holds the ids as seen inside, so that it is a lower for any sandbox.
+	m := d.userNSOf(sb)
+	return d.templates.ImportDir(ctx, func(dir string) error { return rootfs.CopyUpperUnshifted(ctx, upper, dir, m) })
 }
 
 // exportUpper asks runsc for the rootfs writes it keeps in its own

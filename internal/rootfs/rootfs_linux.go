@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -29,14 +30,14 @@ const sandboxMountFlags = unix.MS_NOSUID | unix.MS_NODEV
 // Prepare creates the sandbox filesystem in dir: a sparse ext4 image of
 // diskMiB, loop-mounted at dir/ws, and an overlay of lowers (first = top)
 // under ws/upper mounted at dir/rootfs, whose path it returns. On error
-// nothing stays mounted and the image is removed.
-func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64) (string, error) {
+// nothing stays mounted and the image is removed. With idmap the workspace
+// is made for a sandbox in that user namespace (see IDMap); nil: unshifted.
+func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, idmap *IDMap) (string, error) {
 	if diskMiB < MinDiskMiB {
 		return "", errs.Field("disk_mib", "must be at least %d, got %d", MinDiskMiB, diskMiB)
 	}
 	l := LayoutOf(dir)
-	data, err := overlayData(l, lowers)
-	if err != nil {
+	if _, err := overlayData(l, lowers); err != nil { // validate before any effect
 		return "", err
 	}
 	if err := ctx.Err(); err != nil {
@@ -79,18 +80,21 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64) (s
 	if err := mkdirsIn(l); err != nil {
 		return fail(err)
 	}
-	if err := unix.Mount("overlay", l.RootFS, "overlay", sandboxMountFlags, data); err != nil {
-		return fail(errs.Wrap(errs.Internal, err, "mount overlay at %s (%s)", l.RootFS, data))
+	if err := shiftUpperRoot(l, idmap); err != nil {
+		return fail(err)
+	}
+	if err := mountRootOverlay(l, lowers, idmap); err != nil {
+		return fail(err)
 	}
 	return l.RootFS, nil
 }
 
 // Remount brings back the mounts of a prepared dir whose image survived but
 // whose mounts did not (host reboot). Mounts already present are kept.
-func Remount(ctx context.Context, dir string, lowers []string) (string, error) {
+// idmap must be what the workspace was prepared with.
+func Remount(ctx context.Context, dir string, lowers []string, idmap *IDMap) (string, error) {
 	l := LayoutOf(dir)
-	data, err := overlayData(l, lowers)
-	if err != nil {
+	if _, err := overlayData(l, lowers); err != nil { // validate before any effect
 		return "", err
 	}
 	if err := ctx.Err(); err != nil {
@@ -122,8 +126,7 @@ func Remount(ctx context.Context, dir string, lowers []string) (string, error) {
 	if err := mkdirsIn(l); err != nil {
 		return "", err
 	}
-	if err := unix.Mount("overlay", l.RootFS, "overlay", sandboxMountFlags, data); err != nil {
-		err = errs.Wrap(errs.Internal, err, "mount overlay at %s", l.RootFS)
+	if err := mountRootOverlay(l, lowers, idmap); err != nil {
 		if !wsMounted {
 			err = errors.Join(err, unmount(l.WS))
 		}
@@ -139,6 +142,15 @@ func Teardown(ctx context.Context, dir string) error {
 	l := LayoutOf(dir)
 	var all []error
 	if err := unmount(l.RootFS); err != nil {
+		all = append(all, err)
+	}
+	// What else is mounted in dir was left by a crash mid-setup (idmapped
+	// layers, the runtime's sysfs for a sandbox): never let a RemoveAll of
+	// the dir meet it.
+	if err := detachOthers(l); err != nil {
+		all = append(all, err)
+	}
+	if err := detachIdmapped(l); err != nil {
 		all = append(all, err)
 	}
 	if err := unmount(l.WS); err != nil {
@@ -223,6 +235,35 @@ func unmount(path string) error {
 		kind = errs.Conflict
 	}
 	return errs.Wrap(kind, err, "unmount %s", path)
+}
+
+// detachOthers lazily unmounts every mount below l.Dir but the workspace
+// and the overlay root, deepest first.
+func detachOthers(l Layout) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "read mountinfo")
+	}
+	prefix := filepath.Clean(l.Dir) + "/"
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 5 {
+			continue
+		}
+		p := unescapeMountinfo(fields[4])
+		if strings.HasPrefix(p, prefix) && p != l.WS && p != l.RootFS && !strings.HasPrefix(p, l.WS+"/") && !strings.HasPrefix(p, l.RootFS+"/") {
+			points = append(points, p)
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	var all []error
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			all = append(all, errs.Wrap(errs.Internal, err, "unmount %s", p))
+		}
+	}
+	return errors.Join(all...)
 }
 
 // isMountPoint reports whether path is a mount point in this mount namespace.

@@ -37,7 +37,7 @@ func newLowers(t *testing.T) []string {
 func prepared(t *testing.T, lowers []string, diskMiB int64) (dir, root string) {
 	t.Helper()
 	dir = t.TempDir()
-	root, err := Prepare(context.Background(), dir, lowers, diskMiB)
+	root, err := Prepare(context.Background(), dir, lowers, diskMiB, nil)
 	t.Cleanup(func() {
 		if err := Teardown(context.Background(), dir); err != nil {
 			t.Errorf("cleanup teardown: %v", err)
@@ -83,7 +83,7 @@ func TestPrepareTeardownRemount(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(l.Upper, "home/user/note")); err != nil {
 		t.Fatalf("write did not land in the upper dir: %v", err)
 	}
-	if _, err := Prepare(ctx, dir, lowers, 64); err == nil {
+	if _, err := Prepare(ctx, dir, lowers, 64, nil); err == nil {
 		t.Fatal("second Prepare of the same dir succeeded")
 	}
 
@@ -100,17 +100,17 @@ func TestPrepareTeardownRemount(t *testing.T) {
 	}
 
 	// Host reboot: the image survives, the mounts do not.
-	root2, err := Remount(ctx, dir, lowers)
+	root2, err := Remount(ctx, dir, lowers, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(root2, "home/user/note")); err != nil || string(b) != "kept" {
 		t.Fatalf("workspace lost across Remount: %q, %v", b, err)
 	}
-	if _, err := Remount(ctx, dir, lowers); err != nil {
+	if _, err := Remount(ctx, dir, lowers, nil); err != nil {
 		t.Fatalf("Remount of a mounted dir: %v", err)
 	}
-	if _, err := Remount(ctx, t.TempDir(), lowers); err == nil {
+	if _, err := Remount(ctx, t.TempDir(), lowers, nil); err == nil {
 		t.Fatal("Remount without an image succeeded")
 	}
 }
@@ -148,10 +148,10 @@ func TestDiskLimit(t *testing.T) {
 
 func TestPrepareRejectsBadInput(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := Prepare(context.Background(), dir, nil, 64); err == nil {
+	if _, err := Prepare(context.Background(), dir, nil, 64, nil); err == nil {
 		t.Fatal("Prepare without lowers succeeded")
 	}
-	if _, err := Prepare(context.Background(), dir, []string{"/x"}, 1); err == nil {
+	if _, err := Prepare(context.Background(), dir, []string{"/x"}, 1, nil); err == nil {
 		t.Fatal("Prepare with a 1 MiB disk succeeded")
 	}
 	if _, err := os.Stat(LayoutOf(dir).Image); !errors.Is(err, os.ErrNotExist) {
@@ -204,7 +204,7 @@ func BenchmarkPrepareTeardown(b *testing.B) {
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				dir := b.TempDir()
-				if _, err := Prepare(ctx, dir, []string{base}, mib); err != nil {
+				if _, err := Prepare(ctx, dir, []string{base}, mib, nil); err != nil {
 					b.Fatal(err)
 				}
 				if err := Teardown(ctx, dir); err != nil {

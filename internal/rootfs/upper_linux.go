@@ -3,11 +3,13 @@ package rootfs
 import (
 	"archive/tar"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -47,6 +49,13 @@ func skipUpperEntry(rel string) bool {
 // a sandbox's disk image, which goes away with the sandbox); hard links
 // inside src stay hard links inside dst.
 func CopyUpper(ctx context.Context, src, dst string) error {
+	return CopyUpperUnshifted(ctx, src, dst, nil)
+}
+
+// CopyUpperUnshifted is CopyUpper for the upper of a sandbox that ran in
+// user namespace m: the copy is owned by the ids seen inside (a layer any
+// sandbox can mount, idmapped or not), file capabilities included.
+func CopyUpperUnshifted(ctx context.Context, src, dst string, m *IDMap) error {
 	type dirTime struct {
 		path string
 		st   *unix.Stat_t
@@ -77,6 +86,7 @@ func CopyUpper(ctx context.Context, src, dst string) error {
 		if err := unix.Lstat(p, &st); err != nil {
 			return err
 		}
+		st.Uid, st.Gid = m.Unshift(st.Uid), m.Unshift(st.Gid)
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			if err := os.Mkdir(out, 0o700); err != nil && !(rel == "." && errors.Is(err, fs.ErrExist)) {
@@ -112,7 +122,7 @@ func CopyUpper(ctx context.Context, src, dst string) error {
 			return nil
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return applyMeta(p, out, &st)
+			return applyMeta(p, out, &st, m)
 		}
 		return nil
 	})
@@ -123,7 +133,7 @@ func CopyUpper(ctx context.Context, src, dst string) error {
 	// and a read-only mode would stop the copy.
 	for i := len(dirs) - 1; i >= 0; i-- {
 		srcPath := filepath.Join(src, strings.TrimPrefix(dirs[i].path, dst))
-		if err := applyMeta(srcPath, dirs[i].path, dirs[i].st); err != nil {
+		if err := applyMeta(srcPath, dirs[i].path, dirs[i].st, m); err != nil {
 			return errs.Wrap(errs.Internal, err, "copy upper %s", src)
 		}
 	}
@@ -159,13 +169,14 @@ func copyRegular(root *safefs.Root, rel, dst string) error {
 	return out.Close()
 }
 
-// applyMeta gives dst src's xattrs, owner, mode and times (in that order:
-// chown clears setuid bits).
-func applyMeta(src, dst string, st *unix.Stat_t) error {
-	if err := copyXattrs(src, dst); err != nil {
+// applyMeta gives dst src's owner, xattrs, mode and times (in that order:
+// chown clears setuid bits and file capabilities). st's ids are already
+// unshifted.
+func applyMeta(src, dst string, st *unix.Stat_t, m *IDMap) error {
+	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
 		return err
 	}
-	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+	if err := copyXattrs(src, dst, m); err != nil {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
@@ -177,7 +188,7 @@ func applyMeta(src, dst string, st *unix.Stat_t) error {
 	return unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW)
 }
 
-func copyXattrs(src, dst string) error {
+func copyXattrs(src, dst string, m *IDMap) error {
 	names, err := listXattrs(src)
 	if err != nil {
 		return err
@@ -190,6 +201,9 @@ func copyXattrs(src, dst string) error {
 		if err != nil {
 			return err
 		}
+		if n == capXattr {
+			val = unshiftFileCaps(val, m)
+		}
 		if err := unix.Lsetxattr(dst, n, val, 0); err != nil {
 			if errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOTSUP) {
 				continue // e.g. user.* on a symlink
@@ -198,6 +212,25 @@ func copyXattrs(src, dst string) error {
 		}
 	}
 	return nil
+}
+
+const capXattr = "security.capability"
+
+// unshiftFileCaps turns the file capabilities root set inside user namespace
+// m (VFS_CAP_REVISION_3, which names the namespace's root as a host uid) into
+// plain revision 2 ones, which apply to root of whichever namespace mounts
+// the layer. Anything else is kept as it is.
+func unshiftFileCaps(v []byte, m *IDMap) []byte {
+	const rev3, rev2, v3Len = 0x03000000, 0x02000000, 24
+	if m == nil || len(v) != v3Len || binary.LittleEndian.Uint32(v)&0xff000000 != rev3 {
+		return v
+	}
+	if m.Unshift(binary.LittleEndian.Uint32(v[20:])) != 0 {
+		return v
+	}
+	out := slices.Clone(v[:20])
+	binary.LittleEndian.PutUint32(out, binary.LittleEndian.Uint32(v)&^0xff000000|rev2)
+	return out
 }
 
 func listXattrs(p string) ([]string, error) {

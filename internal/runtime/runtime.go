@@ -17,6 +17,13 @@ type Mount struct {
 	ReadOnly bool
 }
 
+// IDMap maps container uids and gids 0..Size-1 to host ids HostID.. (the
+// same range for both).
+type IDMap struct {
+	HostID uint32
+	Size   uint32
+}
+
 // Resources are cgroup limits; zero means unlimited.
 type Resources struct {
 	CPUMillis   int   // CFS quota: 1000 = one core
@@ -39,6 +46,12 @@ type Spec struct {
 	// NetNSPath joins an existing network namespace; "" creates a fresh one
 	// with loopback only.
 	NetNSPath string
+	// UserNS runs the sandbox in a user namespace: ids 0..Size-1 inside
+	// are host ids HostID..HostID+Size-1, so root inside is an unprivileged
+	// host uid. nil: no user namespace (runsc, whose Sentry is the boundary,
+	// or a workspace made before user namespaces). Its root filesystem must
+	// already show the mapped ids (idmapped lowers, shifted upper).
+	UserNS *IDMap
 	// LogPath receives the runtime's own log (and PID 1's stdout/stderr when
 	// StdioPath is empty).
 	LogPath string

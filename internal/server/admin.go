@@ -82,6 +82,17 @@ type RuntimeInfo struct {
 	CheckpointReason string `json:"checkpoint_reason,omitempty"`
 	Freeze           bool   `json:"freeze"`
 	Default          bool   `json:"default"`
+	// Isolation is how the runtime keeps a sandbox from the host:
+	// "namespaces+userns+seccomp" or "namespaces+seccomp" (runc), "gVisor" (runsc).
+	Isolation string `json:"isolation"`
+	// UserNS is the host id range new sandboxes' ids map to (runc).
+	UserNS *UserNSInfo `json:"userns,omitempty"`
+}
+
+// UserNSInfo is a user namespace mapping: ids 0..size-1 inside are host ids host_id...
+type UserNSInfo struct {
+	HostID uint32 `json:"host_id"`
+	Size   uint32 `json:"size"`
 }
 
 // Info is the body of GET /v1/info.
@@ -111,8 +122,13 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request, p daemon.Principal
 			continue
 		}
 		c := rt.Capabilities(r.Context())
-		in.Runtimes = append(in.Runtimes, RuntimeInfo{Name: name, Checkpoint: c.Checkpoint,
-			CheckpointReason: c.CheckpointReason, Freeze: c.Freeze, Default: name == cfg.DefaultRuntime})
+		ri := RuntimeInfo{Name: name, Checkpoint: c.Checkpoint,
+			CheckpointReason: c.CheckpointReason, Freeze: c.Freeze, Default: name == cfg.DefaultRuntime,
+			Isolation: s.d.Isolation(name)}
+		if m := s.d.UserNS(); m != nil && name == "runc" {
+			ri.UserNS = &UserNSInfo{HostID: m.HostID, Size: m.Size}
+		}
+		in.Runtimes = append(in.Runtimes, ri)
 	}
 	writeJSON(w, http.StatusOK, in)
 	return nil

@@ -126,12 +126,23 @@ func (o *OCI) restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 	if err := o.writeBundle(spec); err != nil {
 		return err
 	}
-	var err error
+	done, err := hostSysfs(spec)
+	if err != nil {
+		return err
+	}
 	switch o.name {
 	case Runc:
 		work := filepath.Join(spec.BundleDir, "criu-restore")
 		if err = os.MkdirAll(work, 0o700); err != nil {
 			return errs.Wrap(errs.Internal, err, "create criu work dir")
+		}
+		if spec.UserNS != nil {
+			// CRIU opens some images (timens, tty) from tasks already in
+			// the sandbox's user namespace: they need search on the dir.
+			// Its parents (the sandbox dir) keep others out.
+			if err = os.Chmod(imageDir, 0o711); err != nil {
+				return errs.Wrap(errs.Internal, err, "open memory image to the user namespace")
+			}
 		}
 		err = o.execDetached(ctx, false, "restore", spec.ID, logPath(spec), "--criu", o.cfg.CRIU,
 			"restore", "--detach", "--image-path", imageDir, "--work-path", work,
@@ -146,7 +157,7 @@ func (o *OCI) restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 			"restore", "--direct", "--detach", "--image-path", imageDir,
 			"--bundle", spec.BundleDir, spec.ID)
 	}
-	if err != nil {
+	if err = errors.Join(err, done()); err != nil {
 		return o.undoStart(spec.ID, err)
 	}
 	return nil

@@ -27,8 +27,13 @@ func (o *OCI) Run(ctx context.Context, spec runtime.Spec) error {
 	if err := o.writeBundle(spec); err != nil {
 		return err
 	}
-	err := o.execDetached(ctx, spec.NetNSPath != "", "run", spec.ID, logPath(spec),
+	done, err := hostSysfs(spec)
+	if err != nil {
+		return err
+	}
+	err = o.execDetached(ctx, spec.NetNSPath != "", "run", spec.ID, logPath(spec),
 		"run", "--detach", "--bundle", spec.BundleDir, spec.ID)
+	err = errors.Join(err, done())
 	if err != nil {
 		return o.undoStart(spec.ID, err)
 	}

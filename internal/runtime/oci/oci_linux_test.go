@@ -1,13 +1,19 @@
 package oci
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/runtime/runtimetest"
 )
@@ -58,4 +64,83 @@ func TestRuncConformance(t *testing.T) {
 
 func TestRunscConformance(t *testing.T) {
 	runtimetest.Run(t, func(t *testing.T) runtime.Runtime { return newBackend(t, Runsc) })
+}
+
+// TestRuncCheckpointUserNS: CRIU checkpoints and restores a runc sandbox in
+// a user namespace when runc made its network namespace (the daemon's own
+// netns is what blocks it; daemon/userns.go), and its processes carry on.
+func TestRuncCheckpointUserNS(t *testing.T) {
+	o := newBackend(t, Runc)
+	if c := o.Capabilities(context.Background()); !c.Checkpoint {
+		runtimetest.RequireHost(t, criuPath)
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("runc cannot checkpoint here: %s", c.CheckpointReason)
+		}
+		t.Skipf("runc cannot checkpoint here: %s", c.CheckpointReason)
+	}
+	ctx := context.Background()
+	base := t.TempDir()
+	// runc's init reaches the root filesystem as the mapped root.
+	for p := base; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lower := filepath.Join(base, "lower")
+	if err := rootfs.BusyboxRootFS(lower); err != nil {
+		t.Fatal(err)
+	}
+	m := rootfs.IDMap{HostID: 2000000000, Size: 65536}
+	dir := filepath.Join(base, "sb")
+	root, err := rootfs.Prepare(ctx, dir, []string{lower}, 64, &m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rootfs.Teardown(context.Background(), dir) })
+	id := fmt.Sprintf("uns%d", time.Now().UnixNano()%1e9)
+	spec := runtime.Spec{ID: id, BundleDir: dir, RootFS: root,
+		Args:   []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"},
+		UserNS: &runtime.IDMap{HostID: m.HostID, Size: m.Size}}
+	if err := o.Run(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = o.Delete(context.Background(), id) })
+	count := func() int {
+		b, _ := os.ReadFile(filepath.Join(root, "tmp/count"))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	waitCount := func(atLeast int) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for count() < atLeast {
+			if time.Now().After(deadline) {
+				t.Fatalf("counter stuck at %d, want %d", count(), atLeast)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitCount(3)
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	img := filepath.Join(dir, "memory")
+	if err := o.Checkpoint(cctx, id, img); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	if err := o.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	before := count()
+	if err := o.Restore(cctx, spec, img); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	waitCount(before + 3)
+	st, err := o.State(ctx, id)
+	if err != nil || st.Pid == 0 {
+		t.Fatalf("state after restore: %+v %v", st, err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/uid_map", st.Pid))
+	if err != nil || strings.Join(strings.Fields(string(b)), " ") != "0 2000000000 65536" {
+		t.Fatalf("restored PID 1 uid_map %q (%v)", b, err)
+	}
 }

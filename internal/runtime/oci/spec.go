@@ -84,6 +84,12 @@ func GenerateSpec(s runtime.Spec, backend string) (*specs.Spec, error) {
 		{Type: specs.NetworkNamespace, Path: s.NetNSPath},
 	}
 
+	if s.UserNS != nil {
+		// runc then also mounts /proc, /sys, /dev/* for the new user
+		// namespace; caps are those of root inside it, not on the host.
+		namespaces = append(namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+	}
+
 	spec := &specs.Spec{
 		Version: ociVersion,
 		Process: &specs.Process{
@@ -99,7 +105,7 @@ func GenerateSpec(s runtime.Spec, backend string) (*specs.Spec, error) {
 		},
 		Root:     &specs.Root{Path: s.RootFS},
 		Hostname: hostname,
-		Mounts:   append(standardMounts(), extraMounts(s.Mounts)...),
+		Mounts:   append(standardMounts(s), extraMounts(s.Mounts)...),
 		Linux: &specs.Linux{
 			CgroupsPath:   CgroupPath(s.ID),
 			Resources:     resources(s.Resources, backend),
@@ -107,6 +113,10 @@ func GenerateSpec(s runtime.Spec, backend string) (*specs.Spec, error) {
 			MaskedPaths:   slices.Clone(maskedPaths),
 			ReadonlyPaths: slices.Clone(readonlyPaths),
 		},
+	}
+	if m := s.UserNS; m != nil {
+		idm := []specs.LinuxIDMapping{{ContainerID: 0, HostID: m.HostID, Size: m.Size}}
+		spec.Linux.UIDMappings, spec.Linux.GIDMappings = idm, slices.Clone(idm)
 	}
 	if backend == Runc {
 		// runsc ignores the spec's seccomp (the Sentry is its syscall
@@ -141,6 +151,14 @@ func validate(s runtime.Spec, backend string) error {
 	for i, m := range s.Mounts {
 		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
 			return errs.Field("mounts", "mount %d: source and target must be absolute (%q -> %q)", i, m.Source, m.Target)
+		}
+	}
+	if m := s.UserNS; m != nil {
+		if backend != Runc {
+			return errs.Field("user_ns", "only runc runs sandboxes in a user namespace (runsc isolates with gVisor)")
+		}
+		if m.HostID == 0 || m.Size == 0 || uint64(m.HostID)+uint64(m.Size) > 1<<32-1 {
+			return errs.Field("user_ns", "host range %d+%d must be non-zero and fit in 32 bits", m.HostID, m.Size)
 		}
 	}
 	r := s.Resources
@@ -194,14 +212,29 @@ func deviceRules() []specs.LinuxDeviceCgroup {
 	}
 }
 
-func standardMounts() []specs.Mount {
+// SysfsDir is where a user-namespaced sandbox's /sys is mounted on the host
+// while the runtime starts it (see needsHostSysfs).
+func SysfsDir(bundle string) string { return filepath.Join(bundle, "sysfs") }
+
+// needsHostSysfs: sysfs may only be mounted by the user namespace owning the
+// network namespace. A sandbox in its own user namespace that joins a netns
+// the daemon made cannot mount it, so berth mounts it from inside the netns
+// (its /sys/class/net then shows the sandbox's devices, not the host's) and
+// the sandbox gets a read-only bind of that.
+func needsHostSysfs(s runtime.Spec) bool { return s.UserNS != nil && s.NetNSPath != "" }
+
+func standardMounts(s runtime.Spec) []specs.Mount {
+	sys := specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}}
+	if needsHostSysfs(s) {
+		sys = specs.Mount{Destination: "/sys", Type: "bind", Source: SysfsDir(s.BundleDir), Options: []string{"rbind", "rprivate", "nosuid", "noexec", "nodev", "ro"}}
+	}
 	return []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		sys,
 		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 	}
 }

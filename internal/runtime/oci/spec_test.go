@@ -38,6 +38,10 @@ func TestGenerateSpecGolden(t *testing.T) {
 	withNetns.Env = []string{"PATH=/bin", "HOME=/home/user"}
 	unlimited := baseSpec()
 	unlimited.Resources = runtime.Resources{}
+	userns := withNetns
+	userns.UserNS = &runtime.IDMap{HostID: 2000000000, Size: 65536}
+	usernsNoNet := baseSpec()
+	usernsNoNet.UserNS = userns.UserNS
 	tests := []struct {
 		name    string
 		spec    runtime.Spec
@@ -48,6 +52,8 @@ func TestGenerateSpecGolden(t *testing.T) {
 		{"runc-netns", withNetns, Runc},
 		{"runsc-netns", withNetns, Runsc},
 		{"runc-unlimited", unlimited, Runc},
+		{"runc-userns-netns", userns, Runc}, // /sys: a bind of the sysfs berth mounts in the netns
+		{"runc-userns", usernsNoNet, Runc},  // /sys: the sandbox's own sysfs
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -95,6 +101,9 @@ func TestGenerateSpecRejects(t *testing.T) {
 		{"mount", mod(func(s *runtime.Spec) { s.Mounts[0].Target = "x" }), Runc, "mounts"},
 		{"negative", mod(func(s *runtime.Spec) { s.Resources.Pids = -1 }), Runc, "resources"},
 		{"tiny memory", mod(func(s *runtime.Spec) { s.Resources.MemoryBytes = 1024 }), Runc, "resources"},
+		{"userns on runsc", mod(func(s *runtime.Spec) { s.UserNS = &runtime.IDMap{HostID: 100000, Size: 65536} }), Runsc, "user_ns"},
+		{"userns to host root", mod(func(s *runtime.Spec) { s.UserNS = &runtime.IDMap{HostID: 0, Size: 65536} }), Runc, "user_ns"},
+		{"userns overflow", mod(func(s *runtime.Spec) { s.UserNS = &runtime.IDMap{HostID: 1<<32 - 10, Size: 65536} }), Runc, "user_ns"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -119,7 +119,7 @@ func (e *env) prepare(t *testing.T, o boxOpts) *box {
 		disk = 64
 	}
 	ctx := context.Background()
-	root, err := rootfs.Prepare(ctx, filepath.Join(dir, "fs"), []string{e.lower}, disk)
+	root, err := rootfs.Prepare(ctx, filepath.Join(dir, "fs"), []string{e.lower}, disk, nil)
 	t.Cleanup(func() {
 		if err := rootfs.Teardown(context.Background(), filepath.Join(dir, "fs")); err != nil {
 			t.Errorf("teardown rootfs of %s: %v", id, err)
