@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -140,6 +141,25 @@ func requestHost(r *http.Request) string {
 	return normalizeHost(h)
 }
 
+// originForm checks a request's target and rewrites it to origin form
+// (path and query; the Host header names the host), so the upstream parses
+// the same target the policy was checked against. CONNECT, opaque and
+// non-HTTP absolute targets are refused: an upstream may read them as
+// another host than the one decided on.
+func originForm(r *http.Request) bool {
+	u := r.URL
+	if r.Method == http.MethodConnect || u == nil || u.Opaque != "" || u.User != nil {
+		return false
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "", "http", "https":
+	default:
+		return false
+	}
+	u.Scheme, u.Host = "", ""
+	return true
+}
+
 // refuseRequest answers a request the policy refuses and logs the denial.
 func (p *Proxy) refuseRequest(w io.Writer, st *sandboxState, q Query, host, rule, reason string) {
 	writeStatus(w, http.StatusForbidden, "berth egress: request for "+strconv.Quote(host)+" refused on this connection")
@@ -169,6 +189,10 @@ func (p *Proxy) relayHTTP(st *sandboxState, q Query, host string, client net.Con
 			return 0, 0, err
 		}
 		lim.n = -1
+		if !originForm(req) {
+			p.refuseRequest(cc, st, q, requestHost(req), "bad-request-target", "request target "+strconv.Quote(req.RequestURI)+" not relayed")
+			return 0, 0, errHostChanged
+		}
 		rh := requestHost(req)
 		_, pol, ok := p.snapshot(st.ip)
 		if !ok {

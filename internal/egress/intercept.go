@@ -54,6 +54,10 @@ func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, po
 			return 0, 0, err
 		}
 		lim.n = -1
+		if !originForm(req) {
+			p.refuseRequest(down, st, Query{Port: port, Host: host}, requestHost(req), "bad-request-target", "request target "+strconv.Quote(req.RequestURI)+" not relayed")
+			return 0, 0, errHostChanged
+		}
 		if rh := requestHost(req); rh != "" && rh != host {
 			// Domain fronting: the TLS name is allowed (and carries the
 			// grant), the Host inside names another.
