@@ -384,6 +384,14 @@ type prefixConn struct {
 	net.Conn
 }
 
+// CloseWrite half-closes the underlying connection where it can.
+func (p *prefixConn) CloseWrite() error {
+	if cw, ok := p.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 func (p *prefixConn) Read(b []byte) (int, error) {
 	if len(p.head) > 0 {
 		n := copy(b, p.head)
