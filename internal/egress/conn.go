@@ -141,6 +141,17 @@ func requestHost(r *http.Request) string {
 	return normalizeHost(h)
 }
 
+// canonicalHost is the checked name rh with the port of the Host header
+// raw, if it has a valid one.
+func canonicalHost(raw, rh string) string {
+	if _, port, err := net.SplitHostPort(raw); err == nil && rh != "" {
+		if n, err := strconv.ParseUint(port, 10, 16); err == nil && n > 0 {
+			return net.JoinHostPort(rh, strconv.FormatUint(n, 10))
+		}
+	}
+	return rh
+}
+
 // originForm checks a request's target and rewrites it to origin form
 // (path and query; the Host header names the host), so the upstream parses
 // the same target the policy was checked against. CONNECT, opaque and
@@ -206,6 +217,9 @@ func (p *Proxy) relayHTTP(st *sandboxState, q Query, host string, client net.Con
 			p.refuseRequest(cc, st, q, rh, "host-changed", "connection opened for "+strconv.Quote(host))
 			return 0, 0, errHostChanged
 		}
+		// The upstream gets the Host that was checked, in canonical form
+		// (Go would send an invalid one as empty: another virtual host).
+		req.Host = canonicalHost(req.Host, rh)
 		if err := req.Write(uc); err != nil {
 			return 0, 0, err
 		}
