@@ -37,6 +37,7 @@ gotest() {
 	go test -race -count=1 -timeout 60m $PKGS 2>&1 | tee "$GOTEST_LOG"
 }
 step "go test" gotest
+step "fuzz" bash scripts/fuzz.sh
 
 if [ -f test/e2b/package.json ]; then
 	e2b() {

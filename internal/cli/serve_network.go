@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"flag"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/egress"
@@ -29,6 +31,27 @@ type NetworkServeConfig struct {
 	VethPrefix      string `json:"network_veth_prefix"`
 	ProxyPort       int    `json:"egress_proxy_port"` // default 15001
 	DNSPort         int    `json:"egress_dns_port"`   // default 53
+	// AllowPrivateEgress are the private/link-local CIDRs (the operator's
+	// networks) sandboxes may reach; a tenant rule can never open them.
+	AllowPrivateEgress []string `json:"allow_private_egress"`
+	EgressResolver     string   `json:"egress_resolver"` // ADDR:PORT asked instead of /etc/resolv.conf
+	// Per-sandbox egress caps; 0 = default (egress.DefaultLimits).
+	EgressMaxConns       int `json:"egress_max_conns_per_sandbox"`
+	EgressMaxDNSInFlight int `json:"egress_max_dns_inflight_per_sandbox"`
+	EgressDNSQPS         int `json:"egress_dns_qps_per_sandbox"`
+}
+
+// cidrList is a repeatable flag that also takes comma-separated values.
+type cidrList []string
+
+func (l *cidrList) String() string { return strings.Join(*l, ",") }
+func (l *cidrList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
 }
 
 // networkFlags registers serve's networking flags; apply copies the ones
@@ -45,7 +68,25 @@ func networkFlags(fs *flag.FlagSet) (apply func(*NetworkServeConfig)) {
 	fs.StringVar(&n.VethPrefix, "network-veth-prefix", "", "host-side veth name prefix, 1-4 chars (default bv)")
 	fs.IntVar(&n.ProxyPort, "egress-proxy-port", 0, "egress proxy port on the gateway (default 15001)")
 	fs.IntVar(&n.DNSPort, "egress-dns-port", 0, "egress resolver port on the gateway (default 53)")
+	var private cidrList
+	fs.Var(&private, "allow-private-egress", "CIDR of a private or link-local range sandboxes may reach (repeatable; none by default)")
+	fs.StringVar(&n.EgressResolver, "egress-resolver", "", "ADDR:PORT of the DNS resolver the egress proxy asks (default: the host's /etc/resolv.conf)")
+	def := egress.DefaultLimits()
+	fs.IntVar(&n.EgressMaxConns, "egress-max-conns", 0, fmt.Sprintf("concurrent egress connections per sandbox (default %d)", def.MaxConns))
+	fs.IntVar(&n.EgressMaxDNSInFlight, "egress-max-dns-inflight", 0, fmt.Sprintf("DNS queries in flight per sandbox (default %d)", def.MaxDNSInFlight))
+	fs.IntVar(&n.EgressDNSQPS, "egress-dns-qps", 0, fmt.Sprintf("DNS queries per second per sandbox (default %d)", def.DNSQPS))
 	return func(c *NetworkServeConfig) {
+		if len(private) > 0 {
+			c.AllowPrivateEgress = private
+		}
+		if n.EgressResolver != "" {
+			c.EgressResolver = n.EgressResolver
+		}
+		for p, v := range map[*int]int{&c.EgressMaxConns: n.EgressMaxConns, &c.EgressMaxDNSInFlight: n.EgressMaxDNSInFlight, &c.EgressDNSQPS: n.EgressDNSQPS} {
+			if v != 0 {
+				*p = v
+			}
+		}
 		for p, v := range map[*string]string{&c.DefaultNetwork: n.DefaultNetwork, &c.UpstreamCA: n.UpstreamCA,
 			&c.EgressHosts: n.EgressHosts, &c.Bridge: n.Bridge, &c.Subnet: n.Subnet, &c.Table: n.Table, &c.VethPrefix: n.VethPrefix} {
 			if v != "" {
@@ -81,6 +122,26 @@ func (c *NetworkServeConfig) Validate() error {
 			return errs.Field(k, "must be 1-65535, got %d", v)
 		}
 	}
+	for _, v := range c.AllowPrivateEgress {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return errs.Field("allow_private_egress", "%q is not a CIDR like 10.20.0.0/16", v)
+		}
+		if !privateRange(p) {
+			return errs.Field("allow_private_egress", "%s is not inside a private or link-local range (%v); public ranges need no opening", v, egress.PrivatePrefixes())
+		}
+	}
+	if c.EgressResolver != "" {
+		if _, err := netip.ParseAddrPort(c.EgressResolver); err != nil {
+			return errs.Field("egress_resolver", "want ADDR:PORT like 127.0.0.1:53, got %q", c.EgressResolver)
+		}
+	}
+	for k, v := range map[string]int{"egress_max_conns_per_sandbox": c.EgressMaxConns,
+		"egress_max_dns_inflight_per_sandbox": c.EgressMaxDNSInFlight, "egress_dns_qps_per_sandbox": c.EgressDNSQPS} {
+		if v < 0 {
+			return errs.Field(k, "must not be negative, got %d", v)
+		}
+	}
 	for k, v := range map[string]string{"upstream_ca": c.UpstreamCA, "egress_hosts_file": c.EgressHosts} {
 		if v == "" {
 			continue
@@ -102,8 +163,26 @@ func startNetwork(ctx context.Context, d *daemon.Daemon, c NetworkServeConfig) e
 	if c.Subnet != "" {
 		ncfg.Subnet = netip.MustParsePrefix(c.Subnet)
 	}
-	return d.StartNetwork(ctx, daemon.NetworkOptions{Network: ncfg, UpstreamCA: c.UpstreamCA, HostsFile: c.EgressHosts,
-		DefaultMode: egress.Mode(c.DefaultNetwork)})
+	o := daemon.NetworkOptions{Network: ncfg, UpstreamCA: c.UpstreamCA, HostsFile: c.EgressHosts,
+		DefaultMode: egress.Mode(c.DefaultNetwork),
+		Limits:      egress.Limits{MaxConns: c.EgressMaxConns, MaxDNSInFlight: c.EgressMaxDNSInFlight, DNSQPS: c.EgressDNSQPS}}
+	for _, v := range c.AllowPrivateEgress {
+		o.AllowPrivate = append(o.AllowPrivate, netip.MustParsePrefix(v).Masked())
+	}
+	if c.EgressResolver != "" {
+		o.UpstreamDNS = netip.MustParseAddrPort(c.EgressResolver)
+	}
+	return d.StartNetwork(ctx, o)
+}
+
+// privateRange reports whether p lies inside one private or link-local range.
+func privateRange(p netip.Prefix) bool {
+	for _, r := range egress.PrivatePrefixes() {
+		if p.Addr().BitLen() == r.Addr().BitLen() && p.Bits() >= r.Bits() && r.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
 }
 
 // deriveNetwork gives a server whose data dir is not the default its own

@@ -4,20 +4,24 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/berth-dev/berth/internal/errs"
 )
 
 func TestDeriveNetwork(t *testing.T) {
 	var def NetworkServeConfig
 	deriveNetwork(defaultDataDir, &def)
-	if def != (NetworkServeConfig{}) {
+	if !reflect.DeepEqual(def, NetworkServeConfig{}) {
 		t.Fatalf("the default data dir must keep the default network names, got %+v", def)
 	}
 	var a, a2, b NetworkServeConfig
 	deriveNetwork("/tmp/b1", &a)
 	deriveNetwork("/tmp/b1/", &a2)
 	deriveNetwork("/tmp/b2", &b)
-	if a != a2 {
+	if !reflect.DeepEqual(a, a2) {
 		t.Errorf("not stable for one data dir: %+v vs %+v", a, a2)
 	}
 	if a.Bridge == b.Bridge || a.Table == b.Table || a.Subnet == b.Subnet {
@@ -51,12 +55,37 @@ func TestDeriveNetworkTakesOverSavedLayout(t *testing.T) {
 	var c NetworkServeConfig
 	deriveNetwork(dir, &c)
 	want := NetworkServeConfig{Bridge: "bbsaved", Subnet: "10.203.7.0/24", Table: "berth_saved", VethPrefix: "vsav"}
-	if c != want {
+	if !reflect.DeepEqual(c, want) {
 		t.Errorf("derived %+v, want the saved layout %+v", c, want)
 	}
 	explicit := NetworkServeConfig{Subnet: "10.99.0.0/16"}
 	deriveNetwork(dir, &explicit)
 	if explicit.Subnet != "10.99.0.0/16" || explicit.Bridge != "bbsaved" {
 		t.Errorf("explicit settings must win over the saved layout: %+v", explicit)
+	}
+}
+
+func TestValidateAllowPrivateEgress(t *testing.T) {
+	for _, tc := range []struct {
+		cidrs []string
+		bad   string
+	}{
+		{[]string{"10.20.0.0/16", "169.254.169.254/32", "fd00::/8"}, ""},
+		{[]string{"8.8.8.0/24"}, "8.8.8.0/24"},   // public: nothing to open
+		{[]string{"0.0.0.0/0"}, "0.0.0.0/0"},     // wider than any private range
+		{[]string{"127.0.0.0/8"}, "127.0.0.0/8"}, // loopback stays closed
+		{[]string{"10.0.0.0/33"}, "10.0.0.0/33"},
+	} {
+		c := NetworkServeConfig{AllowPrivateEgress: tc.cidrs}
+		err := c.Validate()
+		if tc.bad == "" {
+			if err != nil {
+				t.Errorf("Validate(%v) = %v", tc.cidrs, err)
+			}
+			continue
+		}
+		if errs.FieldOf(err) != "allow_private_egress" || !strings.Contains(err.Error(), tc.bad) {
+			t.Errorf("Validate(%v) = %v, want an allow_private_egress error naming %s", tc.cidrs, err, tc.bad)
+		}
 	}
 }

@@ -69,6 +69,11 @@ func (d *Daemon) BuildPolicy(mode string, allow, deny []string) (egress.Policy, 
 	if d.net == nil && pol.Mode != egress.DenyAll && !(pol.Mode == egress.Rules && len(pol.Allow) == 0) {
 		return egress.Policy{}, errs.E(errs.FailedPrecondition, "networking is disabled on this server: only deny-all is possible")
 	}
+	if d.net != nil {
+		if err := d.net.px.CheckPolicy(pol); err != nil {
+			return egress.Policy{}, err
+		}
+	}
 	return pol, nil
 }
 
@@ -150,6 +155,11 @@ func (d *Daemon) SetNetworkPolicy(ctx context.Context, owner, id, actor string, 
 	}
 	if d.net == nil && pol.Mode != egress.DenyAll {
 		return nil, errs.E(errs.FailedPrecondition, "networking is disabled on this server: only deny-all is possible")
+	}
+	if d.net != nil {
+		if err := d.net.px.CheckPolicy(pol); err != nil {
+			return nil, err
+		}
 	}
 	unlock := d.lock(id)
 	defer unlock()

@@ -36,6 +36,14 @@ type NetworkOptions struct {
 	// DefaultMode is the policy of sandboxes created without one: deny-all
 	// (default) or allow-all.
 	DefaultMode egress.Mode
+	// AllowPrivate are the private/link-local ranges sandboxes may reach
+	// (berth serve --allow-private-egress); no tenant rule opens others.
+	AllowPrivate []netip.Prefix
+	// UpstreamDNS is the resolver the egress proxy asks instead of the
+	// host's (berth serve --egress-resolver); unset = /etc/resolv.conf.
+	UpstreamDNS netip.AddrPort
+	// Limits are the per-sandbox egress caps; zero fields take defaults.
+	Limits egress.Limits
 }
 
 // Paths inside a sandbox where berth's egress CA is installed.
@@ -129,6 +137,9 @@ func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
 	px, err := egress.New(egress.Config{
 		ProxyAddr: eff.ProxyAddr(), DNSAddr: eff.DNSAddr(), CA: ca, ExtraCAFile: o.UpstreamCA,
 		HostsFile: o.HostsFile, Blocked: []netip.Prefix{eff.Subnet}, Sink: ns.sink, Log: d.log,
+		AllowPrivate: o.AllowPrivate, UpstreamDNS: o.UpstreamDNS,
+		MaxConns: o.Limits.MaxConns, MaxDNSInFlight: o.Limits.MaxDNSInFlight, DNSQPS: o.Limits.DNSQPS,
+		OnLimit: d.egressLimitHit,
 	})
 	if err != nil {
 		return err
@@ -195,6 +206,23 @@ func runProxy(ctx context.Context, px *egress.Proxy) (err error) {
 		return errors.New("egress proxy returned")
 	}
 	return nil
+}
+
+// egressLimitHit records that a sandbox hit a per-sandbox egress cap as an
+// event (the proxy calls it at most every egress.LimitReportEvery per
+// sandbox and cap); it must not block the proxy.
+func (d *Daemon) egressLimitHit(id, limit string, max int) {
+	d.goBackground("egress-limit-event", func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		sb, err := d.store.GetSandbox(ctx, id)
+		if err != nil {
+			return
+		}
+		d.event(ctx, sb, "egress", "network", "egress_limit",
+			fmt.Sprintf("egress cap reached: %s (max %d); further attempts are refused", limit, max),
+			map[string]string{"limit": limit, "max": fmt.Sprint(max)})
+	})
 }
 
 // sink receives the proxy's decisions; it never blocks.

@@ -95,8 +95,10 @@ func decodeBody(r *http.Request, v any) error {
 // timeoutSeconds converts an E2B timeout (integer seconds) to a duration,
 // treating negatives as 0 and capping at MaxTimeout.
 func (s *Server) timeoutSeconds(sec int64) time.Duration {
-	d := time.Duration(max(sec, 0)) * time.Second
-	return min(d, s.opts.MaxTimeout)
+	if sec >= int64(s.opts.MaxTimeout/time.Second) {
+		return s.opts.MaxTimeout // also where sec * time.Second would overflow
+	}
+	return time.Duration(max(sec, 0)) * time.Second
 }
 
 // e2bState is the state E2B shows: only running and paused exist there.

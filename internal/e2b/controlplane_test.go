@@ -16,7 +16,7 @@ import (
 func TestCreateRequest(t *testing.T) {
 	s := New(nil, nil, Options{MaxTimeout: time.Hour})
 	i64 := func(v int64) *int64 { return &v }
-	f := false
+	f, tr := false, true
 	tests := []struct {
 		name  string
 		body  newSandboxJSON
@@ -39,6 +39,12 @@ func TestCreateRequest(t *testing.T) {
 				ExpiryAction: sandbox.ExpirePause, AutoResume: true, Extra: map[string]string{"e2b_auto_pause_memory": "false"}}},
 		{name: "negative timeout is zero", v2: true, body: newSandboxJSON{TemplateID: "base", Timeout: i64(-5)},
 			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", ExpiryAction: sandbox.ExpireDelete}},
+		{name: "no internet access", v2: true, body: newSandboxJSON{TemplateID: "py", AllowInternetAccess: &f},
+			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "py", TTL: 300 * time.Second, ExpiryAction: sandbox.ExpireDelete,
+				Network: "deny-all"}},
+		{name: "internet access", v2: true, body: newSandboxJSON{TemplateID: "py", AllowInternetAccess: &tr},
+			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "py", TTL: 300 * time.Second, ExpiryAction: sandbox.ExpireDelete,
+				Network: "allow-all"}},
 		{name: "missing template", v2: true, body: newSandboxJSON{}, field: "templateID"},
 		{name: "network rules", v2: true, body: newSandboxJSON{TemplateID: "base", Network: json.RawMessage(`{"denyOut":["0.0.0.0/0"]}`)}, field: "network"},
 		{name: "volumes", v2: true, body: newSandboxJSON{TemplateID: "base", VolumeMounts: []json.RawMessage{json.RawMessage(`{}`)}}, field: "volumeMounts"},

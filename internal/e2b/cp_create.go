@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
@@ -78,7 +79,23 @@ func (s *Server) createRequest(owner string, body newSandboxJSON, v2 bool) (daem
 	if body.AutoResume != nil && body.AutoResume.Enabled {
 		req.AutoResume = true
 	}
+	// E2B's allow_internet_access (SDK option allowInternetAccess; 2.9 sends
+	// true when unset, 2.50+ only when set): false is no egress at all,
+	// true is the open internet (public addresses; berth never opens the
+	// operator's private ranges to a tenant). Absent is the server default.
+	if body.AllowInternetAccess != nil {
+		req.Network = string(egress.DenyAll)
+		if *body.AllowInternetAccess {
+			req.Network = string(egress.AllowAll)
+		}
+	}
 	return req, nil
+}
+
+// policyBuilder is the part of the daemon that says whether this server
+// can give a sandbox egress at all (daemon.Daemon.BuildPolicy).
+type policyBuilder interface {
+	BuildPolicy(mode string, allow, deny []string) (egress.Policy, error)
 }
 
 // handleCreate serves POST /sandboxes (v1) and POST /v2/sandboxes.
@@ -93,6 +110,13 @@ func (s *Server) handleCreate(v2 bool) http.HandlerFunc {
 		if err != nil {
 			s.writeAPIError(w, r, err)
 			return
+		}
+		if pb, ok := s.d.(policyBuilder); ok && req.Network == string(egress.AllowAll) {
+			if _, err := pb.BuildPolicy(req.Network, nil, nil); errs.Is(err, errs.FailedPrecondition) {
+				// The server forbids egress (networking disabled): the
+				// sandbox gets what every sandbox here gets, no network.
+				req.Network = ""
+			}
 		}
 		sb, err := s.d.Create(r.Context(), req)
 		if err != nil {

@@ -30,6 +30,13 @@ func (p *Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		c.Close()
 		return
 	}
+	if !p.acquireConn(st) {
+		p.limitHit(st, "tcp", "connections", p.cfg.MaxConns)
+		_ = c.SetLinger(0)
+		c.Close()
+		return
+	}
+	defer p.releaseConn(st)
 	dst, err := originalDst(c)
 	if err != nil {
 		p.log.Warn("egress original destination", "sandbox_id", st.id, "err", err)
@@ -37,7 +44,7 @@ func (p *Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Now().Add(p.cfg.PeekTimeout))
-	isTLS, host, head := peek(c)
+	isTLS, isHTTP, host, head := peek(c)
 	_ = c.SetReadDeadline(time.Time{})
 
 	q := Query{IP: dst.Addr(), Port: dst.Port(), Host: host}
@@ -106,11 +113,177 @@ func (p *Proxy) handle(ctx context.Context, c *net.TCPConn) {
 		if err != nil {
 			d.Reason = "intercept: " + err.Error()
 		}
+	} else if isHTTP {
+		// Plain HTTP is relayed request by request, each one checked: a
+		// keep-alive connection opened for an allowed Host must not carry
+		// a request for another.
+		d.BytesOut, d.BytesIn, err = p.relayHTTP(st, q, d.Host, &prefixConn{head: head, Conn: c}, up)
+		if err != nil {
+			d.Reason = err.Error()
+		}
 	} else {
 		d.BytesOut, d.BytesIn = splice(c, head, up)
 	}
 	d.Duration = time.Since(start)
 	p.emit(d)
+}
+
+// errHostChanged ends a connection whose request names another host than
+// the one it was opened (and decided) for.
+var errHostChanged = errs.E(errs.PermissionDenied, "host-changed")
+
+// requestHost is a request's Host without the port, normalized.
+func requestHost(r *http.Request) string {
+	h := r.Host
+	if hh, _, err := net.SplitHostPort(h); err == nil {
+		h = hh
+	}
+	return normalizeHost(h)
+}
+
+// canonicalHost is the checked name rh with the port of the Host header
+// raw, if it has a valid one.
+func canonicalHost(raw, rh string) string {
+	if _, port, err := net.SplitHostPort(raw); err == nil && rh != "" {
+		if n, err := strconv.ParseUint(port, 10, 16); err == nil && n > 0 {
+			return net.JoinHostPort(rh, strconv.FormatUint(n, 10))
+		}
+	}
+	return rh
+}
+
+// originForm checks a request's target and rewrites it to origin form
+// (path and query; the Host header names the host), so the upstream parses
+// the same target the policy was checked against. CONNECT, opaque and
+// non-HTTP absolute targets are refused: an upstream may read them as
+// another host than the one decided on.
+func originForm(r *http.Request) bool {
+	u := r.URL
+	if r.Method == http.MethodConnect || u == nil || u.Opaque != "" || u.User != nil {
+		return false
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "", "http", "https":
+	default:
+		return false
+	}
+	u.Scheme, u.Host = "", ""
+	return true
+}
+
+// refuseRequest answers a request the policy refuses and logs the denial.
+func (p *Proxy) refuseRequest(w io.Writer, st *sandboxState, q Query, host, rule, reason string) {
+	writeStatus(w, http.StatusForbidden, "berth egress: request for "+strconv.Quote(host)+" refused on this connection")
+	p.emit(Decision{SandboxID: st.id, Proto: "tcp", DstIP: q.IP, DstPort: q.Port, Host: host, Rule: rule,
+		Verdict: "deny", Reason: reason})
+}
+
+// relayHTTP relays HTTP/1.x requests from the sandbox to up one at a time.
+// Every request must name host (the one the connection was decided for)
+// and still be allowed by the sandbox's current policy; the first that is
+// not gets a 403 and ends the connection. A protocol upgrade (101) is
+// spliced from then on.
+func (p *Proxy) relayHTTP(st *sandboxState, q Query, host string, client net.Conn, up *net.TCPConn) (out, in int64, err error) {
+	cc := &countingConn{Conn: client}
+	uc := &countingConn{Conn: up}
+	defer func() { out, in = uc.written.Load(), cc.written.Load() }()
+	lim := &headLimit{r: client}
+	br := bufio.NewReader(lim)
+	ubr := bufio.NewReader(up)
+	for {
+		lim.n = maxRequestHead
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return 0, 0, nil
+			}
+			return 0, 0, err
+		}
+		lim.n = -1
+		if !originForm(req) {
+			p.refuseRequest(cc, st, q, requestHost(req), "bad-request-target", "request target "+strconv.Quote(req.RequestURI)+" not relayed")
+			return 0, 0, errHostChanged
+		}
+		rh := requestHost(req)
+		_, pol, ok := p.snapshot(st.ip)
+		if !ok {
+			return 0, 0, nil
+		}
+		if v := Decide(pol, Query{IP: q.IP, Port: q.Port, Host: rh}); !v.Allow {
+			p.refuseRequest(cc, st, q, rh, v.Rule, "request refused on a kept-alive connection")
+			return 0, 0, errHostChanged
+		}
+		if rh != host {
+			p.refuseRequest(cc, st, q, rh, "host-changed", "connection opened for "+strconv.Quote(host))
+			return 0, 0, errHostChanged
+		}
+		// The upstream gets the Host that was checked, in canonical form
+		// (Go would send an invalid one as empty: another virtual host).
+		req.Host = canonicalHost(req.Host, rh)
+		if err := req.Write(uc); err != nil {
+			return 0, 0, err
+		}
+		for {
+			resp, err := http.ReadResponse(ubr, req)
+			if err != nil {
+				return 0, 0, err
+			}
+			if resp.StatusCode == http.StatusSwitchingProtocols {
+				if err := resp.Write(cc); err != nil {
+					return 0, 0, err
+				}
+				// The bytes already buffered on either side go first.
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					_, _ = io.Copy(uc, br)
+					_ = up.CloseWrite()
+				})
+				_, _ = io.Copy(cc, ubr)
+				if tc, ok := client.(interface{ CloseWrite() error }); ok {
+					_ = tc.CloseWrite()
+				}
+				wg.Wait()
+				return 0, 0, nil
+			}
+			err = resp.Write(cc)
+			resp.Body.Close()
+			if err != nil {
+				return 0, 0, err
+			}
+			if resp.StatusCode >= 200 {
+				if req.Close || resp.Close {
+					return 0, 0, nil
+				}
+				break
+			}
+			// 1xx (100 Continue, 103 Early Hints): the final answer follows.
+		}
+	}
+}
+
+// maxRequestHead bounds a request line and headers read from a sandbox.
+const maxRequestHead = 64 << 10
+
+// headLimit bounds what a bufio.Reader above it may read while a request
+// head is parsed (n >= 0); n < 0 lifts the bound for the body.
+type headLimit struct {
+	r io.Reader
+	n int64
+}
+
+func (l *headLimit) Read(b []byte) (int, error) {
+	if l.n < 0 {
+		return l.r.Read(b)
+	}
+	if l.n == 0 {
+		return 0, errs.E(errs.ResourceExhausted, "request head larger than %d bytes", maxRequestHead)
+	}
+	if int64(len(b)) > l.n {
+		b = b[:l.n]
+	}
+	n, err := l.r.Read(b)
+	l.n -= int64(n)
+	return n, err
 }
 
 func (p *Proxy) dialAddr(ctx context.Context, ap netip.AddrPort) (*net.TCPConn, error) {
@@ -166,12 +339,13 @@ func splice(c *net.TCPConn, head []byte, up *net.TCPConn) (out, in int64) {
 }
 
 // peek reads the start of a connection: a TLS ClientHello (for SNI) or an
-// HTTP request head (for Host). It returns everything it read, to replay.
-func peek(c net.Conn) (isTLS bool, host string, head []byte) {
+// HTTP request head (for Host; isHTTP when one was parsed). It returns
+// everything it read, to replay.
+func peek(c net.Conn) (isTLS, isHTTP bool, host string, head []byte) {
 	rec := &recordingConn{Conn: c, limit: 64 << 10}
 	var first [1]byte
 	if _, err := io.ReadFull(rec, first[:]); err != nil {
-		return false, "", rec.buf.Bytes()
+		return false, false, "", rec.buf.Bytes()
 	}
 	if first[0] == 0x16 { // TLS handshake record
 		var sni string
@@ -183,16 +357,17 @@ func peek(c net.Conn) (isTLS bool, host string, head []byte) {
 			},
 		})
 		_ = srv.Handshake()
-		return true, sni, rec.buf.Bytes()
+		return true, false, sni, rec.buf.Bytes()
 	}
 	req, err := http.ReadRequest(bufio.NewReader(&prefixConn{head: first[:], Conn: rec}))
 	if err == nil {
+		isHTTP = true
 		host = req.Host
 		if h, _, err := net.SplitHostPort(host); err == nil {
 			host = h
 		}
 	}
-	return false, host, rec.buf.Bytes()
+	return false, isHTTP, host, rec.buf.Bytes()
 }
 
 // recordingConn keeps what is read and discards writes (so a failed peek
@@ -221,6 +396,14 @@ func (r *recordingConn) Write(b []byte) (int, error) { return len(b), nil }
 type prefixConn struct {
 	head []byte
 	net.Conn
+}
+
+// CloseWrite half-closes the underlying connection where it can.
+func (p *prefixConn) CloseWrite() error {
+	if cw, ok := p.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }
 
 func (p *prefixConn) Read(b []byte) (int, error) {
@@ -267,18 +450,11 @@ func hostPort(host string, port uint16) string {
 	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
 
-// injectGrants puts each grant's header on req and replaces its placeholder
-// wherever the sandbox put it in the request line and headers.
+// injectGrants sets each grant's header, and only that: the placeholder is
+// never replaced in the path, the query or other headers, where a server
+// could echo the real value back to the sandbox (secret reflection).
 func injectGrants(req *http.Request, grants []Grant) {
 	for _, g := range grants {
-		for k, vs := range req.Header {
-			for i, v := range vs {
-				req.Header[k][i] = strings.ReplaceAll(v, g.Placeholder, g.Value)
-			}
-		}
-		req.URL.Path = strings.ReplaceAll(req.URL.Path, g.Placeholder, g.Value)
-		req.URL.RawPath = strings.ReplaceAll(req.URL.RawPath, g.Placeholder, g.Value)
-		req.URL.RawQuery = strings.ReplaceAll(req.URL.RawQuery, g.Placeholder, g.Value)
 		name, value := g.header()
 		req.Header.Set(name, value)
 	}

@@ -3,6 +3,8 @@ package egress
 import (
 	"net/netip"
 	"strings"
+
+	"github.com/berth-dev/berth/internal/errs"
 )
 
 // Query is one connection attempt as the proxy sees it.
@@ -77,26 +79,61 @@ func (p Policy) nameAllowed(host string) (allowed, denied bool) {
 }
 
 // ipAllowed decides whether a concrete address may be dialled (or handed out
-// by DNS) for a connection already allowed by name or by mode: never an
-// always-blocked address, never one a deny rule covers, and a private one
-// only when an allow rule names it by IP/CIDR. explicit reports whether an
-// allow IP/CIDR rule covers it.
-func (p Policy) ipAllowed(ip netip.Addr, port uint16) (ok, explicit bool) {
+// by DNS) for a connection the policy already allowed by name, by rule or by
+// mode: never an always-blocked address, never one a deny rule covers, and a
+// private or link-local one only inside a range the server opened
+// (allowPrivate, `berth serve --allow-private-egress`). A tenant's own rule
+// never opens a private range.
+func (p Policy) ipAllowed(ip netip.Addr, port uint16, allowPrivate []netip.Prefix) bool {
 	ip = ip.Unmap()
 	if alwaysBlocked(ip) {
-		return false, false
+		return false
 	}
 	for _, r := range p.Deny {
 		if r.matchesIP(ip, port) {
-			return false, false
+			return false
 		}
 	}
+	return !IsPrivate(ip) || inAny(allowPrivate, ip)
+}
+
+// CheckRanges refuses allow rules that name a private or link-local range
+// the server has not opened (allowPrivate), or a range that is never
+// reachable (loopback, multicast, ...). A rule wider than such a range (e.g.
+// 0.0.0.0/0) is accepted: the addresses in it stay unreachable at dial time.
+// The error names the field and the rule.
+func CheckRanges(p Policy, allowPrivate []netip.Prefix) error {
 	for _, r := range p.Allow {
-		if r.matchesIP(ip, port) {
-			return true, true
+		if r.Kind != RuleCIDR {
+			continue
+		}
+		for _, b := range blockedPrefixes {
+			if within(r.Prefix, b) {
+				return errs.Field("allow", "%q is in %s, which no sandbox can reach", r.String(), b)
+			}
+		}
+		for _, pp := range privatePrefixes {
+			if within(r.Prefix, pp) && !coveredBy(r.Prefix, allowPrivate) {
+				return errs.Field("allow", "%q is in the private or link-local range %s; a tenant rule cannot open it "+
+					"(the operator can, with berth serve --allow-private-egress CIDR)", r.String(), pp)
+			}
 		}
 	}
-	return !IsPrivate(ip), false
+	return nil
+}
+
+// within reports whether prefix a lies entirely inside b.
+func within(a, b netip.Prefix) bool {
+	return a.Addr().BitLen() == b.Addr().BitLen() && a.Bits() >= b.Bits() && b.Contains(a.Addr())
+}
+
+func coveredBy(a netip.Prefix, ps []netip.Prefix) bool {
+	for _, p := range ps {
+		if within(a, p.Masked()) {
+			return true
+		}
+	}
+	return false
 }
 
 // matchesIP: a port-less rule matches any port; port 0 in a query (DNS)
@@ -132,25 +169,28 @@ func normalizeHost(h string) string {
 	return h
 }
 
+// privatePrefixes are the operator's networks: RFC 1918, CGNAT, ULA and
+// link-local (cloud metadata lives at 169.254.169.254).
 var privatePrefixes = mustPrefixes(
-	"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
-	"fc00::/7", "fec0::/10",
+	"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16",
+	"fc00::/7", "fec0::/10", "fe80::/10",
 )
 
 var blockedPrefixes = mustPrefixes(
-	"0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
-	"::/128", "::1/128", "fe80::/10", "ff00::/8",
+	"0.0.0.0/8", "127.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4",
+	"::/128", "::1/128", "ff00::/8",
 )
 
-// PrivatePrefixes are the ranges a hostname may not resolve to unless an
-// IP/CIDR allow rule covers the address (DNS rebinding guard).
+// PrivatePrefixes are the ranges no sandbox reaches, by rule or by name
+// (DNS rebinding guard), unless the server opens them (Config.AllowPrivate).
 func PrivatePrefixes() []netip.Prefix { return append([]netip.Prefix(nil), privatePrefixes...) }
 
-// BlockedPrefixes are never reachable from a sandbox, whatever the policy:
-// loopback, link-local (cloud metadata), multicast, unspecified, reserved.
+// BlockedPrefixes are never reachable from a sandbox, whatever the policy
+// or the server's settings: loopback, multicast, unspecified, reserved.
 func BlockedPrefixes() []netip.Prefix { return append([]netip.Prefix(nil), blockedPrefixes...) }
 
-// IsPrivate reports whether ip is in a private (RFC 1918, CGNAT, ULA) range.
+// IsPrivate reports whether ip is in a private (RFC 1918, CGNAT, ULA) or
+// link-local range.
 func IsPrivate(ip netip.Addr) bool { return inAny(privatePrefixes, ip.Unmap()) }
 
 func alwaysBlocked(ip netip.Addr) bool { return !ip.IsValid() || inAny(blockedPrefixes, ip) }

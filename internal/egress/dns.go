@@ -123,6 +123,14 @@ func (p *Proxy) answerDNS(ctx context.Context, src netip.Addr, msg []byte) []byt
 		p.emit(d)
 		return dnsResponse(msg, q, rcodeNXDomain, nil)
 	}
+	if !allowedName {
+		// No hostname rule allows it: refuse without asking upstream, so
+		// that the name itself (a classic exfiltration channel) never
+		// leaves the host. CIDR rules are for addresses, not for names.
+		d.Verdict, d.Rule = "deny", "default-deny"
+		p.emit(d)
+		return dnsResponse(msg, q, rcodeRefused, nil)
+	}
 	if q.qclass != dnsClassIN || q.qtype != dnsTypeA {
 		// The sandbox has IPv4 only; other types (TXT, MX, ...) would only
 		// widen the channel a policy is meant to close.
@@ -138,27 +146,20 @@ func (p *Proxy) answerDNS(ctx context.Context, src netip.Addr, msg []byte) []byt
 		return dnsResponse(msg, q, rcodeServFail, nil)
 	}
 	var keep []netip.Addr
-	refused := false
 	for _, ip := range ips {
 		if !ip.Is4() {
 			continue
 		}
-		ok, explicit := pol.ipAllowed(ip, 0)
-		ok = ok && !inAny(p.cfg.Blocked, ip) && !p.isLocal(ip)
-		if ok && (allowedName || explicit) {
+		if p.dialable(pol, ip, 0) {
 			keep = append(keep, ip)
-		} else if allowedName {
-			refused = true
+		} else {
 			d.DstIP = ip
 		}
 	}
-	if refused && len(keep) == 0 {
+	if len(keep) == 0 && d.DstIP.IsValid() {
+		// A name that resolves into the operator's network (or loopback,
+		// the host, the sandbox subnet) is refused: DNS rebinding guard.
 		d.Verdict, d.Rule, d.Reason = "deny", "dns-rebinding", "answer in a private or blocked range"
-		p.emit(d)
-		return dnsResponse(msg, q, rcodeRefused, nil)
-	}
-	if !allowedName && len(keep) == 0 {
-		d.Verdict, d.Rule = "deny", "default-deny"
 		p.emit(d)
 		return dnsResponse(msg, q, rcodeRefused, nil)
 	}
@@ -170,8 +171,25 @@ func (p *Proxy) answerDNS(ctx context.Context, src netip.Addr, msg []byte) []byt
 	return dnsResponse(msg, q, rcodeOK, keep)
 }
 
+// admitDNS applies src's per-sandbox DNS caps; release must be called
+// when the query is answered. ok=false means drop (the client retries).
+func (p *Proxy) admitDNS(src netip.Addr) (release func(), ok bool) {
+	st, _, known := p.snapshot(src)
+	if !known {
+		return func() {}, true // answerDNS drops it
+	}
+	ok, limit, max := p.acquireDNS(st, time.Now())
+	if !ok {
+		p.limitHit(st, "dns", limit, max)
+		return nil, false
+	}
+	return func() { p.releaseDNS(st) }, true
+}
+
 func (p *Proxy) serveDNSUDP(ctx context.Context, pc *net.UDPConn, wg *sync.WaitGroup) {
-	sem := make(chan struct{}, 64)
+	// The global bound; per-sandbox caps (admitDNS) keep one sandbox from
+	// taking all of it.
+	sem := make(chan struct{}, 512)
 	for {
 		buf := make([]byte, 1500)
 		n, from, err := pc.ReadFromUDPAddrPort(buf)
@@ -181,13 +199,18 @@ func (p *Proxy) serveDNSUDP(ctx context.Context, pc *net.UDPConn, wg *sync.WaitG
 			}
 			continue
 		}
+		release, ok := p.admitDNS(from.Addr())
+		if !ok {
+			continue
+		}
 		select {
 		case sem <- struct{}{}:
 		default:
+			release()
 			continue // overloaded: drop, the client retries
 		}
 		wg.Go(func() {
-			defer func() { <-sem }()
+			defer func() { <-sem; release() }()
 			if resp := p.answerDNS(ctx, from.Addr(), buf[:n]); resp != nil {
 				if len(resp) > 512 {
 					resp = truncate(resp)
@@ -225,6 +248,17 @@ func (p *Proxy) serveDNSTCP(ctx context.Context, ln *net.TCPListener, wg *sync.W
 		if err != nil {
 			return
 		}
+		src := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr().Unmap()
+		st, _, known := p.snapshot(src)
+		if !known {
+			c.Close()
+			continue
+		}
+		if !p.acquireConn(st) {
+			p.limitHit(st, "dns", "connections", p.cfg.MaxConns)
+			c.Close()
+			continue
+		}
 		mu.Lock()
 		open[c] = struct{}{}
 		mu.Unlock()
@@ -234,8 +268,8 @@ func (p *Proxy) serveDNSTCP(ctx context.Context, ln *net.TCPListener, wg *sync.W
 				delete(open, c)
 				mu.Unlock()
 				c.Close()
+				p.releaseConn(st)
 			}()
-			src := netip.MustParseAddrPort(c.RemoteAddr().String()).Addr()
 			for {
 				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 				var l [2]byte
@@ -246,7 +280,12 @@ func (p *Proxy) serveDNSTCP(ctx context.Context, ln *net.TCPListener, wg *sync.W
 				if _, err := io.ReadFull(c, msg); err != nil {
 					return
 				}
+				release, ok := p.admitDNS(src)
+				if !ok {
+					return
+				}
 				resp := p.answerDNS(ctx, src, msg)
+				release()
 				if resp == nil {
 					return
 				}

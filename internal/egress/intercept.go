@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 )
@@ -40,15 +41,28 @@ func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, po
 		writeStatus(down, http.StatusBadGateway, "berth egress: upstream TLS to "+host+" failed")
 		return 0, 0, err
 	}
-	br := bufio.NewReader(down)
+	lim := &headLimit{r: down}
+	br := bufio.NewReader(lim)
 	ubr := bufio.NewReader(upTLS)
 	for {
+		lim.n = maxRequestHead
 		req, err := http.ReadRequest(br)
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 				return 0, 0, nil
 			}
 			return 0, 0, err
+		}
+		lim.n = -1
+		if !originForm(req) {
+			p.refuseRequest(down, st, Query{Port: port, Host: host}, requestHost(req), "bad-request-target", "request target "+strconv.Quote(req.RequestURI)+" not relayed")
+			return 0, 0, errHostChanged
+		}
+		if rh := requestHost(req); rh != "" && rh != host {
+			// Domain fronting: the TLS name is allowed (and carries the
+			// grant), the Host inside names another.
+			p.refuseRequest(down, st, Query{Port: port, Host: host}, rh, "host-mismatch", "Host differs from TLS SNI "+strconv.Quote(host))
+			return 0, 0, errHostChanged
 		}
 		req.Host = hostPort(host, port)
 		injectGrants(req, p.grantsFor(st, host))

@@ -108,6 +108,11 @@ func ParseRule(s string) (Rule, error) {
 	if err := validHostname(name); err != nil {
 		return bad("%v", err)
 	}
+	if _, err := netip.ParseAddr(name); err == nil && kind == RuleHost {
+		// "1.2.3.4." is neither a name (hostname rules never match an IP
+		// literal) nor, as written, an address.
+		return bad("an IP address with a trailing dot; write it without")
+	}
 	return Rule{Kind: kind, Host: name, Port: port}, nil
 }
 
@@ -246,6 +251,13 @@ func UnmarshalPolicy(b []byte) (Policy, error) {
 			return Policy{}, err
 		}
 		return Policy{}, errs.Wrap(errs.InvalidArgument, err, "network policy")
+	}
+	// One form for "no rules", so a policy compares equal to its round trip.
+	if len(p.Allow) == 0 {
+		p.Allow = nil
+	}
+	if len(p.Deny) == 0 {
+		p.Deny = nil
 	}
 	return p, p.Validate()
 }

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -109,22 +110,63 @@ func TestDecide(t *testing.T) {
 }
 
 func TestIPAllowed(t *testing.T) {
-	pol := mustPolicy(t, Rules, []string{"example.test", "192.168.7.0/24"}, []string{"203.0.113.5"})
+	// A tenant's CIDR rule for a private range does not open it; only the
+	// server's AllowPrivate does.
+	pol := mustPolicy(t, Rules, []string{"example.test", "192.168.7.0/24"}, []string{"203.0.113.5", "10.9.9.9"})
+	open := []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16"), netip.MustParsePrefix("169.254.169.254/32")}
 	tests := []struct {
-		ip           string
-		ok, explicit bool
+		ip               string
+		closed, withOpen bool
 	}{
-		{"203.0.113.10", true, false},
-		{"203.0.113.5", false, false},
+		{"203.0.113.10", true, true},
+		{"203.0.113.5", false, false}, // deny rule
 		{"10.1.2.3", false, false},
-		{"192.168.7.9", true, true},
+		{"10.9.1.2", false, true},
+		{"10.9.9.9", false, false}, // deny rule beats the server's opening
+		{"192.168.7.9", false, false},
 		{"127.0.0.1", false, false},
-		{"169.254.169.254", false, false},
+		{"169.254.169.254", false, true},
+		{"169.254.1.1", false, false},
+		{"fe80::1", false, false},
 	}
 	for _, tc := range tests {
-		ok, explicit := pol.ipAllowed(netip.MustParseAddr(tc.ip), 443)
-		if ok != tc.ok || explicit != tc.explicit {
-			t.Errorf("ipAllowed(%s) = %v,%v want %v,%v", tc.ip, ok, explicit, tc.ok, tc.explicit)
+		ip := netip.MustParseAddr(tc.ip)
+		if got := pol.ipAllowed(ip, 443, nil); got != tc.closed {
+			t.Errorf("ipAllowed(%s, nil) = %v, want %v", tc.ip, got, tc.closed)
+		}
+		if got := pol.ipAllowed(ip, 443, open); got != tc.withOpen {
+			t.Errorf("ipAllowed(%s, %v) = %v, want %v", tc.ip, open, got, tc.withOpen)
+		}
+	}
+}
+
+func TestCheckRanges(t *testing.T) {
+	open := []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
+	tests := []struct {
+		allow []string
+		bad   string // "" = accepted
+	}{
+		{[]string{"203.0.113.0/24", "example.test", "*.example.test:443"}, ""},
+		{[]string{"0.0.0.0/0"}, ""},            // wider than any private range: private parts stay closed at dial time
+		{[]string{"10.9.1.0/24:5432"}, ""},     // inside the server's opening
+		{[]string{"10.0.0.0/8"}, "10.0.0.0/8"}, // wider than the opening
+		{[]string{"192.168.1.10"}, "192.168.1.10"},
+		{[]string{"169.254.169.254"}, "169.254.169.254"},
+		{[]string{"100.64.0.0/16"}, "100.64.0.0/16"},
+		{[]string{"fd00::/8"}, "fd00::/8"},
+		{[]string{"127.0.0.1"}, "127.0.0.1"},
+	}
+	for _, tc := range tests {
+		pol := mustPolicy(t, Rules, tc.allow, []string{"10.0.0.0/8"}) // deny rules may name anything
+		err := CheckRanges(pol, open)
+		if tc.bad == "" {
+			if err != nil {
+				t.Errorf("CheckRanges(%v) = %v, want nil", tc.allow, err)
+			}
+			continue
+		}
+		if !errs.Is(err, errs.InvalidArgument) || errs.FieldOf(err) != "allow" || !strings.Contains(err.Error(), tc.bad) {
+			t.Errorf("CheckRanges(%v) = %v (field %q), want InvalidArgument on field allow naming %s", tc.allow, err, errs.FieldOf(err), tc.bad)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -56,6 +57,23 @@ type Config struct {
 	PeekTimeout time.Duration
 	// DialTimeout bounds an upstream dial; default 10s.
 	DialTimeout time.Duration
+	// AllowPrivate are the private and link-local ranges the operator opens
+	// to sandboxes (berth serve --allow-private-egress). Outside them no
+	// sandbox reaches a private address, whatever its rules.
+	AllowPrivate []netip.Prefix
+	// UpstreamDNS, when set, is the resolver the proxy asks for names the
+	// hosts file does not hold, instead of the host's /etc/resolv.conf.
+	UpstreamDNS netip.AddrPort
+	// Per-sandbox caps, so that one sandbox cannot take the proxy's or the
+	// resolver's goroutines and descriptors from the others. Zero means the
+	// default; see DefaultLimits.
+	MaxConns       int // concurrent proxied TCP connections (and DNS-over-TCP)
+	MaxDNSInFlight int // DNS queries being answered at once
+	DNSQPS         int // DNS queries per second (burst: twice that)
+	// OnLimit is called (at most every LimitReportEvery per sandbox and
+	// limit) when a sandbox hits a cap; limit is "connections",
+	// "dns_inflight" or "dns_rate". It must not block. Optional.
+	OnLimit func(sandboxID, limit string, max int)
 	// Sink receives every decision; it must not block for long. Optional.
 	Sink func(Decision)
 	Log  *slog.Logger
@@ -86,6 +104,13 @@ type sandboxState struct {
 	policy Policy
 	grants []Grant
 	conns  map[*activeConn]struct{}
+
+	// Guarded by Proxy.mu: usage against the per-sandbox caps.
+	nconns     int // accepted TCP connections not yet closed (peeking included)
+	dnsActive  int
+	dnsTokens  float64
+	dnsRefill  time.Time
+	limitShown map[string]time.Time
 }
 
 type activeConn struct {
@@ -111,6 +136,26 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	def := DefaultLimits()
+	for _, l := range []struct {
+		v    *int
+		def  int
+		name string
+	}{{&cfg.MaxConns, def.MaxConns, "egress_max_conns_per_sandbox"}, {&cfg.MaxDNSInFlight, def.MaxDNSInFlight, "egress_max_dns_inflight_per_sandbox"},
+		{&cfg.DNSQPS, def.DNSQPS, "egress_dns_qps_per_sandbox"}} {
+		if *l.v < 0 {
+			return nil, errs.Field(l.name, "must not be negative, got %d", *l.v)
+		}
+		if *l.v == 0 {
+			*l.v = l.def
+		}
+	}
+	for i, pfx := range cfg.AllowPrivate {
+		if !pfx.IsValid() {
+			return nil, errs.Field("allow_private_egress", "invalid prefix %v", pfx)
+		}
+		cfg.AllowPrivate[i] = pfx.Masked()
+	}
 	roots, err := x509.SystemCertPool()
 	if err != nil || roots == nil {
 		roots = x509.NewCertPool()
@@ -125,9 +170,34 @@ func New(cfg Config) (*Proxy, error) {
 		}
 	}
 	return &Proxy{
-		cfg: cfg, log: cfg.Log, res: newResolver(cfg.HostsFile), upRoots: roots, localTTL: 5 * time.Second,
+		cfg: cfg, log: cfg.Log, res: newResolver(cfg.HostsFile, cfg.UpstreamDNS), upRoots: roots, localTTL: 5 * time.Second,
 		byIP: map[netip.Addr]*sandboxState{}, byID: map[string]*sandboxState{}, ready: make(chan struct{}),
 	}, nil
+}
+
+// Limits are the per-sandbox caps of a Proxy.
+type Limits struct{ MaxConns, MaxDNSInFlight, DNSQPS int }
+
+// DefaultLimits are the caps used where Config leaves them zero: generous
+// for one agent, small against the host's file descriptor limit.
+func DefaultLimits() Limits { return Limits{MaxConns: 256, MaxDNSInFlight: 32, DNSQPS: 100} }
+
+// LimitReportEvery is how often, at most, a sandbox's hitting one cap is
+// reported (OnLimit and the egress log): a flood must not flood the log.
+const LimitReportEvery = 10 * time.Second
+
+// OpenPrivate returns the private ranges the server opened (Config.AllowPrivate).
+func (p *Proxy) OpenPrivate() []netip.Prefix {
+	return append([]netip.Prefix(nil), p.cfg.AllowPrivate...)
+}
+
+// CheckPolicy refuses a tenant's policy whose allow rules name a private or
+// link-local range the server did not open (see CheckRanges).
+func (p *Proxy) CheckPolicy(pol Policy) error {
+	if err := pol.Validate(); err != nil {
+		return err
+	}
+	return CheckRanges(pol, p.cfg.AllowPrivate)
 }
 
 // SetSandbox registers a sandbox's address and policy, or replaces its
@@ -142,7 +212,7 @@ func (p *Proxy) SetSandbox(id string, ip netip.Addr, pol Policy) error {
 	p.mu.Lock()
 	st := p.byID[id]
 	if st == nil {
-		st = &sandboxState{id: id, conns: map[*activeConn]struct{}{}}
+		st = &sandboxState{id: id, conns: map[*activeConn]struct{}{}, limitShown: map[string]time.Time{}}
 		p.byID[id] = st
 	}
 	if st.ip.IsValid() && st.ip != ip {
@@ -171,8 +241,7 @@ func (p *Proxy) stillAllowedLocked(pol Policy, c *activeConn) bool {
 	if !Decide(pol, c.q).Allow {
 		return false
 	}
-	ok, _ := pol.ipAllowed(c.upIP, c.q.Port)
-	return ok
+	return pol.ipAllowed(c.upIP, c.q.Port, p.cfg.AllowPrivate)
 }
 
 // SetGrants replaces the credentials granted to a registered sandbox.
@@ -249,6 +318,70 @@ func (p *Proxy) track(st *sandboxState, c *activeConn) bool {
 	}
 	st.conns[c] = struct{}{}
 	return true
+}
+
+// acquireConn counts one more open connection of st against its cap.
+func (p *Proxy) acquireConn(st *sandboxState) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st.nconns >= p.cfg.MaxConns {
+		return false
+	}
+	st.nconns++
+	return true
+}
+
+func (p *Proxy) releaseConn(st *sandboxState) {
+	p.mu.Lock()
+	st.nconns--
+	p.mu.Unlock()
+}
+
+// acquireDNS admits one query of st against its in-flight and rate caps;
+// limit names the cap that refused it.
+func (p *Proxy) acquireDNS(st *sandboxState, now time.Time) (ok bool, limit string, max int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	burst := float64(2 * p.cfg.DNSQPS)
+	if st.dnsRefill.IsZero() {
+		st.dnsTokens = burst
+	} else {
+		st.dnsTokens = min(burst, st.dnsTokens+now.Sub(st.dnsRefill).Seconds()*float64(p.cfg.DNSQPS))
+	}
+	st.dnsRefill = now
+	if st.dnsTokens < 1 {
+		return false, "dns_rate", p.cfg.DNSQPS
+	}
+	if st.dnsActive >= p.cfg.MaxDNSInFlight {
+		return false, "dns_inflight", p.cfg.MaxDNSInFlight
+	}
+	st.dnsTokens--
+	st.dnsActive++
+	return true, "", 0
+}
+
+func (p *Proxy) releaseDNS(st *sandboxState) {
+	p.mu.Lock()
+	st.dnsActive--
+	p.mu.Unlock()
+}
+
+// limitHit reports that st hit a cap, at most every LimitReportEvery.
+func (p *Proxy) limitHit(st *sandboxState, proto, limit string, max int) {
+	now := time.Now()
+	p.mu.Lock()
+	if last, ok := st.limitShown[limit]; ok && now.Sub(last) < LimitReportEvery {
+		p.mu.Unlock()
+		return
+	}
+	st.limitShown[limit] = now
+	p.mu.Unlock()
+	p.log.Warn("egress: sandbox hit a cap", "sandbox_id", st.id, "limit", limit, "max", max)
+	p.emit(Decision{Time: now, SandboxID: st.id, Proto: proto, Verdict: "deny", Rule: "limit:" + limit,
+		Reason: "per-sandbox cap of " + strconv.Itoa(max) + " reached"})
+	if p.cfg.OnLimit != nil {
+		p.cfg.OnLimit(st.id, limit, max)
+	}
 }
 
 func (p *Proxy) untrack(st *sandboxState, c *activeConn) {
@@ -364,7 +497,7 @@ func (p *Proxy) emit(d Decision) {
 // dialable is the last check before any upstream dial.
 func (p *Proxy) dialable(pol Policy, ip netip.Addr, port uint16) bool {
 	ip = ip.Unmap()
-	if ok, _ := pol.ipAllowed(ip, port); !ok {
+	if !pol.ipAllowed(ip, port, p.cfg.AllowPrivate) {
 		return false
 	}
 	return !inAny(p.cfg.Blocked, ip) && !p.isLocal(ip)

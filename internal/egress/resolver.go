@@ -26,11 +26,20 @@ type resolver struct {
 	hosts   map[string][]netip.Addr
 }
 
-func newResolver(hostsFile string) *resolver {
+// newResolver reads hostsFile (default /etc/hosts) first, then asks
+// upstream, or the host's resolvers when upstream is not set.
+func newResolver(hostsFile string, upstream netip.AddrPort) *resolver {
 	if hostsFile == "" {
 		hostsFile = "/etc/hosts"
 	}
-	return &resolver{hostsFile: hostsFile, upstream: &net.Resolver{PreferGo: true}}
+	r := &net.Resolver{PreferGo: true}
+	if upstream.IsValid() {
+		r.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, upstream.String())
+		}
+	}
+	return &resolver{hostsFile: hostsFile, upstream: r}
 }
 
 // errNoSuchHost marks a name that does not exist (NXDOMAIN).

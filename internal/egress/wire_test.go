@@ -49,18 +49,19 @@ func TestDNSCodec(t *testing.T) {
 
 func TestPeek(t *testing.T) {
 	tests := []struct {
-		name    string
-		send    func(c net.Conn)
-		wantTLS bool
-		host    string
+		name     string
+		send     func(c net.Conn)
+		wantTLS  bool
+		wantHTTP bool
+		host     string
 	}{
 		{"tls sni", func(c net.Conn) {
 			_ = tls.Client(c, &tls.Config{ServerName: "api.example.test"}).Handshake()
-		}, true, "api.example.test"},
+		}, true, false, "api.example.test"},
 		{"http host", func(c net.Conn) {
 			_, _ = c.Write([]byte("GET /x HTTP/1.1\r\nHost: web.example.test:8080\r\n\r\n"))
-		}, false, "web.example.test"},
-		{"garbage", func(c net.Conn) { _, _ = c.Write([]byte("SSH-2.0-OpenSSH\r\n")) }, false, ""},
+		}, false, true, "web.example.test"},
+		{"garbage", func(c net.Conn) { _, _ = c.Write([]byte("SSH-2.0-OpenSSH\r\n")) }, false, false, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,12 +69,12 @@ func TestPeek(t *testing.T) {
 			done := make(chan struct{})
 			go func() { defer close(done); tc.send(a) }()
 			_ = b.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-			isTLS, host, head := peek(b)
+			isTLS, isHTTP, host, head := peek(b)
 			b.Close()
 			a.Close()
 			<-done
-			if isTLS != tc.wantTLS || host != tc.host || len(head) == 0 {
-				t.Errorf("peek = %v %q (%d bytes), want %v %q", isTLS, host, len(head), tc.wantTLS, tc.host)
+			if isTLS != tc.wantTLS || isHTTP != tc.wantHTTP || host != tc.host || len(head) == 0 {
+				t.Errorf("peek = tls %v http %v %q (%d bytes), want %v %v %q", isTLS, isHTTP, host, len(head), tc.wantTLS, tc.wantHTTP, tc.host)
 			}
 		})
 	}
@@ -85,18 +86,20 @@ func TestInjectGrants(t *testing.T) {
 	if err := g.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	u, _ := url.Parse("/repos?token=" + g.Placeholder)
+	u, _ := url.Parse("/repos/" + g.Placeholder + "?token=" + g.Placeholder)
 	req := &http.Request{URL: u, Header: http.Header{
 		"Authorization": {"token " + g.Placeholder},
 		"X-Other":       {"a " + g.Placeholder + " b"},
 	}}
 	injectGrants(req, []Grant{g})
-	want := http.Header{"Authorization": {"Bearer real-token"}, "X-Other": {"a real-token b"}}
+	// Only the configured header carries the value: a server that echoes
+	// the path, the query or another header must see the placeholder.
+	want := http.Header{"Authorization": {"Bearer real-token"}, "X-Other": {"a " + g.Placeholder + " b"}}
 	if diff := cmp.Diff(want, req.Header); diff != "" {
 		t.Errorf("(-want +got)\n%s", diff)
 	}
-	if req.URL.RawQuery != "token=real-token" {
-		t.Errorf("query %q", req.URL.RawQuery)
+	if req.URL.RawQuery != "token="+g.Placeholder || req.URL.Path != "/repos/"+g.Placeholder {
+		t.Errorf("path %q query %q: the placeholder was replaced", req.URL.Path, req.URL.RawQuery)
 	}
 	for _, bad := range []Grant{{}, {Name: "X", Host: "h.test", HeaderTemplate: "Bearer {{value}}", Placeholder: g.Placeholder}} {
 		if err := bad.Validate(); err == nil {

@@ -139,6 +139,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	plan := PlanConfig{Table: cfg.Table, Bridge: cfg.BridgeName, VethPrefix: cfg.VethPrefix,
 		Subnet: cfg.Subnet, Gateway: cfg.Gateway(), ProxyPort: cfg.ProxyPort, DNSPort: cfg.DNSPort}
+	if cfg.Egress != nil {
+		plan.OpenPrivate = cfg.Egress.OpenPrivate()
+	}
 	if err := checkPlanConfig(plan); err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, err, "network config")
 	}

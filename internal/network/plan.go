@@ -19,6 +19,10 @@ type PlanConfig struct {
 	Gateway    netip.Addr
 	ProxyPort  uint16
 	DNSPort    uint16
+	// OpenPrivate are the private/link-local ranges the operator opened
+	// (berth serve --allow-private-egress); every other private address is
+	// dropped whatever a sandbox's rules say.
+	OpenPrivate []netip.Prefix
 }
 
 // SandboxNet is one attached sandbox as the ruleset sees it.
@@ -108,6 +112,17 @@ func Plan(cfg PlanConfig, sbs []SandboxNet) (string, error) {
 	w(2, "type ipv4_addr; flags interval;")
 	w(2, "elements = { %s }", joinPrefixes(v4(egress.PrivatePrefixes())))
 	w(1, "}")
+	open4 := v4(cfg.OpenPrivate)
+	if len(open4) > 0 {
+		w(1, "set openprivate4 {")
+		w(2, "type ipv4_addr; flags interval;")
+		w(2, "elements = { %s }", joinPrefixes(open4))
+		w(1, "}")
+	}
+	privateDrop := "ip daddr @private4 drop"
+	if len(open4) > 0 {
+		privateDrop = "ip daddr @private4 ip daddr != @openprivate4 drop"
+	}
 	w(1, "chain prerouting {")
 	w(2, "type nat hook prerouting priority dstnat; policy accept;")
 	if len(sbs) > 0 {
@@ -154,13 +169,14 @@ func Plan(cfg PlanConfig, sbs []SandboxNet) (string, error) {
 					w(2, "%s drop", m)
 				}
 			}
+			// A tenant rule never opens a private range; the operator may.
+			w(2, "%s", privateDrop)
 			for _, r := range p.Allow {
 				if m, ok := ipMatch(r); ok {
 					w(2, "%s accept", m)
 				}
 			}
 			if p.Mode == egress.AllowAll {
-				w(2, "ip daddr @private4 drop")
 				w(2, "accept")
 			}
 		}

@@ -37,21 +37,28 @@ func TestPlanGolden(t *testing.T) {
 	tests := []struct {
 		name string
 		sbs  []SandboxNet
+		open []netip.Prefix // PlanConfig.OpenPrivate
 	}{
-		{"empty", nil},
-		{"deny-all", []SandboxNet{{ID: "a1", IP: netip.MustParseAddr("10.88.0.2"), Veth: "bva1", Policy: egress.Policy{Mode: egress.DenyAll}}}},
+		{"empty", nil, nil},
+		{"deny-all", []SandboxNet{{ID: "a1", IP: netip.MustParseAddr("10.88.0.2"), Veth: "bva1", Policy: egress.Policy{Mode: egress.DenyAll}}}, nil},
 		{"allow-all", []SandboxNet{{ID: "a1", IP: netip.MustParseAddr("10.88.0.2"), Veth: "bva1",
-			Policy: policy(t, "allow-all", nil, []string{"198.51.100.0/24:53", "*.evil.test"})}}},
+			Policy: policy(t, "allow-all", nil, []string{"198.51.100.0/24:53", "*.evil.test"})}}, nil},
 		{"rules", []SandboxNet{
 			{ID: "zz9", IP: netip.MustParseAddr("10.88.0.3"), Veth: "bvzz9", Policy: policy(t, "rules",
 				[]string{"api.github.com:443", "*.pypi.org", "203.0.113.0/24", "198.51.100.7:123", "2001:db8::/32"},
 				[]string{"203.0.113.66"})},
 			{ID: "a1", IP: netip.MustParseAddr("10.88.0.2"), Veth: "bva1", Policy: egress.Policy{Mode: egress.DenyAll}},
-		}},
+		}, nil},
+		// The operator opened one private range; the tenant names part of it.
+		{"open-private", []SandboxNet{{ID: "a1", IP: netip.MustParseAddr("10.88.0.2"), Veth: "bva1",
+			Policy: policy(t, "rules", []string{"192.168.50.0/24:5432"}, nil)}},
+			[]netip.Prefix{netip.MustParsePrefix("192.168.50.0/24"), netip.MustParsePrefix("fd00::/8")}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Plan(testPlanConfig(), tc.sbs)
+			cfg := testPlanConfig()
+			cfg.OpenPrivate = tc.open
+			got, err := Plan(cfg, tc.sbs)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,8 +19,9 @@ type Duration time.Duration
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var n float64
 	if err := json.Unmarshal(b, &n); err == nil {
-		*d = Duration(time.Duration(n * float64(time.Second)))
-		return nil
+		v, err := seconds(n, 1)
+		*d = Duration(v)
+		return err
 	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
@@ -36,15 +38,29 @@ func ParseDuration(s string) (time.Duration, error) {
 		return 0, nil
 	}
 	if n, err := strconv.ParseFloat(s, 64); err == nil {
-		return time.Duration(n * float64(time.Second)), nil
+		return seconds(n, 1)
 	}
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseFloat(days, 64)
 		if err == nil {
-			return time.Duration(n * 24 * float64(time.Hour)), nil
+			return seconds(n, 24*60*60)
 		}
 	}
-	return time.ParseDuration(s)
+	d, err := time.ParseDuration(s)
+	if err == nil && d < 0 {
+		return 0, errs.E(errs.InvalidArgument, "%q is negative", s)
+	}
+	return d, err
+}
+
+// seconds is n units of unit seconds, refused when negative, not a number
+// or beyond what a time.Duration holds (a float would wrap around).
+func seconds(n, unit float64) (time.Duration, error) {
+	v := n * unit * float64(time.Second)
+	if math.IsNaN(v) || v < 0 || v >= math.MaxInt64 {
+		return 0, errs.E(errs.InvalidArgument, "%v is not a duration between 0 and 290 years", n)
+	}
+	return time.Duration(v), nil
 }
 
 // CreateRequest is the body of POST /v1/sandboxes.

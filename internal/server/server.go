@@ -220,10 +220,16 @@ func decode(r *http.Request, v any) error {
 		}
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
+			if te.Field == "" { // the body itself is not an object
+				return errs.Field("body", "must be a JSON object, got %s", te.Value)
+			}
 			return errs.Field(te.Field, "must be a %s", te.Type)
 		}
 		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return errs.Field(strings.Trim(f, `"`), "unknown field")
+			if name := strings.Trim(f, `"`); name != "" {
+				return errs.Field(name, "unknown field")
+			}
+			return errs.Field("body", "unknown field %s", f)
 		}
 		return errs.Field("body", "invalid JSON: %v", err)
 	}

@@ -166,7 +166,8 @@ func (n *internet) startServers(t *testing.T, ns string) {
 		t.Fatal(err)
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "host=%s auth=%s xkey=%s\n", r.Host, authState(r.Header.Get("Authorization")), authState(r.Header.Get("X-Key")))
+		fmt.Fprintf(w, "host=%s auth=%s xkey=%s uri=%s\n", r.Host, authState(r.Header.Get("Authorization")),
+			authState(r.Header.Get("X-Key")), authState(r.URL.RequestURI()))
 	})
 	var plain, secure net.Listener
 	err = testutil.InNetns(ns, func() error {
@@ -376,12 +377,13 @@ func TestNetworkSecretInjection(t *testing.T) {
 	if strings.Contains(env, testToken) || !strings.Contains(env, "TOKEN=berth-secret-token-") {
 		t.Fatalf("env inside the sandbox: %s", env)
 	}
-	// The proxy injects the header, and swaps the placeholder wherever the
-	// sandbox put it, only for the secret's host.
+	// The proxy injects the configured header, only for the secret's host;
+	// the placeholder anywhere else stays a placeholder (a server echoing
+	// that header back must not hand the secret to the sandbox).
 	s.installFetch(id, inet)
 	got, ok := s.fetchTLS(id, "https://secret.test/", "X-Key: $TOKEN")
-	if !ok || !strings.Contains(got, "auth=real") || !strings.Contains(got, "xkey=real") {
-		t.Errorf("secret.test saw %q, want auth=real xkey=real", got)
+	if !ok || !strings.Contains(got, "auth=real") || !strings.Contains(got, "xkey=placeholder") {
+		t.Errorf("secret.test saw %q, want auth=real xkey=placeholder", got)
 	}
 	got, ok = s.fetchTLS(id, "https://good.test/", "X-Key: $TOKEN")
 	if !ok || !strings.Contains(got, "auth=none") || !strings.Contains(got, "xkey=placeholder") {

@@ -1,17 +1,33 @@
-// Command fetch is the e2e tests' HTTPS client inside a sandbox (busybox
-// wget's TLS cannot talk to Go servers): fetch [-H 'K: V']... URL prints
-// the body and exits 1 on any error. It trusts the system roots, which Go
-// reads from SSL_CERT_FILE / SSL_CERT_DIR. A header value "$NAME" is taken
-// from the environment.
+// Command fetch is the e2e tests' HTTP(S) client inside a sandbox (busybox
+// wget's TLS cannot talk to Go servers). It trusts the system roots, which
+// Go reads from SSL_CERT_FILE / SSL_CERT_DIR.
+//
+//	fetch [-H 'K: V']... URL[|HOST]...
+//	    GETs each URL in turn on one client, so a second URL to the same
+//	    server reuses the kept-alive connection ("[reused]" is printed
+//	    then); |HOST sends that Host header instead of the URL's. "$NAME"
+//	    in a header value or a URL is taken from the environment. Prints
+//	    the bodies; exits 1 if any request fails or is not a 200.
+//	fetch -hold N -for D ADDR
+//	    opens N TCP connections to ADDR at once, keeps them for D, and
+//	    prints "open K": how many the far side had not closed or reset.
+//	fetch -lookup N PATTERN
+//	    resolves N names (PATTERN with %d) at once and prints "resolved K".
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -23,26 +39,99 @@ func (h *headers) Set(v string) error { *h = append(*h, v); return nil }
 func main() {
 	var hs headers
 	flag.Var(&hs, "H", "header K: V (repeatable)")
+	hold := flag.Int("hold", 0, "open this many TCP connections to ADDR and hold them")
+	holdFor := flag.Duration("for", 10*time.Second, "how long -hold keeps its connections")
+	lookup := flag.Int("lookup", 0, "resolve this many names from PATTERN at once")
 	flag.Parse()
-	req, err := http.NewRequest("GET", flag.Arg(0), nil)
-	if err != nil {
-		fmt.Println(err)
-		os.Exit(1)
+	switch {
+	case *hold > 0:
+		holdConns(*hold, *holdFor, flag.Arg(0))
+	case *lookup > 0:
+		lookupNames(*lookup, flag.Arg(0))
+	default:
+		os.Exit(get(hs, flag.Args()))
 	}
-	for _, h := range hs {
-		k, v, _ := strings.Cut(h, ":")
-		req.Header.Set(strings.TrimSpace(k), os.ExpandEnv(strings.TrimSpace(v)))
-	}
+}
+
+func get(hs headers, targets []string) int {
 	c := &http.Client{Timeout: 15 * time.Second}
-	resp, err := c.Do(req)
-	if err != nil {
-		fmt.Println(err)
-		os.Exit(1)
+	code := 0
+	for _, target := range targets {
+		url, host, _ := strings.Cut(target, "|")
+		req, err := http.NewRequest("GET", os.ExpandEnv(url), nil)
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		if host != "" {
+			req.Host = host
+		}
+		for _, h := range hs {
+			k, v, _ := strings.Cut(h, ":")
+			req.Header.Set(strings.TrimSpace(k), os.ExpandEnv(strings.TrimSpace(v)))
+		}
+		reused := false
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
+		}))
+		resp, err := c.Do(req)
+		if reused {
+			fmt.Println("[reused]")
+		}
+		if err != nil {
+			fmt.Println(err)
+			code = 1
+			continue
+		}
+		_, _ = io.Copy(os.Stdout, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			fmt.Println("HTTP", resp.StatusCode)
+			code = 1
+		}
 	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(os.Stdout, resp.Body)
-	if resp.StatusCode != 200 {
-		fmt.Println("HTTP", resp.StatusCode)
-		os.Exit(1)
+	return code
+}
+
+func holdConns(n int, d time.Duration, addr string) {
+	var open atomic.Int32
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			// Still open after the proxy's peek and dial: a read times out.
+			_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			var b [1]byte
+			if _, err := c.Read(b[:]); err != nil {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					open.Add(1)
+					time.Sleep(d)
+				}
+			}
+		})
 	}
+	wg.Wait()
+	fmt.Println("open", open.Load())
+}
+
+func lookupNames(n int, pattern string) {
+	var ok atomic.Int32
+	var wg sync.WaitGroup
+	r := &net.Resolver{PreferGo: true}
+	for i := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := r.LookupNetIP(ctx, "ip4", fmt.Sprintf(pattern, i)); err == nil {
+				ok.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("resolved", ok.Load())
 }

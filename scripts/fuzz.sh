@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every Go fuzz target for a bounded time each (FUZZTIME, default 10s),
+# one after the other. Targets fuzz what a tenant controls: REST and E2B
+# request bodies, agent answers and events, Dockerfiles, tar imports, DNS
+# packets and the egress proxy's HTTP relay. A crasher is written to the
+# package's testdata/fuzz/ and fails the run; commit it with the fix, it
+# then runs as a regression test in every `go test`.
+#
+#   FUZZTIME=1m bash scripts/fuzz.sh            # longer
+#   bash scripts/fuzz.sh ./internal/egress      # one package
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$PATH"
+FUZZTIME=${FUZZTIME:-10s}
+
+failed=()
+for pkg in $(go list -f '{{.Dir}}' "${@:-./...}"); do
+	# Fuzz targets are top-level `func FuzzX(f *testing.F)` in _test.go files.
+	targets=$(grep -hoE '^func Fuzz[A-Za-z0-9_]+\(f \*testing\.F\)' "$pkg"/*_test.go 2>/dev/null |
+		sed -E 's/^func (Fuzz[A-Za-z0-9_]+).*/\1/' | sort -u) || true
+	rel=./${pkg#"$PWD"/}
+	for t in $targets; do
+		printf '[fuzz] %s %s (%s)\n' "$rel" "$t" "$FUZZTIME" >&2
+		if ! go test -run '^$' -fuzz "^${t}\$" -fuzztime "$FUZZTIME" "$rel"; then
+			failed+=("$rel:$t")
+		fi
+	done
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+	echo "[fuzz] FAILED: ${failed[*]}" >&2
+	exit 1
+fi
+echo "[fuzz] all targets passed" >&2
