@@ -17,10 +17,13 @@ import (
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
-// EnvdVersion is the envd version berth reports. 0.5.7 enables raw
-// (octet-stream, gzip) uploads and closeStdin in the SDK and keeps it away
-// from metadata headers (0.6.2) and watch includeEntry (0.6.3).
-const EnvdVersion = "0.5.7"
+// EnvdVersion is the envd version berth reports; the SDK gates features on
+// it. 0.5.7 enables raw (octet-stream, gzip) uploads and closeStdin, 0.6.3
+// watch includeEntry and 0.6.4 watch allowNetworkMounts. 0.6.2 also lets
+// the SDK send file metadata headers (X-Metadata-*), which berth does not
+// store yet: an upload carrying them is refused rather than silently
+// losing them (envd_files.go).
+const EnvdVersion = "0.6.4"
 
 // clientID is the deprecated, required Sandbox.clientID; E2B always sends this.
 const clientID = "6532622b"
