@@ -85,6 +85,7 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 			if ctxErr := streamCtxError(ctx); ctxErr != nil {
 				return ctxErr
 			}
+			f.s.abortIfGone(ctx)
 			if errors.Is(err, io.EOF) {
 				return connect.NewError(connect.CodeUnavailable, errors.New("sandbox agent closed the watch stream"))
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // EnvdVersion is the envd version berth reports; the SDK gates features on
@@ -43,6 +44,15 @@ type Backend interface {
 	EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, error)
 	Authenticate(ctx context.Context, apiKey string) (daemon.Principal, error)
 	MemoryPauseSupported(runtimeName string) bool
+	SandboxStats(ctx context.Context, owner, id string) (daemon.SandboxStats, error)
+
+	// Snapshots and fork (cp_snapshots.go).
+	Snapshot(ctx context.Context, req daemon.SnapshotRequest) (store.Snapshot, error)
+	GetSnapshot(ctx context.Context, owner, id string) (store.Snapshot, error)
+	ListSnapshots(ctx context.Context, owner string) ([]store.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, owner, id string) error
+	Fork(ctx context.Context, owner, id, actor string, count int) (daemon.ForkResult, error)
+	Store() store.Store
 }
 
 // Options configure the E2B surface. Zero values are usable.
@@ -67,6 +77,8 @@ type Server struct {
 	opts Options
 	cp   http.Handler
 	envd http.Handler
+
+	metrics metricsHistory
 }
 
 // New builds the E2B surface over d.
