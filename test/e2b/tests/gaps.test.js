@@ -143,15 +143,30 @@ test('list: startedAfter, and paused sandboxes page by page', async () => {
   const md = { run: runId, suite }
   const after = await Sandbox.list({ ...opts, query: { metadata: md, startedAfter: cut } }).nextItems()
   assert.deepEqual(after.map((s) => s.sandboxId).sort(), [b.sandboxId, c.sandboxId].sort())
-  for (const s of [a, b, c]) assert.equal(await s.pause(), true)
-  const seen = []
-  const p = Sandbox.list({ ...opts, limit: 1, query: { metadata: md, state: ['paused'] } })
-  while (p.hasNext) {
-    const page = await p.nextItems()
-    assert.ok(page.length <= 1)
-    for (const s of page) { assert.equal(s.state, 'paused'); seen.push(s.sandboxId) }
+  // Running and paused together, one per page, newest first: c b a.
+  assert.equal(await c.pause(), true)
+  const mixed = Sandbox.list({ ...opts, limit: 1, query: { metadata: md, state: ['running', 'paused'] } })
+  const order = []
+  for (const want of [[c, 'paused'], [b, 'running'], [a, 'running']]) {
+    assert.ok(mixed.hasNext)
+    const page = await mixed.nextItems()
+    assert.deepEqual(page.map((s) => [s.sandboxId, s.state]), [[want[0].sandboxId, want[1]]])
+    order.push(page[0].sandboxId)
   }
-  assert.deepEqual(seen.sort(), [a, b, c].map((s) => s.sandboxId).sort())
+  // The last full page carries no token: the SDK's hasNext is "header present".
+  assert.equal(mixed.hasNext, false)
+  assert.equal(mixed.nextToken, undefined)
+  for (const s of [a, b]) assert.equal(await s.pause(), true)
+  const p = Sandbox.list({ ...opts, limit: 1, query: { metadata: md, state: ['paused'] } })
+  const seen = []
+  for (let i = 0; i < 3; i++) {
+    const page = await p.nextItems()
+    assert.equal(page.length, 1)
+    assert.equal(page[0].state, 'paused')
+    seen.push(page[0].sandboxId)
+    assert.equal(p.hasNext, i < 2, `hasNext after page ${i + 1}`)
+  }
+  assert.deepEqual(seen, [c, b, a].map((s) => s.sandboxId))
   const pausedAfter = await Sandbox.list({ ...opts, query: { metadata: md, state: ['paused'], startedAfter: cut } }).nextItems()
   assert.deepEqual(pausedAfter.map((s) => s.sandboxId).sort(), [b.sandboxId, c.sandboxId].sort())
   assert.deepEqual(await Sandbox.list({ ...opts, query: { metadata: md, state: ['running'] } }).nextItems(), [])
