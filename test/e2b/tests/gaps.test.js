@@ -61,7 +61,16 @@ test('snapshots: create, list by sandbox and name, create from it, delete', asyn
   const theirs = await raw('GET', '/snapshots', { key: otherKey })
   assert.equal(theirs.status, 200)
   assert.deepEqual(theirs.json, [])
-  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, { ...opts, apiKey: otherKey }), false)
+  const as = { ...opts, apiKey: otherKey }
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, as), false)
+  assert.equal(await Sandbox.deleteSnapshot(name, as), false)
+  assert.deepEqual(await allSnapshots({ ...as, sandboxId: sbx.sandboxId }), [])
+  for (const ref of [snap.snapshotId, name]) {
+    await rejectsWith(Sandbox.create(ref, as), 'SandboxError', (err) => assert.match(err.message, /400: .*unknown template/))
+  }
+  await rejectsWith(Sandbox.createSnapshot(sbx.sandboxId, as), 'SandboxNotFoundError')
+  await rejectsWith(Sandbox.fork(sbx.sandboxId, as), 'SandboxNotFoundError')
+  await rejectsWith(Sandbox.getMetrics(sbx.sandboxId, as), 'SandboxNotFoundError')
 
   // Create from the snapshot, by id and by name: the files are there.
   const fromId = await Sandbox.create(snap.snapshotId, { ...opts, timeoutMs: 120_000 })
