@@ -9,6 +9,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -210,7 +211,8 @@ type apiErrorJSON struct {
 // handleFork serves POST /sandboxes/{id}/fork {"timeout"?, "count"?}: 201
 // with one element per requested child, each a Sandbox or an error. The
 // children get the parent's files and, where the runtime can checkpoint,
-// its memory (berth's fork); endAt = now + timeout (default 300 s).
+// its memory (berth's fork); endAt = now + timeout, or without a timeout
+// the parent's endAt (berth's fork keeps the parent's remaining time).
 func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Timeout *int64 `json:"timeout"`
@@ -224,10 +226,6 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 	if body.Count != nil {
 		count = *body.Count
 	}
-	ttl := defaultTimeoutV2
-	if body.Timeout != nil {
-		ttl = s.timeoutSeconds(*body.Timeout)
-	}
 	ctx, owner, id := r.Context(), ownerFrom(r.Context()), r.PathValue("id")
 	if _, _, err := s.visible(ctx, id); err != nil {
 		s.writeAPIError(w, r, err)
@@ -239,18 +237,28 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := make([]forkResultJSON, 0, count)
-	end := s.opts.Now().Add(ttl)
-	for _, sb := range res.Sandboxes {
-		child, err := s.d.SetExpiry(ctx, owner, sb.ID, end)
-		if err == nil {
-			var tok string
-			if tok, err = s.d.EnvdToken(ctx, child); err == nil {
-				j := s.toSandboxJSON(child, tok)
-				out = append(out, forkResultJSON{Sandbox: &j})
-				continue
+	for _, child := range res.Sandboxes {
+		var err error
+		if body.Timeout != nil {
+			var sb *sandbox.Sandbox
+			if sb, err = s.d.SetExpiry(ctx, owner, child.ID, s.opts.Now().Add(s.timeoutSeconds(*body.Timeout))); err == nil {
+				child = sb
 			}
 		}
-		out = append(out, forkResultJSON{Error: &apiErrorJSON{Code: controlPlaneStatus(errs.KindOf(err)), Message: err.Error()}})
+		var tok string
+		if err == nil {
+			tok, err = s.d.EnvdToken(ctx, child)
+		}
+		if err != nil {
+			// A child the caller is not told about would run unseen until expiry.
+			if derr := s.d.Delete(context.WithoutCancel(ctx), owner, child.ID); derr != nil {
+				s.log.Warn("e2b fork: remove unreported child", "sandbox_id", child.ID, "err", derr)
+			}
+			out = append(out, forkResultJSON{Error: &apiErrorJSON{Code: controlPlaneStatus(errs.KindOf(err)), Message: err.Error()}})
+			continue
+		}
+		j := s.toSandboxJSON(child, tok)
+		out = append(out, forkResultJSON{Sandbox: &j})
 	}
 	for len(out) < count {
 		msg := "forked sandbox did not start"

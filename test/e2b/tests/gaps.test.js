@@ -109,9 +109,14 @@ test('fork: children with the parent state, their own timeout', async () => {
   await children[0].files.write('/home/user/forked.txt', 'child 0')
   assert.equal(await children[1].files.read('/home/user/forked.txt'), 'from parent')
   assert.equal(await sbx.files.read('/home/user/forked.txt'), 'from parent')
+  // Without a timeout a child keeps the parent's endAt.
   const [one] = await Sandbox.fork(sbx.sandboxId, opts)
   assert.ok(one instanceof Sandbox)
   made.push(one)
+  const [pi, ci] = [await sbx.getInfo(), await one.getInfo()]
+  assert.ok(Math.abs(pi.endAt.getTime() - ci.endAt.getTime()) < 5000, `parent ${pi.endAt.toISOString()} child ${ci.endAt.toISOString()}`)
+  const bad = await raw('POST', `/sandboxes/${sbx.sandboxId}/fork`, { body: { count: 0 } })
+  assert.equal(bad.status, 400, bad.text)
   await rejectsWith(Sandbox.fork('nosuchsandbox', opts), 'SandboxNotFoundError')
 })
 
