@@ -187,8 +187,11 @@ func (s *Server) toSandboxJSON(sb *sandbox.Sandbox, token string) sandboxJSON {
 // toDetailJSON renders SandboxDetail (detail=true, with the envd token) or
 // ListedSandbox (token unused).
 func (s *Server) toDetailJSON(sb *sandbox.Sandbox, state string, detail bool, token string) detailJSON {
+	// E2B's startedAt is when the caller got the sandbox: for a warm-pool
+	// member that is its claim (CreatedAt), not its boot, so the value shown
+	// agrees with the startedAfter filter (list matches on CreatedAt).
 	started := sb.StartedAt
-	if started.IsZero() {
+	if started.IsZero() || sb.CreatedAt.After(started) {
 		started = sb.CreatedAt
 	}
 	cpus := (sb.Resources.CPUMillis + 999) / 1000

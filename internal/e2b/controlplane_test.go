@@ -125,6 +125,12 @@ func TestDetailJSON(t *testing.T) {
 	if diff := cmp.Diff(want, s.toDetailJSON(sb, "paused", true, "tok")); diff != "" {
 		t.Errorf("detail (-want +got):\n%s", diff)
 	}
+	// A warm-pool member booted before it was claimed: startedAt is the claim.
+	claimed := *sb
+	claimed.CreatedAt, claimed.StartedAt = t0.Add(time.Minute), t0
+	if got := s.toDetailJSON(&claimed, "running", false, ""); !got.StartedAt.Equal(t0.Add(time.Minute)) {
+		t.Errorf("claimed pool member startedAt = %s, want its claim %s", got.StartedAt, t0.Add(time.Minute))
+	}
 	listed := s.toDetailJSON(sb, "paused", false, "tok")
 	if listed.EnvdAccessToken != "" || listed.Lifecycle != nil {
 		t.Errorf("listed sandbox leaks detail-only fields: %+v", listed)
