@@ -310,7 +310,7 @@ func (c *Client) Watch(ctx context.Context, req WatchRequest, keepaliveSec int) 
 	if err != nil {
 		return nil, err
 	}
-	return &WatchStream{body: resp.Body, dec: json.NewDecoder(resp.Body)}, nil
+	return &WatchStream{body: resp.Body, dec: json.NewDecoder(newLineLimiter(resp.Body, maxWatchLine))}, nil
 }
 
 func (c *Client) Restored(ctx context.Context, req RestoredRequest) error {

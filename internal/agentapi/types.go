@@ -137,6 +137,13 @@ type WatchRequest struct {
 	Path      string `json:"path"`
 	Recursive bool   `json:"recursive,omitempty"`
 	User      string `json:"user,omitempty"`
+	// IncludeEntry attaches the entry's info to create, write and chmod
+	// events (never to remove or rename: the entry is gone).
+	IncludeEntry bool `json:"include_entry,omitempty"`
+	// AllowNetworkMounts permits watching a directory on a network
+	// filesystem (NFS, SMB, FUSE, ...), where changes made elsewhere are
+	// not seen; without it such a watch is refused.
+	AllowNetworkMounts bool `json:"allow_network_mounts,omitempty"`
 }
 
 // EntryInfo describes a file. Type is "file", "dir", "symlink" or "" (unknown/dangling).
@@ -156,8 +163,9 @@ type EntryInfo struct {
 
 // FSEvent is one line of a watch stream.
 type FSEvent struct {
-	Type string `json:"type"`           // start | create | write | remove | rename | chmod | keepalive
-	Name string `json:"name,omitempty"` // relative to the watched directory
+	Type  string     `json:"type"`            // start | create | write | remove | rename | chmod | keepalive
+	Name  string     `json:"name,omitempty"`  // relative to the watched directory
+	Entry *EntryInfo `json:"entry,omitempty"` // with IncludeEntry, when the entry still exists
 }
 
 type RestoredRequest struct {

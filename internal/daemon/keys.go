@@ -49,6 +49,19 @@ func ReservedOwner(owner string) bool {
 	return slices.Contains(reservedOwners, owner) || strings.HasPrefix(owner, "berth-")
 }
 
+// KeyPrefix starts every API key berth issues. Keys have the shape E2B's
+// SDKs check before sending anything (`^e2b_[0-9a-f]+$`), so a berth key
+// works wherever an E2B key is expected. Keys issued before this shape
+// ("bk_<hex>") are still accepted: lookup is by hash, not by shape.
+const KeyPrefix = "e2b_"
+
+// newKey is KeyPrefix and 24 random bytes in lowercase hex.
+func newKey() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return KeyPrefix + hex.EncodeToString(b[:])
+}
+
 // CreateKey mints an API key for owner; only the hash is stored.
 func (d *Daemon) CreateKey(ctx context.Context, owner string, admin bool) (string, error) {
 	if err := ValidOwner("owner", owner); err != nil {
@@ -58,9 +71,7 @@ func (d *Daemon) CreateKey(ctx context.Context, owner string, admin bool) (strin
 		return "", errs.Field("owner", "%q is reserved for berth's own actors (%s, and any name starting \"berth-\")",
 			owner, strings.Join(reservedOwners, ", "))
 	}
-	var b [24]byte
-	_, _ = rand.Read(b[:])
-	key := "bk_" + hex.EncodeToString(b[:])
+	key := newKey()
 	var idb [6]byte
 	_, _ = rand.Read(idb[:])
 	err := d.store.CreateAPIKey(ctx, store.APIKey{

@@ -29,9 +29,13 @@ func (s *Server) controlPlane() http.Handler {
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.authed(s.handleConnect))
 	mux.HandleFunc("POST /sandboxes/{id}/resume", s.authed(s.handleConnect))
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.authed(s.handleMetrics))
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.authed(s.handleCreateSnapshot))
+	mux.HandleFunc("GET /snapshots", s.authed(s.handleListSnapshots))
+	mux.HandleFunc("DELETE /templates/{id}", s.authed(s.handleDeleteTemplate))
+	mux.HandleFunc("POST /sandboxes/{id}/fork", s.authed(s.handleFork))
 	// Optional endpoints berth does not serve (§10): 501 JSON.
 	for _, p := range []string{
-		"PUT /sandboxes/{id}/network", "POST /sandboxes/{id}/snapshots", "POST /sandboxes/{id}/fork",
+		"PUT /sandboxes/{id}/network",
 		"POST /sandboxes/{id}/refreshes", "GET /sandboxes/{id}/logs", "GET /v2/sandboxes/{id}/logs",
 		"GET /sandboxes/metrics", "/snapshots", "/snapshots/", "/templates", "/templates/",
 		"/v2/templates", "/v2/templates/", "/v3/templates", "/v3/templates/",
@@ -185,8 +189,11 @@ func (s *Server) toSandboxJSON(sb *sandbox.Sandbox, token string) sandboxJSON {
 // toDetailJSON renders SandboxDetail (detail=true, with the envd token) or
 // ListedSandbox (token unused).
 func (s *Server) toDetailJSON(sb *sandbox.Sandbox, state string, detail bool, token string) detailJSON {
+	// E2B's startedAt is when the caller got the sandbox: for a warm-pool
+	// member that is its claim (CreatedAt), not its boot, so the value shown
+	// agrees with the startedAfter filter (list matches on CreatedAt).
 	started := sb.StartedAt
-	if started.IsZero() {
+	if started.IsZero() || sb.CreatedAt.After(started) {
 		started = sb.CreatedAt
 	}
 	cpus := (sb.Resources.CPUMillis + 999) / 1000

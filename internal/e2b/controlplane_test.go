@@ -124,12 +124,18 @@ func TestDetailJSON(t *testing.T) {
 		StartedAt: t0.Add(time.Second), ExpiresAt: t0.Add(time.Hour), ExpiryAction: sandbox.ExpirePause, AutoResume: true,
 		Resources:      sandbox.Resources{CPUMillis: 1500, MemoryMiB: 512, DiskMiB: 1024},
 		PauseRequested: sandbox.PauseMemory, PauseActual: sandbox.PauseDisk}
-	want := detailJSON{SandboxID: "abc", TemplateID: "base", ClientID: "6532622b", EnvdVersion: "0.5.7", EnvdAccessToken: "tok",
+	want := detailJSON{SandboxID: "abc", TemplateID: "base", ClientID: "6532622b", EnvdVersion: EnvdVersion, EnvdAccessToken: "tok",
 		StartedAt: t0.Add(time.Second), EndAt: t0.Add(time.Hour), State: "paused", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024,
 		Metadata: map[string]string{}, Lifecycle: &lifecycleJSON{OnTimeout: "pause", AutoResume: true},
 		PauseMode: "disk", PauseRequested: "memory"}
 	if diff := cmp.Diff(want, s.toDetailJSON(sb, "paused", true, "tok")); diff != "" {
 		t.Errorf("detail (-want +got):\n%s", diff)
+	}
+	// A warm-pool member booted before it was claimed: startedAt is the claim.
+	claimed := *sb
+	claimed.CreatedAt, claimed.StartedAt = t0.Add(time.Minute), t0
+	if got := s.toDetailJSON(&claimed, "running", false, ""); !got.StartedAt.Equal(t0.Add(time.Minute)) {
+		t.Errorf("claimed pool member startedAt = %s, want its claim %s", got.StartedAt, t0.Add(time.Minute))
 	}
 	listed := s.toDetailJSON(sb, "paused", false, "tok")
 	if listed.EnvdAccessToken != "" || listed.Lifecycle != nil {

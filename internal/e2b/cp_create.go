@@ -107,6 +107,9 @@ func (s *Server) handleCreate(v2 bool) http.HandlerFunc {
 			return
 		}
 		req, err := s.createRequest(ownerFrom(r.Context()), body, v2)
+		if err == nil {
+			err = s.createFromSnapshot(r.Context(), body.TemplateID, &req)
+		}
 		if err != nil {
 			s.writeAPIError(w, r, err)
 			return

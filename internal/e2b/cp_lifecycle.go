@@ -174,13 +174,3 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, status, s.toSandboxJSON(sb, tok))
 }
-
-// handleMetrics serves GET /sandboxes/{id}/metrics: berth does not sample
-// E2B-style metrics yet, so a visible sandbox answers an empty series.
-func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	if _, _, err := s.visible(r.Context(), r.PathValue("id")); err != nil {
-		s.writeAPIError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, []struct{}{})
-}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path"
 	"strconv"
+	"strings"
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
@@ -50,9 +51,21 @@ type writtenFile struct {
 // per target, the raw filename being the target path) or, for envd ≥ 0.5.7
 // clients, a raw application/octet-stream body for ?path=, possibly gzip.
 // Bodies stream to the agent; nothing is buffered whole.
+// metadataHeaderPrefix starts the headers that carry file metadata on an
+// upload, in canonical form.
+const metadataHeaderPrefix = "X-Metadata-"
+
 func (s *Server) handleFilesPost(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	user, target := q.Get("username"), q.Get("path")
+	for h := range r.Header {
+		// envd ≥ 0.6.2 takes file metadata as X-Metadata-<key> headers
+		// (EnvdVersion). berth does not store it yet; refuse rather than drop it.
+		if strings.HasPrefix(h, metadataHeaderPrefix) {
+			s.writeFilesError(w, r, errs.Field(h, "file metadata (X-Metadata-* headers) is not supported by berth yet"))
+			return
+		}
+	}
 	body := io.Reader(r.Body)
 	if r.Header.Get("Content-Encoding") == "gzip" {
 		zr, err := gzip.NewReader(r.Body)

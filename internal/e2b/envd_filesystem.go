@@ -73,6 +73,7 @@ func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[fil
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
 	ws, err := targetFrom(ctx).agent.Watch(ctx, agentapi.WatchRequest{
 		Path: req.Msg.GetPath(), Recursive: req.Msg.GetRecursive(), User: rpcUser(req.Header()),
+		IncludeEntry: req.Msg.GetIncludeEntry(), AllowNetworkMounts: req.Msg.GetAllowNetworkMounts(),
 	}, keepaliveSec(req.Header()))
 	if err != nil {
 		return connectError(err)
@@ -84,12 +85,13 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 			if ctxErr := streamCtxError(ctx); ctxErr != nil {
 				return ctxErr
 			}
+			f.s.abortIfGone(ctx)
 			if errors.Is(err, io.EOF) {
 				return connect.NewError(connect.CodeUnavailable, errors.New("sandbox agent closed the watch stream"))
 			}
 			return connectError(err)
 		}
-		out := watchEvent(ev)
+		out := watchEvent(ev, req.Msg.GetIncludeEntry())
 		if out == nil {
 			continue
 		}
@@ -99,8 +101,19 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	}
 }
 
-// watchEvent translates one agent watch event; nil for unknown types.
-func watchEvent(ev agentapi.FSEvent) *filesystem.WatchDirResponse {
+// maxWatchName bounds the names and paths the agent may put in a watch event
+// (PATH_MAX); an event beyond it is dropped, not forwarded.
+const maxWatchName = 4096
+
+// watchEvent translates one agent watch event; nil for unknown types and
+// oversized events. The entry is forwarded only when it was asked for, and
+// never for remove or rename (envd sends none: the entry is gone).
+func watchEvent(ev agentapi.FSEvent, includeEntry bool) *filesystem.WatchDirResponse {
+	if len(ev.Name) > maxWatchName || (ev.Entry != nil && (len(ev.Entry.Path) > maxWatchName ||
+		len(ev.Entry.Name) > maxWatchName || len(ev.Entry.SymlinkTarget) > maxWatchName ||
+		len(ev.Entry.Owner)+len(ev.Entry.Group)+len(ev.Entry.Permissions) > maxWatchName)) {
+		return nil
+	}
 	var t filesystem.EventType
 	switch ev.Type {
 	case "start":
@@ -120,9 +133,11 @@ func watchEvent(ev agentapi.FSEvent) *filesystem.WatchDirResponse {
 	default:
 		return nil
 	}
-	return &filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{
-		Filesystem: &filesystem.FilesystemEvent{Name: ev.Name, Type: t},
-	}}
+	fe := &filesystem.FilesystemEvent{Name: ev.Name, Type: t}
+	if includeEntry && ev.Entry != nil && t != filesystem.EventType_EVENT_TYPE_REMOVE && t != filesystem.EventType_EVENT_TYPE_RENAME {
+		fe.Entry = entryInfo(*ev.Entry)
+	}
+	return &filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: fe}}
 }
 
 func (f *filesystemService) CreateWatcher(context.Context, *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {

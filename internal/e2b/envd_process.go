@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/berth-dev/berth/api/gen/process"
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
 )
 
 // processService is envd's process.Process over the sandbox agent. The agent
@@ -57,7 +59,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 			pid = s.GetPid()
 		}
 		return stream.Send(&process.StartResponse{Event: ev})
-	})
+	}, p.s.abortIfGone)
 	if pid != 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// The stream deadline and the agent's own timer race; kill here too so
 		// the process is gone (and unlisted) by the time the client sees the timeout.
@@ -83,18 +85,22 @@ func (p *processService) Connect(ctx context.Context, req *connect.Request[proce
 	defer st.Close()
 	return pumpProcess(ctx, st, false, func(ev *process.ProcessEvent) error {
 		return stream.Send(&process.ConnectResponse{Event: ev})
-	})
+	}, p.s.abortIfGone)
 }
 
 // pumpProcess forwards agent events until the exit event. For Start
 // (ownsTimeout), an exit caused by the process timeout ends the stream with
-// deadline_exceeded, which the SDK reports as TimeoutError.
-func pumpProcess(ctx context.Context, st *agentapi.Stream, ownsTimeout bool, send func(*process.ProcessEvent) error) error {
+// deadline_exceeded, which the SDK reports as TimeoutError. When the agent's
+// stream breaks, broken runs first (abortIfGone).
+func pumpProcess(ctx context.Context, st *agentapi.Stream, ownsTimeout bool, send func(*process.ProcessEvent) error, broken func(context.Context)) error {
 	for {
 		ev, err := st.Next()
 		if err != nil {
 			if ctxErr := streamCtxError(ctx); ctxErr != nil {
 				return ctxErr
+			}
+			if broken != nil {
+				broken(ctx)
 			}
 			if errors.Is(err, io.EOF) {
 				return connect.NewError(connect.CodeUnavailable, errors.New("sandbox agent closed the process stream before the process ended"))
@@ -113,6 +119,33 @@ func pumpProcess(ctx context.Context, st *agentapi.Stream, ownsTimeout bool, sen
 		if done {
 			return nil
 		}
+	}
+}
+
+// goneWait is how long a broken agent stream waits to learn whether its
+// sandbox is going away (delete halts the sandbox before it records it).
+const goneWait = 5 * time.Second
+
+// abortIfGone ends the HTTP exchange abruptly when the stream's sandbox was
+// killed, expired or paused under it: a stream that just ends would look
+// like a clean answer or an agent fault. The SDK sees the connection drop,
+// probes /health, gets the router's 502 and raises its TimeoutError "The
+// sandbox was killed or reached its end of life while the request was in
+// flight" — what E2B's own proxy produces when a sandbox dies mid-request.
+// A sandbox still running returns normally (the caller reports the break).
+func (s *Server) abortIfGone(ctx context.Context) {
+	id := targetFrom(ctx).sb.ID
+	deadline := time.Now().Add(goneWait)
+	for {
+		sb, err := s.d.Get(context.WithoutCancel(ctx), "", id)
+		if errs.Is(err, errs.NotFound) || (err == nil && sb.State != sandbox.Running) {
+			s.log.Info("e2b stream aborted: sandbox gone", "sandbox_id", id)
+			panic(http.ErrAbortHandler)
+		}
+		if err != nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

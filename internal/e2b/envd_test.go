@@ -25,6 +25,7 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
@@ -98,6 +99,26 @@ func (b *agentBackend) MemoryPauseSupported(string) bool { return false }
 func (b *agentBackend) EnvdToken(context.Context, *sandbox.Sandbox) (string, error) {
 	return "", errControlPlaneUnused
 }
+
+func (b *agentBackend) SandboxStats(context.Context, string, string) (daemon.SandboxStats, error) {
+	return daemon.SandboxStats{}, errControlPlaneUnused
+}
+func (b *agentBackend) Snapshot(context.Context, daemon.SnapshotRequest) (store.Snapshot, error) {
+	return store.Snapshot{}, errControlPlaneUnused
+}
+func (b *agentBackend) GetSnapshot(context.Context, string, string) (store.Snapshot, error) {
+	return store.Snapshot{}, errControlPlaneUnused
+}
+func (b *agentBackend) ListSnapshots(context.Context, string) ([]store.Snapshot, error) {
+	return nil, errControlPlaneUnused
+}
+func (b *agentBackend) DeleteSnapshot(context.Context, string, string) error {
+	return errControlPlaneUnused
+}
+func (b *agentBackend) Fork(context.Context, string, string, string, int) (daemon.ForkResult, error) {
+	return daemon.ForkResult{}, errControlPlaneUnused
+}
+func (b *agentBackend) Store() store.Store { return nil }
 
 var _ Backend = (*daemon.Daemon)(nil)
 

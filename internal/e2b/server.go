@@ -15,12 +15,16 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
-// EnvdVersion is the envd version berth reports. 0.5.7 enables raw
-// (octet-stream, gzip) uploads and closeStdin in the SDK and keeps it away
-// from metadata headers (0.6.2) and watch includeEntry (0.6.3).
-const EnvdVersion = "0.5.7"
+// EnvdVersion is the envd version berth reports; the SDK gates features on
+// it. 0.5.7 enables raw (octet-stream, gzip) uploads and closeStdin, 0.6.3
+// watch includeEntry and 0.6.4 watch allowNetworkMounts. 0.6.2 also lets
+// the SDK send file metadata headers (X-Metadata-*), which berth does not
+// store yet: an upload carrying them is refused rather than silently
+// losing them (envd_files.go).
+const EnvdVersion = "0.6.4"
 
 // clientID is the deprecated, required Sandbox.clientID; E2B always sends this.
 const clientID = "6532622b"
@@ -40,6 +44,15 @@ type Backend interface {
 	EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, error)
 	Authenticate(ctx context.Context, apiKey string) (daemon.Principal, error)
 	MemoryPauseSupported(runtimeName string) bool
+	SandboxStats(ctx context.Context, owner, id string) (daemon.SandboxStats, error)
+
+	// Snapshots and fork (cp_snapshots.go).
+	Snapshot(ctx context.Context, req daemon.SnapshotRequest) (store.Snapshot, error)
+	GetSnapshot(ctx context.Context, owner, id string) (store.Snapshot, error)
+	ListSnapshots(ctx context.Context, owner string) ([]store.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, owner, id string) error
+	Fork(ctx context.Context, owner, id, actor string, count int) (daemon.ForkResult, error)
+	Store() store.Store
 }
 
 // Options configure the E2B surface. Zero values are usable.
@@ -64,6 +77,8 @@ type Server struct {
 	opts Options
 	cp   http.Handler
 	envd http.Handler
+
+	metrics metricsHistory
 }
 
 // New builds the E2B surface over d.

@@ -41,7 +41,7 @@ test('errors: 401 without key, 400 for an unknown template, 404s, 501 JSON', asy
   assert.equal(r.status, 400, r.text)
   assert.equal(r.json.code, 400)
   assert.match(r.json.message, /no-such-template/)
-  r = await raw('GET', '/snapshots')
+  r = await raw('GET', '/v2/templates')
   assert.equal(r.status, 501)
   assert.equal(r.json.code, 501)
   assert.equal(await Sandbox.kill('nosuchsandbox', opts), false)
