@@ -195,8 +195,8 @@ func TestSandboxFilesInertOnHost(t *testing.T) {
 	}
 
 	for _, d := range []string{"", "sandboxes", "layers", "snapshots"} {
-		if fi, err := os.Stat(filepath.Join(s.dataDir, d)); err != nil || fi.Mode().Perm() != 0o700 {
-			t.Errorf("data dir %q: %v, %v; want 0700", d, fi.Mode(), err)
+		if why := notPrivateDir(filepath.Join(s.dataDir, d)); why != "" {
+			t.Errorf("data dir %q: %s", d, why)
 		}
 	}
 
@@ -459,4 +459,19 @@ func TestBuildContextCannotWriteHost(t *testing.T) {
 			t.Fatalf("the host directory behind the symlink changed: %v, %v", fi.Mode(), err)
 		}
 	}
+}
+
+// notPrivateDir says why dir is open to local users: it must be 0700, or
+// 0710 with its group the user-namespace range's root (runc's init, as that
+// uid, must reach the rootfs through it; nobody else gets any bit).
+func notPrivateDir(dir string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return err.Error()
+	}
+	perm := st.Mode & 0o7777
+	if perm == 0o700 || (perm == 0o710 && st.Gid == mappedRoot) {
+		return ""
+	}
+	return fmt.Sprintf("mode %o group %d; want 0700, or 0710 with group %d (the user namespace's root)", perm, st.Gid, mappedRoot)
 }
