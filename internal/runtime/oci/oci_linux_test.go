@@ -97,6 +97,11 @@ func TestRuncCheckpointUserNS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rootfs.Teardown(context.Background(), dir) })
+	// Prepare makes the sandbox dir 0700; the daemon opens it to the mapped
+	// root's group (daemon/userns.go), here by mode.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	id := fmt.Sprintf("uns%d", time.Now().UnixNano()%1e9)
 	spec := runtime.Spec{ID: id, BundleDir: dir, RootFS: root,
 		Args:   []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"},
