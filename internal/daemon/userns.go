@@ -23,6 +23,10 @@ import (
 // range only has to own nothing on the host, which a range this high does.
 var runcUserNS = rootfs.IDMap{HostID: 2000000000, Size: 65536}
 
+// RuncUserNS is the mapping runc sandboxes get unless user namespaces are
+// off (Config.NoUserNS); runc's trial checkpoint runs in it too.
+func RuncUserNS() rootfs.IDMap { return runcUserNS }
+
 // extraUserNS records on a sandbox the id mapping its workspace was made
 // for ("HOST:SIZE"), or userNSNone. A sandbox without it predates user
 // namespaces: its workspace holds unshifted ids, and it keeps running
