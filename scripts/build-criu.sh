@@ -38,7 +38,14 @@ fi
 #   consistent with a breakpoint that is set but never fires. The stepping
 #   path is CRIU's own (CRIU_FAULT=130) and costs a few ptrace stops per
 #   task. berth serve's trial checkpoint catches any remaining hang.
-PATCHES="$HERE/criu-rlimit-eperm.patch $HERE/criu-no-hw-breakpoints.patch"
+# - criu-userns-check-fds.patch: the dump's check that every namespace
+#   belongs to the target user namespace opens them before entering it.
+#   From inside, opening /proc/<pid>/ns/* is refused for a non-dumpable
+#   task whose mm belongs to the host's user namespace, which is what a
+#   task CRIU restored is (its mm comes from CRIU's fork): without the
+#   patch a user-namespaced runc sandbox (berth-agent, PID 1, is not
+#   dumpable) checkpoints once and never again after its restore.
+PATCHES="$HERE/criu-rlimit-eperm.patch $HERE/criu-no-hw-breakpoints.patch $HERE/criu-userns-check-fds.patch"
 STAMP=$(cat $PATCHES | sha256sum | cut -c1-16)
 
 if [ -x "$DEST" ] && [ "$(cat "$DEST.stamp" 2>/dev/null)" = "$STAMP" ] && "$DEST" check >/dev/null 2>&1; then

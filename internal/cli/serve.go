@@ -210,8 +210,13 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		criu = ""
 	}
 	if p := lookBinary(cfg.RuncPath, "runc"); p != "" {
+		var userNS *runtime.IDMap // the trial checkpoint's container is mapped as the sandboxes are
+		if !cfg.NoUserNS {
+			m := daemon.RuncUserNS()
+			userNS = &runtime.IDMap{HostID: m.HostID, Size: m.Size}
+		}
 		r, err := oci.New("runc", oci.Config{Binary: p, Root: filepath.Join(cfg.DataDir, "runtime", "runc"), CRIU: criu, Logger: log,
-			ProbeCacheDir: cfg.CacheDir, TrustCRIU: cfg.TrustCRIU, ProbeTimeout: 2 * cfg.checkpointTimeout()})
+			ProbeCacheDir: cfg.CacheDir, TrustCRIU: cfg.TrustCRIU, ProbeTimeout: 2 * cfg.checkpointTimeout(), ProbeUserNS: userNS})
 		if err != nil {
 			return err
 		}

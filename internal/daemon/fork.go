@@ -144,9 +144,6 @@ func (d *Daemon) forkCapture(ctx context.Context, parent *sandbox.Sandbox, actor
 	}
 	start := time.Now()
 	caps := rt.Capabilities(tctx)
-	if blocked := d.checkpointBlocked(parent); caps.Checkpoint && blocked != "" {
-		caps.Checkpoint, caps.CheckpointReason = false, blocked
-	}
 	if !caps.Checkpoint {
 		layer, err := d.captureUpper(tctx, parent, true)
 		if err != nil {

@@ -28,7 +28,7 @@ func (d *Daemon) MemoryPauseSupported(runtimeName string) bool {
 }
 
 func (d *Daemon) defaultPauseMode(sb *sandbox.Sandbox) sandbox.PauseMode {
-	if d.MemoryPauseSupported(sb.Runtime) && d.checkpointBlocked(sb) == "" {
+	if d.MemoryPauseSupported(sb.Runtime) {
 		return sandbox.PauseMemory
 	}
 	return sandbox.PauseDisk
@@ -86,8 +86,6 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	case sandbox.PauseMemory:
 		if caps := rt.Capabilities(tctx); !caps.Checkpoint {
 			actual, why = sandbox.PauseDisk, "runtime "+sb.Runtime+" cannot checkpoint memory here: "+caps.CheckpointReason
-		} else if blocked := d.checkpointBlocked(sb); blocked != "" {
-			actual, why = sandbox.PauseDisk, blocked
 		} else if release, err = d.boundedCheckpoint(tctx, sb); err != nil {
 			actual, why = sandbox.PauseDisk, shortError(err)
 			d.log.Warn("checkpoint failed", "sandbox_id", id, "err", err)

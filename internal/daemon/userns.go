@@ -23,6 +23,10 @@ import (
 // range only has to own nothing on the host, which a range this high does.
 var runcUserNS = rootfs.IDMap{HostID: 2000000000, Size: 65536}
 
+// RuncUserNS is the mapping runc sandboxes get unless user namespaces are
+// off (Config.NoUserNS); runc's trial checkpoint runs in it too.
+func RuncUserNS() rootfs.IDMap { return runcUserNS }
+
 // extraUserNS records on a sandbox the id mapping its workspace was made
 // for ("HOST:SIZE"), or userNSNone. A sandbox without it predates user
 // namespaces: its workspace holds unshifted ids, and it keeps running
@@ -155,24 +159,6 @@ func (d *Daemon) runtimeUserNS(sb *sandbox.Sandbox) *runtime.IDMap {
 		return nil
 	}
 	return &runtime.IDMap{HostID: m.HostID, Size: m.Size}
-}
-
-// checkpointBlocked says why sb cannot get a memory checkpoint although its
-// runtime can take them; "" if it can. CRIU dumps a sandbox's user namespace
-// only if every namespace of its processes belongs to it, and the network
-// namespace berth makes (and runc joins) belongs to the host's: criu fails
-// with "namespaces doesn't belong to the target user namespace". (Tried
-// here with runc 1.1.5 and CRIU 4.1.1: a netns made inside a user namespace
-// the sandbox joins dumps, but restore recreates the user namespace from the
-// image and then may not enter the netns; only a netns runc makes itself
-// round-trips, see oci's TestRuncCheckpointUserNS, and berth's veth set-up
-// needs the netns first.) Such sandboxes pause to disk (which keeps every
-// file) and fork files-only, without a doomed dump first.
-func (d *Daemon) checkpointBlocked(sb *sandbox.Sandbox) string {
-	if sb.Runtime != "runc" || d.userNSOf(sb) == nil || d.netnsPath(sb) == "" {
-		return ""
-	}
-	return "runc cannot checkpoint a sandbox in a user namespace whose network namespace belongs to the host (CRIU); serve with --no-userns for runc memory checkpoints"
 }
 
 // Isolation says how sandboxes of a runtime are isolated from the host.

@@ -88,10 +88,10 @@ func fakeCRIU(t *testing.T, behaviour string) (path, marker string) {
 		t.Fatal(err)
 	}
 	// A server on the shared cache dir caches the probe's verdict on this
-	// stand-in (keyed by its hash): remove it with the stand-in.
+	// stand-in (keyed by its hash and the trial's shape): remove it with the stand-in.
 	sum := sha256.Sum256(script)
 	t.Cleanup(func() {
-		stale, _ := filepath.Glob("/var/cache/berth/criu-probe/*-" + hex.EncodeToString(sum[:])[:16] + ".json")
+		stale, _ := filepath.Glob("/var/cache/berth/criu-probe/*-" + hex.EncodeToString(sum[:])[:16] + "*.json")
 		for _, p := range stale {
 			_ = os.Remove(p)
 		}

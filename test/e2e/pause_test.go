@@ -86,14 +86,9 @@ func inspect(t *testing.T, s *server, id string) pauseView {
 func TestPauseModes(t *testing.T) {
 	requireRunsc(t)
 	s := startServer(t)
-	plain := startServer(t, "--no-userns") // runc memory checkpoints need it (userns_test.go)
 	for _, rt := range []string{"runc", "runsc"} {
 		for _, mode := range []string{"freeze", "memory", "disk"} {
 			t.Run(rt+"/"+mode, func(t *testing.T) {
-				s := s
-				if rt == "runc" && mode == "memory" {
-					s = plain
-				}
 				id := s.create("--runtime", rt)
 				defer s.run("rm", id)
 				startCounter(t, s, id)
@@ -149,13 +144,8 @@ func TestPauseModes(t *testing.T) {
 func TestPauseCycles(t *testing.T) {
 	requireRunsc(t)
 	s := startServer(t)
-	plain := startServer(t, "--no-userns") // runc memory checkpoints need it (userns_test.go)
 	for _, c := range []struct{ rt, mode string }{{"runsc", "memory"}, {"runc", "memory"}, {"runc", "freeze"}, {"runc", "disk"}} {
 		t.Run(c.rt+"/"+c.mode, func(t *testing.T) {
-			s := s
-			if c.rt == "runc" && c.mode == "memory" {
-				s = plain
-			}
 			id := s.create("--runtime", c.rt)
 			defer s.run("rm", id)
 			want := c.mode

@@ -169,9 +169,10 @@ func TestRuncUserNamespace(t *testing.T) {
 // TestRuncUserNamespaceLifecycle: what else a user-namespaced runc sandbox
 // goes through keeps working — a template build whose RUN step makes files
 // for root and for uid 1000 (the captured layer is unshifted and a sandbox
-// from it sees those owners), a fork, a memory pause (which degrades to disk
-// with its reason: CRIU cannot dump it here) — and a sandbox made without a
-// user namespace stays without one after the daemon gets it back.
+// from it sees those owners), a memory fork whose child keeps the parent's
+// processes in a netns of its own, a memory pause whose processes carry on
+// (both where runc can checkpoint here) — and a sandbox made without a user
+// namespace stays without one after the daemon gets it back.
 func TestRuncUserNamespaceLifecycle(t *testing.T) {
 	s := startServer(t)
 	ctxDir := t.TempDir()
@@ -207,23 +208,44 @@ func TestRuncUserNamespaceLifecycle(t *testing.T) {
 	}
 
 	s.must("exec", "--user", "root", id, "--", "sh", "-c", "echo mine > /root/m && chown 1000 /root/m")
-	res := s.fork(id, 1)
-	if res.Mode != "disk" || !strings.Contains(res.Reason, "user namespace") {
-		t.Errorf("fork of a userns runc sandbox: mode %q reason %q, want files-only saying why", res.Mode, res.Reason)
+	// Memory checkpoints: CRIU runs in the sandbox's (daemon-made) netns,
+	// so a fork child and a resumed sandbox keep their processes.
+	memory := checkpointCaps(t, s, "runc").Checkpoint
+	if !memory && os.Getenv("CI") == "true" {
+		t.Fatalf("runc cannot checkpoint here: %s", checkpointCaps(t, s, "runc").CheckpointReason)
 	}
+	startCounter(t, s, id)
+	pid := counterPid(s, id)
+	res := s.fork(id, 1)
 	kid := res.Sandboxes[0].ID
+	if memory {
+		if res.Mode != "memory" {
+			t.Errorf("fork of a userns runc sandbox: mode %q (%s), want memory", res.Mode, res.Reason)
+		}
+		if got := counterPid(s, kid); got != pid {
+			t.Errorf("fork child's counter process %q, parent's %q", got, pid)
+		}
+		waitCounter(t, s, kid, counter(s, kid)+2)
+		// The child runs in its own netns (its own eth0 address), not the parent's.
+		if a, b := s.must("exec", id, "--", "cat", "/proc/net/fib_trie"), s.must("exec", kid, "--", "cat", "/proc/net/fib_trie"); a == b || !strings.Contains(b, "LOCAL") {
+			t.Errorf("fork child's routes are the parent's:\n%s", b)
+		}
+	}
 	if out := s.must("exec", "--user", "root", kid, "--", "sh", "-c", "stat -c %u /root/m /srv/app/userfile; awk '{print $2}' /proc/self/uid_map"); out != fmt.Sprintf("1000\n1000\n%d", mappedRoot) {
 		t.Errorf("fork child sees:\n%s", out)
 	}
 
 	s.must("pause", id, "--mode", "memory")
-	v := inspect(t, s, id)
-	if v.State != "paused" || v.PauseRequested != "memory" || v.PauseActual != "disk" || !strings.Contains(v.Message, "user namespace") {
-		t.Fatalf("memory pause of a userns runc sandbox: %+v (want an honest fallback to disk)", v)
-	}
+	want := wantMemoryPause(t, s, id, "runc")
 	s.must("resume", id)
-	if out := s.must("exec", "--user", "root", id, "--", "stat", "-c", "%u", "/root/m"); out != "1000" {
-		t.Errorf("after the degraded pause: %q", out)
+	if out := s.must("exec", "--user", "root", id, "--", "sh", "-c", "stat -c %u /root/m; awk '{print $2}' /proc/self/uid_map"); out != fmt.Sprintf("1000\n%d", mappedRoot) {
+		t.Errorf("after the %s pause: %q", want, out)
+	}
+	if want == "memory" {
+		if got := counterPid(s, id); got != pid {
+			t.Errorf("counter process %q after a memory pause, was %q", got, pid)
+		}
+		waitCounter(t, s, id, counter(s, id)+2)
 	}
 
 	// A server without user namespaces, then the default again: its sandbox

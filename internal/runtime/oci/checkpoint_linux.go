@@ -2,10 +2,13 @@ package oci
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -88,8 +91,15 @@ func (o *OCI) checkpoint(ctx context.Context, id, imageDir string) error {
 		if err := os.MkdirAll(work, 0o700); err != nil {
 			return errs.Wrap(errs.Internal, err, "create criu work dir")
 		}
-		_, err := o.exec(ctx, false, "checkpoint", id, "--criu", o.cfg.CRIU,
-			"checkpoint", "--image-path", imageDir, "--work-path", work, id)
+		netns, err := o.joinedNetns(ctx, id)
+		if err != nil {
+			return err
+		}
+		err = inNetnsIf(netns, func() error {
+			_, err := o.exec(ctx, false, "checkpoint", id, "--criu", o.cfg.CRIU,
+				"checkpoint", "--image-path", imageDir, "--work-path", work, id)
+			return err
+		})
 		if err != nil {
 			return withCRIULog(err, filepath.Join(work, "dump.log"))
 		}
@@ -144,9 +154,11 @@ func (o *OCI) restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 				return errs.Wrap(errs.Internal, err, "open memory image to the user namespace")
 			}
 		}
-		err = o.execDetached(ctx, false, "restore", spec.ID, logPath(spec), "--criu", o.cfg.CRIU,
-			"restore", "--detach", "--image-path", imageDir, "--work-path", work,
-			"--bundle", spec.BundleDir, spec.ID)
+		err = inNetnsIf(spec.NetNSPath, func() error {
+			return o.execDetached(ctx, false, "restore", spec.ID, logPath(spec), "--criu", o.cfg.CRIU,
+				"restore", "--detach", "--image-path", imageDir, "--work-path", work,
+				"--bundle", spec.BundleDir, spec.ID)
+		})
 		if err != nil {
 			err = withCRIULog(err, filepath.Join(work, "restore.log"))
 		} else {
@@ -161,6 +173,67 @@ func (o *OCI) restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 		return o.undoStart(spec.ID, err)
 	}
 	return nil
+}
+
+// runc's CRIU runs in the network namespace a sandbox joins by path, for
+// checkpoint and restore alike. A namespace CRIU shares with its target is
+// the host's to CRIU: it neither dumps it nor recreates it, the restored
+// tasks inherit it from CRIU, and its sockets are locked and dumped where
+// they live. Otherwise CRIU takes the joined netns as an external one,
+// which a sandbox in a user namespace cannot have: the dump requires every
+// namespace to belong to the sandbox's user namespace ("One or more
+// namespaces doesn't belong to the target user namespace"), and a restore
+// would enter the netns from inside the user namespace it has just made,
+// which has no say over a netns of the host's. (runc's own netns handling,
+// --external net[INODE]:extRootNetNS, still applies: with the netns CRIU's
+// own, it names nothing in the image.) The netns stays the daemon's, with
+// its veth and nftables rules; a memory fork restores into its own.
+func inNetnsIf(netns string, fn func() error) error {
+	if netns == "" {
+		return fn()
+	}
+	// Its own goroutine: the runtime is forked from the locked thread, in
+	// the netns, and a thread that cannot switch back dies with it.
+	res := make(chan error, 1)
+	go func() {
+		var ferr error
+		err := inNetns(netns, func() error { ferr = fn(); return nil })
+		if err != nil {
+			err = errs.Wrap(errs.Internal, err, "enter network namespace %s", netns)
+		}
+		res <- errors.Join(ferr, err)
+	}()
+	return <-res
+}
+
+// joinedNetns is the network namespace path container id's config.json
+// joins, "" if it has its own. The bundle is the daemon's (runc's state
+// names it); nothing in it is the sandbox's to write.
+func (o *OCI) joinedNetns(ctx context.Context, id string) (string, error) {
+	st, err := o.state(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(filepath.Join(st.Bundle, "config.json"))
+	if err != nil {
+		return "", errs.Wrap(errs.Internal, err, "read config of %s", id)
+	}
+	var cfg specs.Spec
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return "", errs.Wrap(errs.Internal, err, "decode config of %s", id)
+	}
+	if cfg.Linux == nil {
+		return "", nil
+	}
+	for _, ns := range cfg.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			if ns.Path != "" && !filepath.IsAbs(ns.Path) {
+				return "", errs.E(errs.Internal, "config of %s joins netns %q, not an absolute path", id, ns.Path)
+			}
+			return ns.Path, nil
+		}
+	}
+	return "", nil
 }
 
 // withCRIULog appends the tail of CRIU's log to err: runc itself only says

@@ -41,6 +41,10 @@ type Config struct {
 	ProbeCacheDir string
 	// ProbeTimeout bounds the trial checkpoint and restore; default 20s.
 	ProbeTimeout time.Duration
+	// ProbeUserNS is the id mapping runc sandboxes run with (nil: none);
+	// the trial container runs in it too, so the trial tells the truth
+	// about them.
+	ProbeUserNS *runtime.IDMap
 	// TrustCRIU skips the trial: runc claims memory checkpoints whenever
 	// CRIU is set. For hosts where the trial is known to pass, and for
 	// tests of what happens when a real checkpoint then fails.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -67,8 +68,10 @@ func TestRunscConformance(t *testing.T) {
 }
 
 // TestRuncCheckpointUserNS: CRIU checkpoints and restores a runc sandbox in
-// a user namespace when runc made its network namespace (the daemon's own
-// netns is what blocks it; daemon/userns.go), and its processes carry on.
+// a user namespace, both when runc makes its network namespace and when the
+// sandbox joins one made beforehand by the host (as berth's daemon does,
+// for its veth and nftables), and its processes carry on, with their pid,
+// their user namespace mapping and, when joined, the host's netns.
 func TestRuncCheckpointUserNS(t *testing.T) {
 	o := newBackend(t, Runc)
 	if c := o.Capabilities(context.Background()); !c.Checkpoint {
@@ -78,6 +81,12 @@ func TestRuncCheckpointUserNS(t *testing.T) {
 		}
 		t.Skipf("runc cannot checkpoint here: %s", c.CheckpointReason)
 	}
+	for _, joined := range []bool{false, true} {
+		t.Run(fmt.Sprintf("joined-netns=%v", joined), func(t *testing.T) { checkpointUserNS(t, o, joined) })
+	}
+}
+
+func checkpointUserNS(t *testing.T, o *OCI, joinNetns bool) {
 	ctx := context.Background()
 	base := t.TempDir()
 	// runc's init reaches the root filesystem as the mapped root.
@@ -97,15 +106,22 @@ func TestRuncCheckpointUserNS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rootfs.Teardown(context.Background(), dir) })
-	// Prepare makes the sandbox dir 0700; the daemon opens it to the mapped
-	// root's group (daemon/userns.go), here by mode.
-	if err := os.Chmod(dir, 0o711); err != nil {
+	if err := os.Chmod(dir, 0o711); err != nil { // as the daemon's shareSandboxDir
 		t.Fatal(err)
 	}
 	id := fmt.Sprintf("uns%d", time.Now().UnixNano()%1e9)
 	spec := runtime.Spec{ID: id, BundleDir: dir, RootFS: root,
 		Args:   []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"},
 		UserNS: &runtime.IDMap{HostID: m.HostID, Size: m.Size}}
+	var netnsIno uint64
+	if joinNetns {
+		spec.NetNSPath = hostNetns(t, "berth-t"+id)
+		var st unix.Stat_t
+		if err := unix.Stat(spec.NetNSPath, &st); err != nil {
+			t.Fatal(err)
+		}
+		netnsIno = st.Ino
+	}
 	if err := o.Run(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -148,4 +164,24 @@ func TestRuncCheckpointUserNS(t *testing.T) {
 	if err != nil || strings.Join(strings.Fields(string(b)), " ") != "0 2000000000 65536" {
 		t.Fatalf("restored PID 1 uid_map %q (%v)", b, err)
 	}
+	if joinNetns {
+		var ns unix.Stat_t
+		if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.Pid), &ns); err != nil || ns.Ino != netnsIno {
+			t.Fatalf("restored PID 1 in netns %d (%v), want the joined one %d", ns.Ino, err, netnsIno)
+		}
+	}
+}
+
+// hostNetns makes a network namespace owned by the host's user namespace,
+// as berth's daemon does for a sandbox, and removes it at the end.
+func hostNetns(t *testing.T, name string) string {
+	t.Helper()
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", name).Run() })
+	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("ip link set lo up: %v: %s", err, out)
+	}
+	return filepath.Join("/run/netns", name)
 }

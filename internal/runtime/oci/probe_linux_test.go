@@ -87,22 +87,38 @@ func TestCheckpointProbeFaults(t *testing.T) {
 	}
 }
 
+// TestCheckpointProbeRealCRIU: the trial with the host's CRIU, shaped as
+// runc sandboxes are with and without a user namespace. Where CRIU can
+// checkpoint a sandbox without one, it can with one (CRIU runs in the
+// netns the sandbox joins; see checkpoint_linux.go).
 func TestCheckpointProbeRealCRIU(t *testing.T) {
-	o := newBackend(t, Runc)
-	<-o.StartProbe(context.Background())
-	p := o.probe
-	t.Logf("runc checkpoint probe on kernel %s: ok=%v reason=%q (%d ms)", p.Kernel, p.OK, p.Reason, p.Millis)
-	if p.Kernel == "" || len(p.CRIU) != 64 {
-		t.Errorf("probe verdict lacks its key: %+v", p)
+	verdict := map[bool]ProbeResult{}
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) {
+			o := newBackend(t, Runc)
+			if userns {
+				o.cfg.ProbeUserNS = &runtime.IDMap{HostID: 2000000000, Size: 65536}
+			}
+			<-o.StartProbe(context.Background())
+			p := o.probe
+			verdict[userns] = p
+			t.Logf("runc checkpoint probe on kernel %s: ok=%v reason=%q (%d ms)", p.Kernel, p.OK, p.Reason, p.Millis)
+			if p.Kernel == "" || len(p.CRIU) != 64 {
+				t.Errorf("probe verdict lacks its key: %+v", p)
+			}
+			if !p.OK && p.Reason == "" {
+				t.Errorf("probe says no without a reason")
+			}
+			if caps := o.Capabilities(context.Background()); caps.Checkpoint != p.OK {
+				t.Errorf("Capabilities().Checkpoint = %v, probe said %v", caps.Checkpoint, p.OK)
+			}
+			if _, err := os.Stat(o.probeDir()); !os.IsNotExist(err) {
+				t.Errorf("probe dir left behind: %v", err)
+			}
+		})
 	}
-	if !p.OK && p.Reason == "" {
-		t.Errorf("probe says no without a reason")
-	}
-	if caps := o.Capabilities(context.Background()); caps.Checkpoint != p.OK {
-		t.Errorf("Capabilities().Checkpoint = %v, probe said %v", caps.Checkpoint, p.OK)
-	}
-	if _, err := os.Stat(o.cfg.Root + "-probe"); !os.IsNotExist(err) {
-		t.Errorf("probe dir left behind: %v", err)
+	if plain, mapped := verdict[false], verdict[true]; plain.OK && !mapped.OK {
+		t.Errorf("CRIU checkpoints a runc sandbox here, but not one in a user namespace: %s", mapped.Reason)
 	}
 }
 
