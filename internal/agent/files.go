@@ -124,13 +124,20 @@ func (a *Agent) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 }
 
 func replaceFile(path string, mode os.FileMode, acct account, body io.Reader) error {
+	fi, statErr := os.Stat(path)
 	if mode == 0 {
 		mode = 0o644
-		if fi, err := os.Stat(path); err == nil {
+		if statErr == nil {
 			mode = fi.Mode().Perm()
 		}
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".berth-*")
+	// The temporary name says whether the target existed ("n": new), so a
+	// watcher reports a create for a new file without racing the rename.
+	kind := "n"
+	if statErr == nil {
+		kind = "e"
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".berth-"+kind+"*")
 	if err != nil {
 		return fsError(err, path)
 	}

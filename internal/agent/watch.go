@@ -27,8 +27,8 @@ var watchOps = []struct {
 
 // replaceTemp matches the temporary file replaceFile writes next to its
 // target (os.CreateTemp's "*" is a decimal number) and captures the
-// target's base name.
-var replaceTemp = regexp.MustCompile(`^\.(.+)\.berth-[0-9]+$`)
+// target's base name and whether it existed then ("e") or not ("n").
+var replaceTemp = regexp.MustCompile(`^\.(.+)\.berth-([ne])[0-9]+$`)
 
 // networkFS are the statfs magic numbers of filesystems whose changes made
 // elsewhere inotify does not see: a watch there needs AllowNetworkMounts.
@@ -187,8 +187,7 @@ func (a *Agent) handleWatch(w http.ResponseWriter, r *http.Request) {
 				switch {
 				case ev.Has(fsnotify.Create):
 					if len(replacing) < maxCatchUp {
-						_, err := os.Lstat(target)
-						replacing[ev.Name] = err == nil
+						replacing[ev.Name] = m[2] == "e"
 					}
 				case ev.Has(fsnotify.Remove), ev.Has(fsnotify.Rename):
 					// Rename: moved over its target, whose create follows.
