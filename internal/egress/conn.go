@@ -366,6 +366,9 @@ func peek(c net.Conn) (isTLS, isHTTP bool, host string, head []byte) {
 		if h, _, err := net.SplitHostPort(host); err == nil {
 			host = h
 		}
+		if strings.ContainsAny(host, " \t\r\n/\\@?#") {
+			host = "" // no host name: decided as a request without one
+		}
 	}
 	return false, isHTTP, host, rec.buf.Bytes()
 }
