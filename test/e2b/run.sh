@@ -10,6 +10,9 @@ root="$(cd "$here/../.." && pwd)"
 work="$(mktemp -d /tmp/berth-e2b-XXXXXX)"
 data="$work/data"
 mkdir -p "$data" "$work/bin"
+# mktemp makes $work 0700; runc sandboxes in a user namespace reach their
+# root filesystem below the data dir as an unprivileged host uid.
+chmod 711 "$work"
 
 (cd "$root" && CGO_ENABLED=0 go build -o "$work/bin/berth-agent" ./cmd/berth-agent && go build -o "$work/bin/berth" ./cmd/berth)
 
