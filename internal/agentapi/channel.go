@@ -33,6 +33,7 @@ type Channel struct {
 	pending map[net.Conn]struct{} // connections still in their handshake
 
 	handshakes chan struct{} // bounds concurrent handshakes
+	rate       bucket        // bounds the rate of handshakes (accept loop only)
 	wg         sync.WaitGroup
 	client     *Client
 }
@@ -40,6 +41,28 @@ type Channel struct {
 // maxPendingHandshakes bounds how many unauthenticated connections one
 // sandbox can hold open at once (each for at most HandshakeTimeout).
 const maxPendingHandshakes = 4
+
+// A sandbox gets handshakeBurst connections at once, then handshakeRate per second.
+const (
+	handshakeBurst = 32
+	handshakeRate  = 20
+)
+
+// bucket is a token bucket; used by one goroutine.
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+func (b *bucket) allow(now time.Time) bool {
+	b.tokens = min(handshakeBurst, b.tokens+now.Sub(b.last).Seconds()*handshakeRate)
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
 
 // dialWait is how long a request waits for an agent session to appear
 // (an agent redials within a fraction of a second after a daemon restart).
@@ -65,7 +88,8 @@ func Listen(path, id string, key []byte, log *slog.Logger) (*Channel, error) {
 	}
 	c := &Channel{path: path, ln: ln, log: log.With("socket", path),
 		keys: map[string][]byte{id: key}, changed: make(chan struct{}), pending: map[net.Conn]struct{}{},
-		handshakes: make(chan struct{}, maxPendingHandshakes)}
+		handshakes: make(chan struct{}, maxPendingHandshakes),
+		rate:       bucket{tokens: handshakeBurst, last: time.Now()}}
 	c.client = newClient(path, c.DialContext)
 	c.wg.Add(1)
 	go c.acceptLoop()
@@ -105,6 +129,10 @@ func (c *Channel) acceptLoop() {
 				c.log.Warn("agent channel accept", "err", err)
 			}
 			return
+		}
+		if !c.rate.allow(time.Now()) {
+			conn.Close() // a sandbox dialing in a loop costs the host nothing more
+			continue
 		}
 		select {
 		case c.handshakes <- struct{}{}:

@@ -66,17 +66,21 @@ func (u *Uplink) loop() {
 		if u.ctx.Err() != nil {
 			return
 		}
+		began := time.Now()
 		err := u.once(&d)
 		if u.ctx.Err() != nil {
 			return
 		}
-		if err == nil {
-			backoff = 0 // served a session; redial at once
+		if err == nil && time.Since(began) > time.Second {
+			backoff = 0 // served a real session; redial at once
 			continue
 		}
-		if msg := err.Error(); msg != lastErr { // one line per distinct failure
-			u.log.Warn("agent channel", "err", err)
-			lastErr = msg
+		// Short sessions back off too: something keeps replacing or refusing them.
+		if err != nil {
+			if msg := err.Error(); msg != lastErr { // one line per distinct failure
+				u.log.Warn("agent channel", "err", err)
+				lastErr = msg
+			}
 		}
 		backoff = min(max(backoff*2, redialMin), redialMax)
 	}
@@ -115,4 +119,18 @@ func (u *Uplink) once(d *net.Dialer) error {
 func (u *Uplink) Close() {
 	u.stop()
 	<-u.done
+}
+
+// ServeConn serves h over an authenticated connection until the session
+// ends (what an Uplink does with each session it dials).
+func ServeConn(conn net.Conn, h http.Handler) error {
+	sess, err := yamux.Server(conn, sessionConfig())
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	_ = srv.Serve(sess)
+	_ = srv.Close()
+	return sess.Close()
 }
