@@ -149,12 +149,18 @@ func (c *Channel) acceptLoop() {
 	}
 }
 
+const streamWindow = 1 << 20
+
 func sessionConfig() *yamux.Config {
 	cfg := yamux.DefaultConfig()
 	cfg.KeepAliveInterval = 10 * time.Second
 	cfg.StreamOpenTimeout = 10 * time.Second
 	cfg.StreamCloseTimeout = 30 * time.Second
 	cfg.LogOutput = io.Discard
+	// A window per stream is what one stream can make the peer buffer: 1 MiB
+	// keeps bulk file copies from stalling on window updates and bounds what
+	// an agent can park on the host per open request.
+	cfg.MaxStreamWindowSize = streamWindow
 	return cfg
 }
 
@@ -176,7 +182,7 @@ func (c *Channel) authenticate(conn net.Conn) {
 		conn.Close()
 		return
 	}
-	sess, err := yamux.Client(conn, sessionConfig())
+	sess, err := yamux.Client(coalesce(conn), sessionConfig())
 	if err != nil {
 		conn.Close()
 		return

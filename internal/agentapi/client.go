@@ -47,6 +47,9 @@ func newClient(name string, dial func(ctx context.Context) (net.Conn, error)) *C
 		IdleConnTimeout:        30 * time.Second,
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: MaxHeaderBytes,
+		// Bigger buffers than the 4 KiB default: each flush is a frame on the session.
+		WriteBufferSize: 64 << 10,
+		ReadBufferSize:  64 << 10,
 	}
 	return &Client{socket: name, http: &http.Client{Transport: tr}, tr: tr}
 }

@@ -22,7 +22,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func socketPath(t *testing.T) string {
+func socketPath(t testing.TB) string {
 	dir, err := os.MkdirTemp("", "berth-client-")
 	if err != nil {
 		t.Fatal(err)

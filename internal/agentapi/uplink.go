@@ -100,7 +100,7 @@ func (u *Uplink) once(d *net.Dialer) error {
 		conn.Close()
 		return err
 	}
-	sess, err := yamux.Server(conn, sessionConfig())
+	sess, err := yamux.Server(coalesce(conn), sessionConfig())
 	if err != nil {
 		conn.Close()
 		return err
@@ -108,7 +108,7 @@ func (u *Uplink) once(d *net.Dialer) error {
 	u.log.Info("agent channel connected", "socket", u.path)
 	srv := &http.Server{Handler: u.handler, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(u.log.Handler(), slog.LevelWarn)}
-	_ = srv.Serve(sess) // returns when the session ends (daemon restart, quiesce)
+	_ = srv.Serve(bulkListener{sess}) // returns when the session ends (daemon restart, quiesce)
 	_ = srv.Close()
 	sess.Close()
 	return nil
@@ -124,13 +124,13 @@ func (u *Uplink) Close() {
 // ServeConn serves h over an authenticated connection until the session
 // ends (what an Uplink does with each session it dials).
 func ServeConn(conn net.Conn, h http.Handler) error {
-	sess, err := yamux.Server(conn, sessionConfig())
+	sess, err := yamux.Server(coalesce(conn), sessionConfig())
 	if err != nil {
 		conn.Close()
 		return err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	_ = srv.Serve(sess)
+	_ = srv.Serve(bulkListener{sess})
 	_ = srv.Close()
 	return sess.Close()
 }
