@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 type Channel struct {
 	path string
 	ln   *net.UnixListener
+	sock os.FileInfo // the socket file this listener created
 	log  *slog.Logger
 
 	mu      sync.Mutex
@@ -81,12 +83,20 @@ func Listen(path, id string, key []byte, log *slog.Logger) (*Channel, error) {
 	if err != nil {
 		return nil, errs.Wrap(errs.Internal, err, "listen on %s", path)
 	}
-	// A sandbox root mapped to an unprivileged host uid must still connect.
-	if err := os.Chmod(path, 0o666); err != nil {
+	// Close removes the socket only while it is still this listener's: a
+	// successor may already listen at the same path.
+	ln.SetUnlinkOnClose(false)
+	fi, err := os.Lstat(path)
+	if err == nil {
+		// A sandbox root mapped to an unprivileged host uid must still connect.
+		err = os.Chmod(path, 0o666)
+	}
+	if err != nil {
 		ln.Close()
+		_ = os.Remove(path)
 		return nil, errs.Wrap(errs.Internal, err, "chmod channel socket")
 	}
-	c := &Channel{path: path, ln: ln, log: log.With("socket", path),
+	c := &Channel{path: path, ln: ln, sock: fi, log: log.With("socket", path),
 		keys: map[string][]byte{id: key}, changed: make(chan struct{}), pending: map[net.Conn]struct{}{},
 		handshakes: make(chan struct{}, maxPendingHandshakes),
 		rate:       bucket{tokens: handshakeBurst, last: time.Now()}}
@@ -151,12 +161,20 @@ func (c *Channel) acceptLoop() {
 
 const streamWindow = 1 << 20
 
-func sessionConfig() *yamux.Config {
+// logWriter turns yamux's log lines into warnings on log.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Warn("agent channel session", "msg", strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func sessionConfig(log *slog.Logger) *yamux.Config {
 	cfg := yamux.DefaultConfig()
 	cfg.KeepAliveInterval = 10 * time.Second
 	cfg.StreamOpenTimeout = 10 * time.Second
 	cfg.StreamCloseTimeout = 30 * time.Second
-	cfg.LogOutput = io.Discard
+	cfg.LogOutput = logWriter{log}
 	// A window per stream is what one stream can make the peer buffer: 1 MiB
 	// keeps bulk file copies from stalling on window updates and bounds what
 	// an agent can park on the host per open request.
@@ -182,7 +200,7 @@ func (c *Channel) authenticate(conn net.Conn) {
 		conn.Close()
 		return
 	}
-	sess, err := yamux.Client(coalesce(conn), sessionConfig())
+	sess, err := yamux.Client(coalesce(conn), sessionConfig(c.log))
 	if err != nil {
 		conn.Close()
 		return
@@ -199,6 +217,7 @@ func (c *Channel) authenticate(conn net.Conn) {
 	c.changed = make(chan struct{})
 	c.mu.Unlock()
 	if old != nil {
+		c.log.Info("agent channel: a newer session replaces the current one", "agent", id)
 		old.Close()
 	}
 	c.client.CloseIdle()
@@ -310,6 +329,9 @@ func (c *Channel) Close() error {
 	}
 	c.mu.Unlock()
 	err := c.ln.Close()
+	if fi, lerr := os.Lstat(c.path); lerr == nil && os.SameFile(fi, c.sock) {
+		_ = os.Remove(c.path)
+	}
 	if s != nil {
 		s.Close()
 	}

@@ -100,7 +100,7 @@ func (u *Uplink) once(d *net.Dialer) error {
 		conn.Close()
 		return err
 	}
-	sess, err := yamux.Server(coalesce(conn), sessionConfig())
+	sess, err := yamux.Server(coalesce(conn), sessionConfig(u.log))
 	if err != nil {
 		conn.Close()
 		return err
@@ -124,7 +124,7 @@ func (u *Uplink) Close() {
 // ServeConn serves h over an authenticated connection until the session
 // ends (what an Uplink does with each session it dials).
 func ServeConn(conn net.Conn, h http.Handler) error {
-	sess, err := yamux.Server(coalesce(conn), sessionConfig())
+	sess, err := yamux.Server(coalesce(conn), sessionConfig(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
 		conn.Close()
 		return err

@@ -145,10 +145,9 @@ func (d *Daemon) client(id string) *agentapi.Client {
 // dropClient closes a sandbox's channel (its socket goes with it).
 func (d *Daemon) dropClient(id string) {
 	d.chansMu.Lock()
-	ch, ok := d.chans[id]
-	delete(d.chans, id)
-	d.chansMu.Unlock()
-	if ok {
+	defer d.chansMu.Unlock() // no successor listens before this one is gone
+	if ch, ok := d.chans[id]; ok {
+		delete(d.chans, id)
 		ch.Close()
 	}
 }
