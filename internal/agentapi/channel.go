@@ -347,3 +347,19 @@ func UnreachableClient(err error) *Client {
 		return nil, errs.Wrap(errs.Unavailable, err, "agent channel")
 	})
 }
+
+// Quiesce asks the agent to close its session and stop dialing, and waits
+// (up to limit) until the session is gone: the agent's acknowledgement.
+// The agent closes right after answering, so the request may see the
+// session end instead of the answer; that is success too once the session
+// is gone.
+func (c *Channel) Quiesce(ctx context.Context, limit time.Duration) error {
+	qctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	err := c.client.Quiesce(qctx)
+	if err != nil && !errors.Is(err, yamux.ErrSessionShutdown) && !errors.Is(err, io.EOF) &&
+		!errors.Is(err, yamux.ErrStreamClosed) && !errors.Is(err, yamux.ErrConnectionReset) {
+		return err
+	}
+	return c.WaitDisconnected(ctx, limit)
+}

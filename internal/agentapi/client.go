@@ -43,8 +43,12 @@ func newClient(name string, dial func(ctx context.Context) (net.Conn, error)) *C
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dial(ctx)
 		},
-		MaxIdleConnsPerHost:    8,
-		IdleConnTimeout:        30 * time.Second,
+		// One stream per request: opening one costs no round trip, and a
+		// stream is never reused, so net/http never replays a request it
+		// believes unsent on a reused connection (yamux can report a write
+		// that went out as failed when the session ends at that moment: a
+		// replayed POST /exec would run twice).
+		DisableKeepAlives:      true,
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: MaxHeaderBytes,
 		// Bigger buffers than the 4 KiB default: each flush is a frame on the session.

@@ -179,12 +179,7 @@ func (d *Daemon) quiesceAgent(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := ch.Client().Quiesce(qctx); err != nil {
-		return err
-	}
-	return ch.WaitDisconnected(ctx, 5*time.Second)
+	return ch.Quiesce(ctx, 5*time.Second)
 }
 
 func syncDir(dir string) error {
