@@ -36,8 +36,12 @@ type Channel struct {
 
 	handshakes chan struct{} // bounds concurrent handshakes
 	rate       bucket        // bounds the rate of handshakes (accept loop only)
-	wg         sync.WaitGroup
-	client     *Client
+
+	refusedMu     sync.Mutex
+	refusedLogged time.Time // refusals are logged at most once a minute, with a count
+	refused       int
+	wg            sync.WaitGroup
+	client        *Client
 }
 
 // maxPendingHandshakes bounds how many unauthenticated connections one
@@ -196,7 +200,7 @@ func (c *Channel) authenticate(conn net.Conn) {
 	delete(c.pending, conn)
 	c.mu.Unlock()
 	if err != nil {
-		c.log.Warn("agent channel refused", "err", err)
+		c.logRefusal(err)
 		conn.Close()
 		return
 	}
@@ -238,6 +242,22 @@ func (c *Channel) authenticate(conn net.Conn) {
 		c.changed = make(chan struct{})
 	}
 	c.mu.Unlock()
+}
+
+// logRefusal logs a refused handshake without letting a sandbox that
+// dials in a loop flood the daemon's log.
+func (c *Channel) logRefusal(err error) {
+	c.refusedMu.Lock()
+	c.refused++
+	n := c.refused
+	now := time.Now()
+	if now.Sub(c.refusedLogged) < time.Minute {
+		c.refusedMu.Unlock()
+		return
+	}
+	c.refusedLogged, c.refused = now, 0
+	c.refusedMu.Unlock()
+	c.log.Warn("agent channel refused a connection", "err", err, "refused_since_last_log", n)
 }
 
 // current returns the live session and a channel closed when it changes.
@@ -304,12 +324,6 @@ func (c *Channel) WaitDisconnected(ctx context.Context, limit time.Duration) err
 			return errs.E(errs.Unavailable, "agent still connected after %s", limit)
 		}
 	}
-}
-
-// Connected reports whether an authenticated agent session is live.
-func (c *Channel) Connected() bool {
-	s, _, _ := c.current()
-	return s != nil
 }
 
 // Close stops listening (removing the socket) and ends the session.

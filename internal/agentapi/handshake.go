@@ -4,7 +4,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -70,8 +69,6 @@ func nonce() ([]byte, error) {
 	}
 	return b, nil
 }
-
-var errAuth = errs.E(errs.Unauthenticated, "agent channel: authentication failed")
 
 // AgentHandshake is the agent's side: it announces id, checks the daemon's
 // proof before it says anything keyed, then proves itself.
@@ -151,16 +148,10 @@ func DaemonHandshake(conn net.Conn, keyFor func(id string) ([]byte, bool)) (stri
 		return "", fmt.Errorf("agent channel: read agent proof: %w", err)
 	}
 	if !hmac.Equal(got[:], proof(key, "agent", id, nA, nD)) {
-		return "", errAuth
+		return "", errs.E(errs.Unauthenticated, "agent channel: the agent's proof is wrong")
 	}
 	if _, err := conn.Write([]byte{accepted}); err != nil {
 		return "", fmt.Errorf("agent channel: send accept: %w", err)
 	}
 	return id, nil
-}
-
-// IsAuthError reports whether err is a failed authentication (as opposed
-// to a transport failure).
-func IsAuthError(err error) bool {
-	return errs.Is(err, errs.Unauthenticated) || errors.Is(err, errAuth)
 }
