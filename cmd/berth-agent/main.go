@@ -1,9 +1,12 @@
 // Command berth-agent is PID 1 inside every sandbox: it reaps zombies and
-// serves the agent API (internal/agentapi) on a unix socket.
+// serves the agent API (internal/agentapi) over the daemon's authenticated
+// channel socket. The channel key comes in BERTH_AGENT_KEY (hex), set by
+// the daemon in PID 1's environment; no process the agent starts inherits it.
 package main
 
 import (
 	"context"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -20,9 +23,10 @@ import (
 func main() {
 	var cfg agent.Config
 	var subreaper bool
-	var runDir string
-	flag.StringVar(&cfg.SocketPath, "socket", os.Getenv("BERTH_AGENT_SOCKET"), "unix socket to serve on (default RUN-DIR/agent.sock)")
-	flag.StringVar(&runDir, "run-dir", agentapi.SocketDir, "directory shared with the host: env.json, on-restore.log, restore-count")
+	var runDir, stateDir string
+	flag.StringVar(&cfg.SocketPath, "socket", os.Getenv("BERTH_AGENT_SOCKET"), "the daemon's channel socket to dial (default RUN-DIR/agent.sock)")
+	flag.StringVar(&runDir, "run-dir", agentapi.SocketDir, "read-only directory from the host: agent.sock, env.json")
+	flag.StringVar(&stateDir, "state-dir", agent.StateDir, "the agent's own files in the sandbox: on-restore.log, restore-count")
 	flag.StringVar(&cfg.HookDir, "hook-dir", "/etc/berth/on-restore.d", "executables run after a memory restore")
 	flag.BoolVar(&subreaper, "subreaper", false, "reap orphaned descendants as a child subreaper (implied as PID 1)")
 	flag.Parse()
@@ -30,11 +34,18 @@ func main() {
 		cfg.SocketPath = filepath.Join(runDir, agentapi.SocketName)
 	}
 	cfg.EnvFile = filepath.Join(runDir, "env.json")
-	cfg.HookLog = filepath.Join(runDir, "on-restore.log")
-	cfg.RestoreCountFile = filepath.Join(runDir, "restore-count")
+	cfg.HookLog = filepath.Join(stateDir, "on-restore.log")
+	cfg.RestoreCountFile = filepath.Join(stateDir, "restore-count")
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg.Logger = log
 	cfg.SandboxID = os.Getenv("BERTH_SANDBOX_ID")
+	key, err := hex.DecodeString(os.Getenv("BERTH_AGENT_KEY"))
+	if err != nil || len(key) != agentapi.KeySize {
+		fmt.Fprintf(os.Stderr, "berth-agent: BERTH_AGENT_KEY must be %d hex-encoded bytes\n", agentapi.KeySize)
+		os.Exit(2)
+	}
+	cfg.Key = key
+	_ = os.Unsetenv("BERTH_AGENT_KEY")
 	cfg.ReapAll = os.Getpid() == 1 || subreaper
 	if subreaper && os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {

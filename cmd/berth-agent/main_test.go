@@ -3,6 +3,8 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"io"
 	"os"
@@ -48,8 +50,17 @@ func startAgent(t *testing.T) (*exec.Cmd, *agentapi.Client, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(run) })
-	cmd := exec.Command(bin, "--run-dir", run, "--hook-dir", filepath.Join(run, "hooks"), "--subreaper")
-	cmd.Env = append(os.Environ(), "BERTH_SANDBOX_ID=e2esb")
+	key := make([]byte, agentapi.KeySize)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := agentapi.Listen(filepath.Join(run, agentapi.SocketName), "e2esb", key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	cmd := exec.Command(bin, "--run-dir", run, "--state-dir", run, "--hook-dir", filepath.Join(run, "hooks"), "--subreaper")
+	cmd.Env = append(os.Environ(), "BERTH_SANDBOX_ID=e2esb", "BERTH_AGENT_KEY="+hex.EncodeToString(key))
 	logs := &syncBuffer{}
 	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {
@@ -62,7 +73,7 @@ func startAgent(t *testing.T) (*exec.Cmd, *agentapi.Client, string) {
 			t.Logf("agent log:\n%s", logs.String())
 		}
 	})
-	c := agentapi.NewClient(filepath.Join(run, agentapi.SocketName))
+	c := ch.Client()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := c.WaitReady(ctx, 50*time.Millisecond); err != nil {
@@ -106,6 +117,7 @@ func TestBinaryExecAndReaping(t *testing.T) {
 		wantExit agentapi.Event
 	}{
 		{"sandbox id", "echo $BERTH_SANDBOX_ID", "e2esb\n", agentapi.Event{Type: "exit", Exited: true, Status: "exit status 0"}},
+		{"channel key not inherited", "echo ${BERTH_AGENT_KEY:-none}", "none\n", agentapi.Event{Type: "exit", Exited: true, Status: "exit status 0"}},
 		{"exit 7", "exit 7", "", agentapi.Event{Type: "exit", ExitCode: 7, Exited: true, Status: "exit status 7", Error: "exit status 7"}},
 		{"sigkill", "kill -KILL $$", "", agentapi.Event{Type: "exit", ExitCode: -1, Signal: "killed", Status: "signal: killed", Error: "signal: killed"}},
 	}
@@ -144,7 +156,7 @@ func TestBinaryExecAndReaping(t *testing.T) {
 	}
 }
 
-// TestBinaryQuiesce: SIGUSR1 closes the socket and ends streams while the
+// TestBinaryQuiesce: SIGUSR1 closes the channel and ends streams while the
 // process keeps running; SIGUSR2 serves again and attach finds the process.
 func TestBinaryQuiesce(t *testing.T) {
 	cmd, c, _ := startAgent(t)

@@ -1,14 +1,13 @@
-// Package agent is berth-agent: PID 1 inside every sandbox. It serves the
-// internal/agentapi contract on a unix socket: exec with streams, stdin,
+// Package agent is berth-agent: PID 1 inside every sandbox. It dials the
+// daemon's channel socket, authenticates with the sandbox's key, and serves
+// the internal/agentapi contract over that channel: exec with streams, stdin,
 // signals and PTYs; files; watches; health and activity for the reaper; and
 // quiesce/reopen around memory checkpoints.
 package agent
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -30,14 +29,15 @@ const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // Config is the agent's configuration. Zero values take the in-sandbox
 // defaults; tests point the paths at temporary files.
 type Config struct {
-	SocketPath       string // default /run/berth/agent.sock
+	SocketPath       string // default /run/berth/agent.sock: the daemon's channel socket, dialed
 	PasswdPath       string // default /etc/passwd
 	GroupPath        string // default /etc/group
-	EnvFile          string // default /run/berth/env.json: default env for every process
+	EnvFile          string // default /run/berth/env.json: default env for every process (host-written, read-only here)
 	HookDir          string // default /etc/berth/on-restore.d
-	HookLog          string // default /run/berth/on-restore.log
-	RestoreCountFile string // default /run/berth/restore-count
-	SandboxID        string // exported to every process as BERTH_SANDBOX_ID
+	HookLog          string // default /var/lib/berth-agent/on-restore.log (the sandbox's own disk)
+	RestoreCountFile string // default /var/lib/berth-agent/restore-count
+	SandboxID        string // exported to every process as BERTH_SANDBOX_ID; the channel identity
+	Key              []byte // the sandbox's channel key (agentapi.KeySize bytes)
 	// ReapAll makes the agent reap every child with wait4(-1), as PID 1 (or a
 	// child subreaper) must. Off, it waits only for the processes it started.
 	ReapAll bool
@@ -55,15 +55,19 @@ func (c *Config) setDefaults() {
 	def(&c.GroupPath, "/etc/group")
 	def(&c.EnvFile, filepath.Join(agentapi.SocketDir, "env.json"))
 	def(&c.HookDir, "/etc/berth/on-restore.d")
-	def(&c.HookLog, filepath.Join(agentapi.SocketDir, "on-restore.log"))
-	def(&c.RestoreCountFile, filepath.Join(agentapi.SocketDir, "restore-count"))
+	def(&c.HookLog, filepath.Join(StateDir, "on-restore.log"))
+	def(&c.RestoreCountFile, filepath.Join(StateDir, "restore-count"))
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 }
 
-// Agent serves the agent API. Create with New, then Listen; Quiesce and
-// Listen again around a checkpoint; Close at the end.
+// StateDir holds the agent's own files inside the sandbox's filesystem (so
+// they survive a disk pause, and nothing of them lands on the host).
+const StateDir = "/var/lib/berth-agent"
+
+// Agent serves the agent API. Create with New, then Listen (dial the
+// daemon); Quiesce and Listen again around a checkpoint; Close at the end.
 type Agent struct {
 	cfg      Config
 	log      *slog.Logger
@@ -71,11 +75,10 @@ type Agent struct {
 	children *childWaiter
 	handler  http.Handler
 
-	mu        sync.Mutex
-	procs     map[int]*process
-	srv       *http.Server
-	serveDone chan struct{}
-	closed    bool
+	mu     sync.Mutex
+	procs  map[int]*process
+	uplink *agentapi.Uplink
+	closed bool
 
 	restoreCount atomic.Int64
 	lastExec     atomic.Int64 // unix nanos
@@ -83,8 +86,10 @@ type Agent struct {
 	running      atomic.Int64
 	openStreams  atomic.Int64
 
-	// forkID is BERTH_SANDBOX_ID after a restore as a fork (the image has the parent's).
-	forkID atomic.Pointer[string]
+	// forkID is BERTH_SANDBOX_ID after a restore as a fork (the image has
+	// the parent's), forkKey its channel key.
+	forkID  atomic.Pointer[string]
+	forkKey atomic.Pointer[[]byte]
 
 	procWG sync.WaitGroup // process lifecycles
 }
@@ -126,59 +131,64 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST /fs/remove", a.handleRemove)
 	mux.HandleFunc("POST /fs/watch", a.handleWatch)
 	mux.HandleFunc("POST /restored", a.handleRestored)
+	mux.HandleFunc("POST /quiesce", a.handleQuiesce)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
 	return mux
 }
 
-// Listen binds the socket (replacing a stale one) and serves in the background.
+// identity is who the agent says it is on the channel.
+func (a *Agent) identity() (string, []byte) {
+	id, key := a.cfg.SandboxID, a.cfg.Key
+	if p := a.forkID.Load(); p != nil {
+		id = *p
+	}
+	if p := a.forkKey.Load(); p != nil {
+		key = *p
+	}
+	return id, key
+}
+
+// Listen starts dialing the daemon's channel socket in the background
+// (redialing whenever the session drops) and serves the API on it.
 func (a *Agent) Listen() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return errs.E(errs.FailedPrecondition, "agent is closed")
 	}
-	if a.srv != nil {
+	if a.uplink != nil {
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Dir(a.cfg.SocketPath), 0o755); err != nil {
-		return errs.Wrap(errs.Internal, err, "create socket dir")
+	if len(a.cfg.Key) != agentapi.KeySize {
+		return errs.Field("key", "the channel key must be %d bytes (BERTH_AGENT_KEY)", agentapi.KeySize)
 	}
-	if err := os.Remove(a.cfg.SocketPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return errs.Wrap(errs.Internal, err, "remove stale socket")
-	}
-	ln, err := net.Listen("unix", a.cfg.SocketPath)
-	if err != nil {
-		return errs.Wrap(errs.Unavailable, err, "listen on %s", a.cfg.SocketPath)
-	}
-	srv := &http.Server{Handler: a.handler, ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)}
-	done := make(chan struct{})
-	a.srv, a.serveDone = srv, done
-	go func() {
-		defer close(done)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("serve", "err", err)
-		}
-	}()
-	a.log.Info("listening", "socket", a.cfg.SocketPath)
+	a.uplink = agentapi.DialUplink(a.cfg.SocketPath, a.identity, a.handler, a.log)
+	a.log.Info("dialing", "socket", a.cfg.SocketPath)
 	return nil
 }
 
-// Quiesce closes the listener and every connection (open streams end) so a
+// Quiesce closes the channel (open streams end) and stops dialing, so a
 // checkpoint can be taken; processes keep running.
 func (a *Agent) Quiesce() {
 	a.mu.Lock()
-	srv, done := a.srv, a.serveDone
-	a.srv, a.serveDone = nil, nil
+	up := a.uplink
+	a.uplink = nil
 	a.mu.Unlock()
-	if srv == nil {
+	if up == nil {
 		return
 	}
-	_ = srv.Close()
-	<-done
+	up.Close()
 	a.log.Info("quiesced")
+}
+
+// handleQuiesce answers, then quiesces: the daemon waits for the session
+// to close, which is the agent's acknowledgement.
+func (a *Agent) handleQuiesce(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNoContent)
+	_ = http.NewResponseController(w).Flush()
+	go a.Quiesce()
 }
 
 // Close stops serving, kills every process the agent started and waits for

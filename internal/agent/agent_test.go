@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -34,6 +36,7 @@ type env struct {
 	t      *testing.T
 	agent  *agent.Agent
 	client *agentapi.Client
+	ch     *agentapi.Channel
 	cfg    agent.Config
 	home   string
 	dir    string
@@ -72,12 +75,27 @@ func newEnv(t *testing.T) *env {
 		SandboxID:        "sbtest1",
 		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
+	mustMkdir(t, filepath.Join(dir, "run"))
+	cfg.Key = newKey(t)
+	ch, err := agentapi.Listen(cfg.SocketPath, cfg.SandboxID, cfg.Key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
 	a := agent.New(cfg)
 	if err := a.Listen(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	return &env{t: t, agent: a, client: agentapi.NewClient(cfg.SocketPath), cfg: cfg, home: home, dir: dir}
+	return &env{t: t, agent: a, client: ch.Client(), ch: ch, cfg: cfg, home: home, dir: dir}
+}
+
+func newKey(t *testing.T) []byte {
+	k := make([]byte, agentapi.KeySize)
+	if _, err := rand.Read(k); err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
 
 func mustMkdir(t *testing.T, p string) {
@@ -267,4 +285,59 @@ func TestRestoredRunsHooks(t *testing.T) {
 		t.Fatalf("BERTH_RESTORE_COUNT in exec = %q", got.Stdout)
 	}
 	wantErr(t, e.client.Restored(ctx, agentapi.RestoredRequest{RestoreCount: -1}), errs.InvalidArgument, "restore_count")
+}
+
+// TestQuiesceAndRekey: /quiesce closes the session (the daemon's signal
+// that a checkpoint may start) and the agent stops dialing; a fork's
+// /restored rekeys it, so its next session authenticates as the child
+// only: a channel accepting the old identity alone gets nothing.
+func TestQuiesceAndRekey(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	childKey := newKey(t)
+	if err := e.client.Restored(ctx, agentapi.RestoredRequest{RestoreCount: 1, SandboxID: "sbchild",
+		Key: hex.EncodeToString(childKey)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.run(agentapi.ExecRequest{Shell: "echo $BERTH_SANDBOX_ID"}); got.Stdout != "sbchild\n" {
+		t.Fatalf("BERTH_SANDBOX_ID after a fork restore = %q", got.Stdout)
+	}
+	wantErr(t, e.client.Restored(ctx, agentapi.RestoredRequest{RestoreCount: 1, SandboxID: "x", Key: "abcd"}), errs.InvalidArgument, "key")
+	if err := e.client.Quiesce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ch.WaitDisconnected(ctx, 5*time.Second); err != nil {
+		t.Fatalf("session still up after quiesce: %v", err)
+	}
+	// Quiesced: the agent does not come back on its own.
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err := e.client.Health(short)
+	cancel()
+	if err == nil {
+		t.Fatal("a quiesced agent answered")
+	}
+	// The old identity is refused by what the agent now says it is.
+	e.ch.Close()
+	old, err := agentapi.Listen(e.cfg.SocketPath, e.cfg.SandboxID, e.cfg.Key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.agent.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = old.Client().Health(short)
+	cancel()
+	old.Close()
+	if err == nil {
+		t.Fatal("the rekeyed agent authenticated with its parent's identity")
+	}
+	child, err := agentapi.Listen(e.cfg.SocketPath, "sbchild", childKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer child.Close()
+	if h, err := child.Client().WaitReady(ctx, 10*time.Millisecond); err != nil || !h.OK {
+		t.Fatalf("rekeyed agent on the child's channel: %+v, %v", h, err)
+	}
 }

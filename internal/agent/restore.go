@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"os"
@@ -28,10 +29,22 @@ func (a *Agent) handleRestored(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.Field("restore_count", "must be >= 0, got %d", req.RestoreCount))
 		return
 	}
+	var key []byte
+	if req.Key != "" {
+		k, err := hex.DecodeString(req.Key)
+		if err != nil || len(k) != agentapi.KeySize || req.SandboxID == "" {
+			writeError(w, errs.Field("key", "must be %d hex-encoded bytes, with sandbox_id", agentapi.KeySize))
+			return
+		}
+		key = k
+	}
 	a.restoreCount.Store(int64(req.RestoreCount))
 	if req.SandboxID != "" {
 		id := req.SandboxID
 		a.forkID.Store(&id)
+	}
+	if key != nil { // a fork's own key: used from the next session on
+		a.forkKey.Store(&key)
 	}
 	if err := os.MkdirAll(filepath.Dir(a.cfg.RestoreCountFile), 0o755); err == nil {
 		if err := os.WriteFile(a.cfg.RestoreCountFile, []byte(strconv.Itoa(req.RestoreCount)+"\n"), 0o644); err != nil {

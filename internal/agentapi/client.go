@@ -19,24 +19,132 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 )
 
-// Client talks to one berth-agent over its unix socket.
+// Client talks to one berth-agent over its authenticated channel. Every
+// answer is bounded: control answers by MaxControlBytes, each streamed
+// event by MaxEventBytes, headers by MaxHeaderBytes; an agent that sends
+// more gets an error, never the daemon's memory.
 type Client struct {
 	socket string
 	http   *http.Client
+	tr     *http.Transport
 }
 
-// NewClient returns a client for the agent listening on socketPath.
-func NewClient(socketPath string) *Client {
-	d := &net.Dialer{Timeout: 5 * time.Second}
+// Bounds on what the daemon reads from an agent.
+const (
+	MaxControlBytes = 16 << 20 // one JSON answer (a large directory listing)
+	MaxEventBytes   = 4 << 20  // one streamed event line
+	MaxHeaderBytes  = 64 << 10
+	maxErrorBytes   = 64 << 10
+)
+
+// newClient returns a client whose connections are streams from dial.
+func newClient(name string, dial func(ctx context.Context) (net.Conn, error)) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "unix", socketPath)
+			return dial(ctx)
 		},
-		MaxIdleConnsPerHost: 8,
-		IdleConnTimeout:     30 * time.Second,
-		DisableCompression:  true,
+		// One stream per request: opening one costs no round trip, and a
+		// stream is never reused, so net/http never replays a request it
+		// believes unsent on a reused connection (yamux can report a write
+		// that went out as failed when the session ends at that moment: a
+		// replayed POST /exec would run twice).
+		DisableKeepAlives:      true,
+		DisableCompression:     true,
+		MaxResponseHeaderBytes: MaxHeaderBytes,
+		// Bigger buffers than the 4 KiB default: each flush is a frame on the session.
+		WriteBufferSize: 64 << 10,
+		ReadBufferSize:  64 << 10,
 	}
-	return &Client{socket: socketPath, http: &http.Client{Transport: tr}}
+	return &Client{socket: name, http: &http.Client{Transport: tr}, tr: tr}
+}
+
+// CloseIdle drops idle streams (their session changed or is ending).
+func (c *Client) CloseIdle() { c.tr.CloseIdleConnections() }
+
+// errTooLarge is what a bounded read returns past its limit.
+type errTooLarge struct{ limit int64 }
+
+func (e errTooLarge) Error() string {
+	return fmt.Sprintf("agent answer exceeds %d bytes", e.limit)
+}
+
+// capReader fails (rather than truncates) once more than n bytes are read.
+type capReader struct {
+	r     io.Reader
+	n     int64
+	limit int64
+}
+
+func newCapReader(r io.Reader, limit int64) *capReader {
+	return &capReader{r: r, n: limit, limit: limit}
+}
+
+func (c *capReader) Read(p []byte) (int, error) {
+	if c.n < 0 {
+		return 0, errTooLarge{c.limit}
+	}
+	if int64(len(p)) > c.n+1 {
+		p = p[:c.n+1]
+	}
+	n, err := c.r.Read(p)
+	c.n -= int64(n)
+	if c.n < 0 {
+		return n - int(-c.n), errTooLarge{c.limit}
+	}
+	return n, err
+}
+
+// decodeBounded decodes one JSON value of at most limit bytes.
+func (c *Client) decodeBounded(r io.Reader, limit int64, out any, route string) error {
+	if err := json.NewDecoder(newCapReader(r, limit)).Decode(out); err != nil {
+		var tl errTooLarge
+		if errors.As(err, &tl) {
+			return errs.Wrap(errs.ResourceExhausted, err, "agent %s: %s", c.socket, route)
+		}
+		return c.transportError(err, route)
+	}
+	return nil
+}
+
+// readLine reads one newline-terminated line of at most limit bytes.
+func readLine(br *bufio.Reader, limit int) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		if len(line)+len(frag) > limit {
+			return nil, errs.Wrap(errs.ResourceExhausted, errTooLarge{int64(limit)}, "agent stream event")
+		}
+		line = append(line, frag...)
+		if err == nil {
+			return line, nil
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			if err == io.EOF && len(bytes.TrimSpace(line)) > 0 {
+				return line, nil
+			}
+			return nil, err
+		}
+	}
+}
+
+// eventReader decodes newline-delimited JSON events, each bounded.
+type eventReader struct{ br *bufio.Reader }
+
+func newEventReader(r io.Reader) *eventReader {
+	return &eventReader{br: bufio.NewReaderSize(r, 64<<10)}
+}
+
+func (e *eventReader) next(v any) error {
+	for {
+		line, err := readLine(e.br, MaxEventBytes)
+		if err != nil {
+			return err
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		return json.Unmarshal(line, v)
+	}
 }
 
 // kindByName decodes the agent's error code; unknown codes are Internal.
@@ -54,6 +162,10 @@ func kindByName(code string) errs.Kind {
 func (c *Client) transportError(err error, route string) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
+	}
+	var e *errs.Error
+	if errors.As(err, &e) { // the channel's own verdict (not connected, closed)
+		return errs.Wrap(e.Kind, err, "agent %s: %s", c.socket, route)
 	}
 	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
@@ -85,7 +197,7 @@ func (c *Client) do(ctx context.Context, method, route string, q url.Values, bod
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBytes))
 	var e Error
 	if err := json.Unmarshal(b, &e); err != nil || e.Code == "" {
 		return nil, errs.E(errs.Internal, "agent %s: %s: HTTP %d: %s", c.socket, route, resp.StatusCode, bytes.TrimSpace(b))
@@ -112,10 +224,7 @@ func (c *Client) doJSON(ctx context.Context, method, route string, in, out any) 
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return c.transportError(err, route)
-	}
-	return nil
+	return c.decodeBounded(resp.Body, MaxControlBytes, out, route)
 }
 
 func (c *Client) Health(ctx context.Context) (Health, error) {
@@ -133,7 +242,7 @@ func (c *Client) Activity(ctx context.Context) (Activity, error) {
 // Stream is an exec or attach event stream.
 type Stream struct {
 	body io.ReadCloser
-	dec  *json.Decoder
+	dec  *eventReader
 	done bool
 }
 
@@ -144,8 +253,11 @@ func (s *Stream) Next() (Event, error) {
 		return Event{}, io.EOF
 	}
 	var ev Event
-	if err := s.dec.Decode(&ev); err != nil {
+	if err := s.dec.next(&ev); err != nil {
 		s.done = true
+		if errs.Is(err, errs.ResourceExhausted) {
+			return Event{}, err
+		}
 		return Event{}, errs.Wrap(errs.Unavailable, err, "agent stream ended before exit")
 	}
 	if ev.Type == "exit" {
@@ -165,7 +277,7 @@ func keepaliveQuery(sec int) url.Values {
 }
 
 func newStream(resp *http.Response) *Stream {
-	return &Stream{body: resp.Body, dec: json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))}
+	return &Stream{body: resp.Body, dec: newEventReader(resp.Body)}
 }
 
 // Exec starts a process and streams its events, "start" first. Closing the
@@ -249,8 +361,8 @@ func (c *Client) WriteFile(ctx context.Context, path, user string, mode os.FileM
 	}
 	defer resp.Body.Close()
 	var info EntryInfo
-	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
-		return EntryInfo{}, c.transportError(err, "/files")
+	if err := c.decodeBounded(resp.Body, MaxControlBytes, &info, "/files"); err != nil {
+		return EntryInfo{}, err
 	}
 	return info, nil
 }
@@ -286,14 +398,17 @@ func (c *Client) Move(ctx context.Context, req MoveRequest) (EntryInfo, error) {
 // WatchStream is a stream of filesystem events, {"type":"start"} first.
 type WatchStream struct {
 	body io.ReadCloser
-	dec  *json.Decoder
+	dec  *eventReader
 }
 
 // Next returns the next event. The stream has no natural end: it ends when
 // the context or Close ends it (an errs.Unavailable error).
 func (s *WatchStream) Next() (FSEvent, error) {
 	var ev FSEvent
-	if err := s.dec.Decode(&ev); err != nil {
+	if err := s.dec.next(&ev); err != nil {
+		if errs.Is(err, errs.ResourceExhausted) {
+			return FSEvent{}, err
+		}
 		return FSEvent{}, errs.Wrap(errs.Unavailable, err, "agent watch stream ended")
 	}
 	return ev, nil
@@ -310,7 +425,7 @@ func (c *Client) Watch(ctx context.Context, req WatchRequest, keepaliveSec int) 
 	if err != nil {
 		return nil, err
 	}
-	return &WatchStream{body: resp.Body, dec: json.NewDecoder(newLineLimiter(resp.Body, maxWatchLine))}, nil
+	return &WatchStream{body: resp.Body, dec: newEventReader(resp.Body)}, nil
 }
 
 func (c *Client) Restored(ctx context.Context, req RestoredRequest) error {

@@ -2,11 +2,11 @@ package agentapi_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,7 +22,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func socketPath(t *testing.T) string {
+func socketPath(t testing.TB) string {
 	dir, err := os.MkdirTemp("", "berth-client-")
 	if err != nil {
 		t.Fatal(err)
@@ -31,23 +31,46 @@ func socketPath(t *testing.T) string {
 	return filepath.Join(dir, "agent.sock")
 }
 
-// serveUnix runs h on a unix socket until the test ends.
-func serveUnix(t *testing.T, path string, h http.Handler) {
-	ln, err := net.Listen("unix", path)
+func newKey(t *testing.T) []byte {
+	k := make([]byte, agentapi.KeySize)
+	if _, err := rand.Read(k); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// unavailable: no agent answered (the channel says so, or the caller's deadline passed waiting).
+func unavailable(err error) bool {
+	return errs.Is(err, errs.Unavailable) || errors.Is(err, context.DeadlineExceeded)
+}
+
+func fixed(id string, key []byte) agentapi.Identity {
+	return func() (string, []byte) { return id, key }
+}
+
+// listen opens the host end of a channel for id until the test ends.
+func listen(t *testing.T, path, id string, key []byte) *agentapi.Channel {
+	ch, err := agentapi.Listen(path, id, key, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close(); <-done })
+	t.Cleanup(func() { ch.Close() })
+	return ch
+}
+
+// serveAgent dials the channel at path and serves h (an agent's end) until the test ends.
+func serveAgent(t *testing.T, path, id string, key []byte, h http.Handler) *agentapi.Uplink {
+	up := agentapi.DialUplink(path, fixed(id, key), h, nil)
+	t.Cleanup(up.Close)
+	return up
 }
 
 // TestErrorKindsDecode checks every errs.Kind survives the wire: the agent's
 // {"code","message"} body becomes an *errs.Error of the same kind.
 func TestErrorKindsDecode(t *testing.T) {
-	path := socketPath(t)
-	serveUnix(t, path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	path, key := socketPath(t), newKey(t)
+	ch := listen(t, path, "sb1", key)
+	serveAgent(t, path, "sb1", key, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		code := r.URL.Query().Get("path")
 		if code == "garbage" {
 			w.WriteHeader(http.StatusBadGateway)
@@ -57,7 +80,7 @@ func TestErrorKindsDecode(t *testing.T) {
 		w.WriteHeader(http.StatusTeapot)
 		_ = json.NewEncoder(w).Encode(agentapi.Error{Code: code, Message: "msg for " + code})
 	}))
-	c := agentapi.NewClient(path)
+	c := ch.Client()
 	ctx := context.Background()
 	for _, k := range errs.Kinds() {
 		t.Run(k.String(), func(t *testing.T) {
@@ -86,38 +109,39 @@ func TestErrorKindsDecode(t *testing.T) {
 }
 
 func TestUnreachableIsUnavailable(t *testing.T) {
-	stale := socketPath(t)
-	ln, err := net.Listen("unix", stale)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	ln.Close() // the socket file stays, nobody listens: connection refused
-	tests := []struct{ name, path string }{
-		{"missing socket", filepath.Join(filepath.Dir(stale), "nothing.sock")},
-		{"refused", stale},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := agentapi.NewClient(tt.path).Health(context.Background())
-			if !errs.Is(err, errs.Unavailable) {
-				t.Fatalf("err = %v (kind %v), want unavailable", err, errs.KindOf(err))
-			}
-		})
-	}
+	path := socketPath(t)
+	ch := listen(t, path, "sb1", newKey(t))
+	t.Run("no agent", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if _, err := ch.Client().Health(ctx); !unavailable(err) {
+			t.Fatalf("err = %v (kind %v), want unavailable", err, errs.KindOf(err))
+		}
+	})
+	t.Run("closed channel", func(t *testing.T) {
+		ch.Close()
+		if _, err := ch.Client().Health(context.Background()); !errs.Is(err, errs.Unavailable) {
+			t.Fatalf("err = %v (kind %v), want unavailable", err, errs.KindOf(err))
+		}
+		if _, err := os.Stat(path); !os.IsNotExist(err) {
+			t.Fatalf("socket left behind after Close: %v", err)
+		}
+	})
 }
 
-// TestWaitReady polls a socket that appears later, served by the real agent.
+// TestWaitReady waits for an agent that connects later: the real agent.
 func TestWaitReady(t *testing.T) {
-	path := socketPath(t)
-	c := agentapi.NewClient(path)
+	path, key := socketPath(t), newKey(t)
+	ch := listen(t, path, "sb1", key)
+	c := ch.Client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	_, err := c.WaitReady(ctx, 10*time.Millisecond)
 	cancel()
 	if !errs.Is(err, errs.Unavailable) {
 		t.Fatalf("WaitReady without agent = %v, want unavailable", err)
 	}
-	a := agent.New(agent.Config{SocketPath: path, EnvFile: path + ".env", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	a := agent.New(agent.Config{SocketPath: path, EnvFile: path + ".env", SandboxID: "sb1", Key: key,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	defer a.Close()
 	go func() {
 		time.Sleep(50 * time.Millisecond)

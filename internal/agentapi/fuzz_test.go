@@ -62,7 +62,7 @@ func FuzzWatchStream(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		s := &WatchStream{body: io.NopCloser(bytes.NewReader(body)), dec: json.NewDecoder(bytes.NewReader(body))}
+		s := &WatchStream{body: io.NopCloser(bytes.NewReader(body)), dec: newEventReader(bytes.NewReader(body))}
 		for range 10000 {
 			if _, err := s.Next(); err != nil {
 				if errs.KindOf(err) != errs.Unavailable {

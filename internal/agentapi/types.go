@@ -1,7 +1,10 @@
 // Package agentapi is the wire contract between the berth daemon and
-// berth-agent (PID 1 inside every sandbox). Transport: HTTP/1.1 over the unix
-// socket /run/berth/agent.sock inside the sandbox, which is a bind mount of
-// the host directory sandboxes/<id>/run/. JSON bodies; streams are
+// berth-agent (PID 1 inside every sandbox). Transport: the daemon listens on
+// the unix socket /run/berth/agent.sock inside the sandbox, a READ-ONLY bind
+// mount of the host directory sandboxes/<id>/chan/ (which also holds
+// env.json); the agent dials it, both sides authenticate with the sandbox's
+// key (handshake.go), and the agent serves HTTP/1.1 over a yamux session on
+// that one connection: each request is a stream. JSON bodies; streams are
 // newline-delimited JSON (one Event per line), flushed per event.
 //
 // Routes (all paths absolute in the sandbox; relative paths resolve against
@@ -25,15 +28,16 @@
 //	POST /fs/remove PathRequest          -> 204 (missing path is not an error)
 //	POST /fs/watch  WatchRequest         -> 200 NDJSON stream of FSEvent (first {"type":"start"})
 //	POST /restored  RestoredRequest      -> 204 (host tells the agent it was restored from memory)
+//	POST /quiesce                        -> 204, then the agent closes its session and stops dialing
 //
 // Errors: non-2xx with Error JSON {"code": "<errs kind name>", "message": "..."}.
-// The agent quiesces on SIGUSR1 (closes its listener and all connections so a
-// checkpoint can be taken) and listens again on SIGUSR2.
+// The agent also quiesces on SIGUSR1 and dials again on SIGUSR2 (how a
+// restored agent, whose memory says "quiesced", is woken).
 package agentapi
 
 import "time"
 
-// SocketDir is where the host's run directory is mounted inside the sandbox.
+// SocketDir is where the host's channel directory is mounted (read-only) inside the sandbox.
 const SocketDir = "/run/berth"
 
 // SocketName is the agent socket's file name inside SocketDir.
@@ -175,4 +179,7 @@ type RestoredRequest struct {
 	// sandbox's id, exported as BERTH_SANDBOX_ID from then on (the memory
 	// image carries the parent's).
 	SandboxID string `json:"sandbox_id,omitempty"`
+	// Key (hex) is the fork's own channel key, set with SandboxID: the
+	// agent authenticates with it from its next session on.
+	Key string `json:"key,omitempty"`
 }

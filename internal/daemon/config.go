@@ -54,7 +54,7 @@ func (c *Config) Validate() error {
 		return errs.Field("data_dir", "must be an absolute path, got %q", c.DataDir)
 	}
 	// A unix socket path cannot exceed 107 bytes; the agent socket lives under the data dir.
-	sock := filepath.Join(c.DataDir, "sandboxes", "12345678901234567890", "run", "agent.sock")
+	sock := filepath.Join(c.DataDir, "sandboxes", "12345678901234567890", "chan", "agent.sock")
 	if len(sock) > maxSocketPath {
 		return errs.Field("data_dir", "too long (%d bytes): agent socket paths under it would exceed the 107-byte unix socket limit", len(c.DataDir))
 	}

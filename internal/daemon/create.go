@@ -2,7 +2,7 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
+	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -251,8 +251,8 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 			return err
 		}
 	}
-	if err := os.MkdirAll(d.runDir(sb.ID), 0o755); err != nil {
-		return errs.Wrap(errs.Internal, err, "create sandbox dir")
+	if err := d.ensureChanDir(sb.ID); err != nil {
+		return err
 	}
 	if err := d.shareSandboxDir(sb); err != nil {
 		return err
@@ -298,7 +298,12 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if err := d.writeEnv(sb); err != nil {
 		return err
 	}
-	_ = os.Remove(d.socketPath(sb.ID))
+	// The daemon listens first; the agent dials as soon as it starts.
+	ch, err := d.openChannel(sb.ID)
+	if err != nil {
+		return err
+	}
+	undo = append(undo, func(context.Context) error { d.dropClient(sb.ID); return nil })
 	spec := d.spec(sb, tpl, root)
 	if err := rt.Run(ctx, spec); err != nil {
 		return errs.Wrap(errs.Internal, err, "start sandbox")
@@ -308,8 +313,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
 	defer cancel()
-	d.dropClient(sb.ID)
-	if _, err := d.client(sb.ID).WaitReady(wctx, 2*time.Millisecond); err != nil {
+	if _, err := ch.Client().WaitReady(wctx, 2*time.Millisecond); err != nil {
 		return errs.Wrap(errs.Unavailable, err, "agent did not become ready within %s", d.cfg.ReadyTimeout)
 	}
 	d.runStartCommand(ctx, sb, tpl)
@@ -322,16 +326,20 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // spec computes the runtime spec for a sandbox: pure data.
 func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) runtime.Spec {
+	// The channel key is PID 1's alone: the config is host-only, and the
+	// agent passes it to none of its children (a sandbox root reading
+	// /proc/1/environ learns its own sandbox's key, nothing more).
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"BERTH_SANDBOX_ID=" + sb.ID,
+		"BERTH_AGENT_KEY=" + hex.EncodeToString(d.agentKey(sb.ID)),
 	}
 	return runtime.Spec{
 		ID: sb.ID, BundleDir: d.sandboxDir(sb.ID), RootFS: root, Hostname: sb.ID,
 		Args: d.agent.Args, Env: env, Cwd: "/",
 		Mounts: append([]runtime.Mount{
 			{Source: d.agent.Dir, Target: agentMount, ReadOnly: true},
-			{Source: d.runDir(sb.ID), Target: agentapi.SocketDir},
+			{Source: d.chanDir(sb.ID), Target: agentapi.SocketDir, ReadOnly: true},
 		}, d.netMounts(sb)...),
 		Resources: runtime.Resources{
 			CPUMillis:   sb.Resources.CPUMillis,
@@ -340,27 +348,9 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 		},
 		NetNSPath: d.netnsPath(sb),
 		UserNS:    d.runtimeUserNS(sb),
-		LogPath:   filepath.Join(d.runDir(sb.ID), "runtime.log"),
+		// The runtime's log is in the bundle dir, which the sandbox never sees.
+		LogPath: filepath.Join(d.sandboxDir(sb.ID), "runtime.log"),
 	}
-}
-
-// writeEnv publishes the sandbox's default environment to the agent
-// (re-read on every exec, so updates apply without a restart).
-func (d *Daemon) writeEnv(sb *sandbox.Sandbox) error {
-	env := map[string]string{}
-	for k, v := range sb.Env {
-		env[k] = v
-	}
-	b, err := json.Marshal(env)
-	if err != nil {
-		return errs.Wrap(errs.Internal, err, "encode env")
-	}
-	p := filepath.Join(d.runDir(sb.ID), "env.json")
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return errs.Wrap(errs.Internal, err, "write env")
-	}
-	return errs.Wrap(errs.Internal, os.Rename(tmp, p), "write env")
 }
 
 // halt stops PID 1 and unmounts the filesystem, keeping the workspace image.

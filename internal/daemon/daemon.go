@@ -37,8 +37,9 @@ type Daemon struct {
 	locksMu sync.Mutex
 	locks   map[string]*sync.Mutex
 
-	clientsMu sync.Mutex
-	clients   map[string]*agentapi.Client
+	chanKey []byte // master key of the agent channels (channel.go)
+	chansMu sync.Mutex
+	chans   map[string]*agentapi.Channel
 
 	pauseMu sync.Mutex
 	pauseCh map[string]chan struct{}
@@ -88,6 +89,10 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	if err != nil {
 		return nil, err
 	}
+	chanKey, err := loadChannelKey(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	var userNS *rootfs.IDMap
 	if _, ok := rts["runc"]; ok {
 		if userNS, err = setupUserNS(cfg); err != nil {
@@ -97,7 +102,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	bg, cancel := context.WithCancel(context.Background())
 	return &Daemon{
 		cfg: cfg, agent: agent, tokenKey: tokenKey, log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
-		locks: map[string]*sync.Mutex{}, clients: map[string]*agentapi.Client{},
+		locks: map[string]*sync.Mutex{}, chanKey: chanKey, chans: map[string]*agentapi.Channel{},
 		pauseCh: map[string]chan struct{}{},
 		wpools:  newWarmPools(),
 		bg:      bg, cancel: cancel,
@@ -110,11 +115,12 @@ func (d *Daemon) Close() {
 	d.cancel()
 	d.wg.Wait()
 	d.releaseNetwork()
-	d.clientsMu.Lock()
-	for _, c := range d.clients {
+	d.chansMu.Lock()
+	for id, c := range d.chans {
 		c.Close()
+		delete(d.chans, id)
 	}
-	d.clientsMu.Unlock()
+	d.chansMu.Unlock()
 }
 
 // Store exposes the store for read-only API handlers (events, templates, keys).
@@ -140,31 +146,6 @@ func (d *Daemon) lock(id string) func() {
 }
 
 func (d *Daemon) sandboxDir(id string) string { return filepath.Join(d.cfg.DataDir, "sandboxes", id) }
-func (d *Daemon) runDir(id string) string     { return filepath.Join(d.sandboxDir(id), "run") }
-func (d *Daemon) socketPath(id string) string {
-	return filepath.Join(d.runDir(id), agentapi.SocketName)
-}
-
-// client returns the cached agent client for a sandbox.
-func (d *Daemon) client(id string) *agentapi.Client {
-	d.clientsMu.Lock()
-	defer d.clientsMu.Unlock()
-	c, ok := d.clients[id]
-	if !ok {
-		c = agentapi.NewClient(d.socketPath(id))
-		d.clients[id] = c
-	}
-	return c
-}
-
-func (d *Daemon) dropClient(id string) {
-	d.clientsMu.Lock()
-	if c, ok := d.clients[id]; ok {
-		c.Close()
-		delete(d.clients, id)
-	}
-	d.clientsMu.Unlock()
-}
 
 func (d *Daemon) runtimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error) {
 	rt, ok := d.runtimes[sb.Runtime]

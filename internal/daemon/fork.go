@@ -217,11 +217,8 @@ func (d *Daemon) checkpointTo(ctx context.Context, sb *sandbox.Sandbox, img stri
 	if err := os.MkdirAll(filepath.Dir(img), 0o700); err != nil {
 		return err
 	}
-	d.dropClient(sb.ID)
-	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR1); err != nil {
-		return fmt.Errorf("quiesce agent: %w", err)
-	}
-	if err := waitGone(ctx, d.socketPath(sb.ID), 5*time.Second); err != nil {
+	if err := d.quiesceAgent(ctx, sb.ID); err != nil {
+		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 		return fmt.Errorf("quiesce agent: %w", err)
 	}
 	if err := rt.Checkpoint(ctx, sb.ID, img); err != nil {
@@ -294,8 +291,11 @@ func (d *Daemon) lowersForID(ctx context.Context, sb *sandbox.Sandbox) ([]string
 }
 
 // restoreFrom starts sb (whose filesystem is prepared, or is prepared here
-// over lowers) from memory image img and wakes its agent.
-func (d *Daemon) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers []string, img string, count int, newID string, diskMiB int64) error {
+// over lowers) from memory image img and wakes its agent. imageOf is the
+// sandbox whose agent the image holds when it is not sb (a fork's parent):
+// that agent authenticates with the parent's key once, and is rekeyed to
+// sb's own id and key over the authenticated channel before sb is handed out.
+func (d *Daemon) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers []string, img string, count int, imageOf string, diskMiB int64) error {
 	rt, err := d.runtimeFor(sb)
 	if err != nil {
 		return err
@@ -319,21 +319,30 @@ func (d *Daemon) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers []
 	if err := d.netUp(ctx, sb, root); err != nil {
 		return err
 	}
-	_ = os.Remove(d.socketPath(sb.ID))
+	ch, err := d.openChannel(sb.ID)
+	if err != nil {
+		return err
+	}
+	req := agentapi.RestoredRequest{RestoreCount: count}
+	if imageOf != "" && imageOf != sb.ID {
+		forget := ch.Allow(imageOf, d.agentKey(imageOf))
+		defer forget()
+		req.SandboxID, req.Key = sb.ID, hex.EncodeToString(d.agentKey(sb.ID))
+	}
 	if err := d.boundedRestore(ctx, rt, sb, d.spec(sb, nil, root), img); err != nil {
 		return err
 	}
 	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR2); err != nil {
 		return fmt.Errorf("wake agent: %w", err)
 	}
-	d.dropClient(sb.ID)
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
 	defer cancel()
-	c := d.client(sb.ID)
+	c := ch.Client()
 	if _, err := c.WaitReady(wctx, 5*time.Millisecond); err != nil {
 		return err
 	}
-	return c.Restored(ctx, agentapi.RestoredRequest{RestoreCount: count, HostTime: time.Now(), SandboxID: newID})
+	req.HostTime = time.Now()
+	return c.Restored(ctx, req)
 }
 
 // forkChild makes one child of parent from snapshot sn.
@@ -395,9 +404,9 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 	defer unlock()
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
-	if err := os.MkdirAll(d.runDir(sb.ID), 0o755); err != nil {
+	if err := d.ensureChanDir(sb.ID); err != nil {
 		d.fail(tctx, sb, "create_failed", err)
-		return nil, errs.Wrap(errs.Internal, err, "create sandbox dir")
+		return nil, err
 	}
 	lowers, err := d.lowersFor(sb, nil)
 	if err == nil {
@@ -408,7 +417,7 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 		return nil, err
 	}
 	why := ""
-	if err := d.restoreFrom(tctx, sb, lowers, sn.MemoryPath, 1, sb.ID, sb.Resources.DiskMiB); err != nil {
+	if err := d.restoreFrom(tctx, sb, lowers, sn.MemoryPath, 1, parent.ID, sb.Resources.DiskMiB); err != nil {
 		why = "memory restore failed: " + shortError(err)
 		d.log.Warn("fork: child restore failed; booting from the snapshot's files", "sandbox_id", sb.ID, "err", err)
 		_ = d.halt(tctx, sb)

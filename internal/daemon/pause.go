@@ -224,11 +224,8 @@ func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release f
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, err
 	}
-	d.dropClient(sb.ID)
-	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR1); err != nil {
-		return nil, fmt.Errorf("quiesce agent: %w", err)
-	}
-	if err := waitGone(ctx, d.socketPath(sb.ID), 5*time.Second); err != nil {
+	if err := d.quiesceAgent(ctx, sb.ID); err != nil {
+		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 		return nil, fmt.Errorf("quiesce agent: %w", err)
 	}
 	if err := rt.Checkpoint(ctx, sb.ID, tmp); err != nil {
@@ -247,6 +244,7 @@ func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release f
 	// namespace (CRIU leaves its network-lock table in the old one, and a
 	// restore there fails).
 	return func(ctx context.Context) error {
+		d.dropClient(sb.ID)
 		_ = rt.Delete(ctx, sb.ID)
 		if err := d.netDown(ctx, sb); err != nil {
 			d.log.Warn("detach network after checkpoint", "sandbox_id", sb.ID, "err", err)
@@ -255,19 +253,15 @@ func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release f
 	}, nil
 }
 
-func waitGone(ctx context.Context, path string, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		if _, err := os.Stat(path); os.IsNotExist(err) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
-		}
+// quiesceAgent asks the agent to close its channel session and stop
+// dialing (gVisor cannot checkpoint a connected host socket, nor CRIU an
+// external one) and waits until the session is gone: its acknowledgement.
+func (d *Daemon) quiesceAgent(ctx context.Context, id string) error {
+	ch, err := d.channel(id)
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("agent socket %s still present after %s", path, limit)
+	return ch.Quiesce(ctx, 5*time.Second)
 }
 
 func syncDir(dir string) error {
@@ -381,17 +375,19 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 		return errors.Join(err, nerr)
 	}
 	d.netTrust(sb, root)
-	_ = os.Remove(d.socketPath(sb.ID))
+	ch, err := d.openChannel(sb.ID)
+	if err != nil {
+		return err
+	}
 	if err := d.boundedRestore(ctx, rt, sb, d.spec(sb, &tpl, root), img); err != nil {
 		return err
 	}
 	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR2); err != nil {
 		return fmt.Errorf("wake agent: %w", err)
 	}
-	d.dropClient(sb.ID)
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
 	defer cancel()
-	c := d.client(sb.ID)
+	c := ch.Client()
 	if _, err := c.WaitReady(wctx, 2*time.Millisecond); err != nil {
 		return err
 	}

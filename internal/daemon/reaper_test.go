@@ -45,7 +45,7 @@ func signalsDaemon(t *testing.T, st store.Store, clk *testClock) *Daemon {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	d := &Daemon{cfg: cfg, log: cfg.Log, store: st, runtimes: map[string]runtime.Runtime{},
-		locks: map[string]*sync.Mutex{}, clients: map[string]*agentapi.Client{}, pauseCh: map[string]chan struct{}{},
+		locks: map[string]*sync.Mutex{}, chans: map[string]*agentapi.Channel{}, pauseCh: map[string]chan struct{}{},
 		bg: bg, cancel: cancel}
 	t.Cleanup(d.Close)
 	return d

@@ -140,16 +140,14 @@ func (d *Daemon) pickUserNS(ctx context.Context, sb *sandbox.Sandbox) error {
 }
 
 // shareSandboxDir lets the mapped root of a user-namespaced sandbox reach
-// its root filesystem (search on the sandbox dir) and its agent run dir.
+// its root filesystem (search on the sandbox dir). Its channel dir stays
+// root's (0711, socket 0666): the sandbox connects there, never writes.
 func (d *Daemon) shareSandboxDir(sb *sandbox.Sandbox) error {
 	m := d.userNSOf(sb)
 	if m == nil {
 		return nil
 	}
-	if err := shareDir(d.sandboxDir(sb.ID), 0, m.HostID, 0o710); err != nil {
-		return err
-	}
-	return shareDir(d.runDir(sb.ID), m.HostID, m.HostID, 0o755)
+	return shareDir(d.sandboxDir(sb.ID), 0, m.HostID, 0o710)
 }
 
 // runtimeUserNS is the runtime's view of sb's mapping.

@@ -3,6 +3,8 @@ package e2b
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -162,7 +164,17 @@ func newEnvdEnv(t *testing.T) *envdEnv {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "agent.sock")
-	cmd := exec.Command(bin, "--socket", sock)
+	key := make([]byte, agentapi.KeySize)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := agentapi.Listen(sock, "sbxe2btest1", key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	cmd := exec.Command(bin, "--run-dir", dir, "--state-dir", dir)
+	cmd.Env = append(os.Environ(), "BERTH_SANDBOX_ID=sbxe2btest1", "BERTH_AGENT_KEY="+hex.EncodeToString(key))
 	var logBuf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
 	if err := cmd.Start(); err != nil {
@@ -182,7 +194,7 @@ func newEnvdEnv(t *testing.T) *envdEnv {
 			t.Logf("berth-agent log:\n%s", logBuf.String())
 		}
 	})
-	client := agentapi.NewClient(sock)
+	client := ch.Client()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := client.WaitReady(ctx, 20*time.Millisecond); err != nil {

@@ -108,8 +108,9 @@ func (o *OCI) Name() string { return o.name }
 
 // globalArgs are the flags every invocation gets. For runsc the network
 // mode is a global flag: "sandbox" joins the netns named in the spec,
-// "none" gives the sandbox loopback only. --host-uds=all lets the agent's
-// socket in the bind-mounted run dir be created in and reached from the host.
+// "none" gives the sandbox loopback only. --host-uds=open lets the agent
+// connect to the daemon's channel socket in the read-only channel mount; a
+// sandbox can create no host socket.
 func (o *OCI) globalArgs(netns bool) []string {
 	args := []string{"--root", o.cfg.Root}
 	if o.name == Runsc {
@@ -120,7 +121,7 @@ func (o *OCI) globalArgs(netns bool) []string {
 		// --overlay2=none: gVisor's default keeps rootfs writes in a memory
 		// overlay, which a disk pause would lose and the disk limit would not
 		// bound. Writes must land in the sandbox's workspace image.
-		args = append(args, "--network="+network, "--host-uds=all", "--overlay2=none")
+		args = append(args, "--network="+network, "--host-uds=open", "--overlay2=none")
 		args = append(args, o.cfg.RunscFlags...)
 	}
 	return args

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -115,26 +116,42 @@ while true; do sleep 1; done`})
 	}
 }
 
+// testUnixSocket: the host listens on a socket in a directory mounted
+// read-only; a process inside connects to it (the agent channel), and
+// cannot create a socket there.
 func (e *env) testUnixSocket(t *testing.T) {
 	helper := e.udsHelper(t)
+	chanDir, err := os.MkdirTemp(e.base, "chan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(chanDir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(chanDir, "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
 	b := e.start(t, boxOpts{
-		script: `/opt/udsecho /run/x/s.sock`,
-		mounts: []runtime.Mount{{Source: helper, Target: "/opt/udsecho", ReadOnly: true}},
+		script: `/opt/udsecho /run/chan/s.sock`,
+		mounts: []runtime.Mount{{Source: helper, Target: "/opt/udsecho", ReadOnly: true},
+			{Source: chanDir, Target: "/run/chan", ReadOnly: true}},
 	})
-	sock := filepath.Join(b.host, "s.sock")
-	var line string
-	waitFor(t, 20*time.Second, func() bool {
-		c, err := net.DialTimeout("unix", sock, time.Second)
-		if err != nil {
-			return false
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		line, _ = bufio.NewReader(c).ReadString('\n')
-		return line != ""
-	}, func() string { return "no answer on " + sock + "; log: " + b.log() })
-	if want := "hello " + b.id + "\n"; line != want {
-		t.Errorf("socket answered %q, want %q", line, want)
+	_ = ln.(*net.UnixListener).SetDeadline(time.Now().Add(20 * time.Second))
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatalf("no connection from the sandbox on %s: %v; log: %s", sock, err, b.log())
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	if want := "hello " + b.id + " listen=denied\n"; line != want {
+		t.Errorf("sandbox said %q, want %q", line, want)
+	}
+	if _, err := os.Lstat(filepath.Join(chanDir, "own.sock")); err == nil {
+		t.Error("the sandbox created a socket in the read-only mount")
 	}
 }
 

@@ -1,0 +1,193 @@
+package daemon
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// The agent channel (agentapi.Channel): the daemon listens on
+// sandboxes/<id>/chan/agent.sock, a directory only the daemon writes,
+// mounted read-only at /run/berth in the sandbox. Nothing the sandbox can
+// write is on the host's side of it, and the daemon never follows a path
+// the sandbox controls. Each sandbox's key is derived from one master key,
+// so nothing per sandbox is stored.
+
+// channelKeyFile is the master key of every agent channel, in the data dir.
+const channelKeyFile = "channel.key"
+
+// loadChannelKey reads the master key, creating it (0600) on first start.
+func loadChannelKey(dataDir string) ([]byte, error) {
+	p := filepath.Join(dataDir, channelKeyFile)
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		key := make([]byte, agentapi.KeySize)
+		if _, err := rand.Read(key); err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "generate channel key")
+		}
+		w, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "create %s", p)
+		}
+		_, err = w.Write(key)
+		if err == nil {
+			err = w.Sync()
+		}
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "write %s", p)
+		}
+		return key, syncDir(dataDir)
+	}
+	if err != nil {
+		return nil, errs.Wrap(errs.Internal, err, "open %s", p)
+	}
+	defer f.Close()
+	key, err := io.ReadAll(io.LimitReader(f, agentapi.KeySize+1))
+	if err != nil || len(key) != agentapi.KeySize {
+		return nil, errs.E(errs.FailedPrecondition, "%s must hold %d bytes", p, agentapi.KeySize)
+	}
+	return key, nil
+}
+
+func (d *Daemon) agentKey(id string) []byte { return agentapi.DeriveKey(d.chanKey, id) }
+
+func (d *Daemon) chanDir(id string) string { return filepath.Join(d.sandboxDir(id), "chan") }
+
+func (d *Daemon) socketPath(id string) string {
+	return filepath.Join(d.chanDir(id), agentapi.SocketName)
+}
+
+// ensureChanDir creates the channel directory: root-owned, traversable by
+// a sandbox root mapped to an unprivileged uid, writable by nobody else.
+func (d *Daemon) ensureChanDir(id string) error {
+	dir := d.chanDir(id)
+	if err := os.MkdirAll(d.sandboxDir(id), 0o711); err != nil {
+		return errs.Wrap(errs.Internal, err, "create sandbox dir")
+	}
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
+		return errs.Wrap(errs.Internal, err, "create channel dir")
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() {
+		return errs.E(errs.Internal, "channel dir %s is not a directory", dir)
+	}
+	return errs.Wrap(errs.Internal, os.Chmod(dir, 0o711), "chmod channel dir")
+}
+
+// openChannel (re)creates a sandbox's channel listener before its agent starts.
+func (d *Daemon) openChannel(id string) (*agentapi.Channel, error) {
+	if err := d.ensureChanDir(id); err != nil {
+		return nil, err
+	}
+	d.chansMu.Lock()
+	defer d.chansMu.Unlock()
+	if old, ok := d.chans[id]; ok {
+		old.Close()
+		delete(d.chans, id)
+	}
+	ch, err := agentapi.Listen(d.socketPath(id), id, d.agentKey(id), d.log.With("sandbox_id", id))
+	if err != nil {
+		return nil, err
+	}
+	d.chans[id] = ch
+	return ch, nil
+}
+
+// channel returns a sandbox's channel, listening again if the daemon has
+// none (after a restart its agents redial within a fraction of a second).
+func (d *Daemon) channel(id string) (*agentapi.Channel, error) {
+	d.chansMu.Lock()
+	ch, ok := d.chans[id]
+	d.chansMu.Unlock()
+	if ok {
+		return ch, nil
+	}
+	// Never recreate the directory of a sandbox that is gone.
+	if fi, err := os.Lstat(d.sandboxDir(id)); err != nil || !fi.IsDir() {
+		return nil, errs.E(errs.Unavailable, "sandbox %s has no directory on this host", id)
+	}
+	if err := d.ensureChanDir(id); err != nil {
+		return nil, err
+	}
+	d.chansMu.Lock()
+	defer d.chansMu.Unlock()
+	if ch, ok := d.chans[id]; ok {
+		return ch, nil
+	}
+	ch, err := agentapi.Listen(d.socketPath(id), id, d.agentKey(id), d.log.With("sandbox_id", id))
+	if err != nil {
+		return nil, err
+	}
+	d.chans[id] = ch
+	return ch, nil
+}
+
+// client returns the agent client of a sandbox.
+func (d *Daemon) client(id string) *agentapi.Client {
+	ch, err := d.channel(id)
+	if err != nil {
+		return agentapi.UnreachableClient(err)
+	}
+	return ch.Client()
+}
+
+// dropClient closes a sandbox's channel (its socket goes with it).
+func (d *Daemon) dropClient(id string) {
+	d.chansMu.Lock()
+	defer d.chansMu.Unlock() // no successor listens before this one is gone
+	if ch, ok := d.chans[id]; ok {
+		delete(d.chans, id)
+		ch.Close()
+	}
+}
+
+// writeEnv publishes the sandbox's default environment to the agent
+// (re-read on every exec, so updates apply without a restart). It lands in
+// the channel dir, which the sandbox cannot write, through os.Root: no
+// symlink is followed even if one appeared there.
+func (d *Daemon) writeEnv(sb *sandbox.Sandbox) error {
+	env := map[string]string{}
+	for k, v := range sb.Env {
+		env[k] = v
+	}
+	b, err := json.Marshal(env)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "encode env")
+	}
+	if err := d.ensureChanDir(sb.ID); err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(d.chanDir(sb.ID))
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "open channel dir")
+	}
+	defer root.Close()
+	const tmp, final = "env.json.tmp", "env.json"
+	_ = root.Remove(tmp)
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "write env")
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Chmod(0o644) // readable by a sandbox root mapped to an unprivileged uid
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "write env")
+	}
+	return errs.Wrap(errs.Internal, root.Rename(tmp, final), "write env")
+}
