@@ -26,12 +26,19 @@ const channelKeyFile = "channel.key"
 
 // loadChannelKey reads the master key, creating it (0600) on first start.
 func loadChannelKey(dataDir string) ([]byte, error) {
-	p := filepath.Join(dataDir, channelKeyFile)
+	return loadMasterKey(dataDir, channelKeyFile, agentapi.KeySize)
+}
+
+// loadMasterKey reads DATA_DIR/name, a key of size random bytes, creating
+// it 0600 (written, synced, then linked in) on first start. A link planted
+// at the path is not followed.
+func loadMasterKey(dataDir, name string, size int) ([]byte, error) {
+	p := filepath.Join(dataDir, name)
 	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		key := make([]byte, agentapi.KeySize)
+		key := make([]byte, size)
 		if _, err := rand.Read(key); err != nil {
-			return nil, errs.Wrap(errs.Internal, err, "generate channel key")
+			return nil, errs.Wrap(errs.Internal, err, "generate %s", name)
 		}
 		w, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 		if err != nil {
@@ -53,11 +60,11 @@ func loadChannelKey(dataDir string) ([]byte, error) {
 		return nil, errs.Wrap(errs.Internal, err, "open %s", p)
 	}
 	defer f.Close()
-	key, err := io.ReadAll(io.LimitReader(f, agentapi.KeySize+1))
-	if err != nil || len(key) != agentapi.KeySize {
-		return nil, errs.E(errs.FailedPrecondition, "%s must hold %d bytes", p, agentapi.KeySize)
+	key, err := io.ReadAll(io.LimitReader(f, int64(size)+1))
+	if err != nil || len(key) != size {
+		return nil, errs.E(errs.FailedPrecondition, "%s must hold %d bytes", p, size)
 	}
-	return key, nil
+	return key, privateFiles(dataDir, name)
 }
 
 func (d *Daemon) agentKey(id string) []byte { return agentapi.DeriveKey(d.chanKey, id) }

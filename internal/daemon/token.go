@@ -3,13 +3,8 @@ package daemon
 import (
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
-	"io/fs"
-	"os"
-	"path/filepath"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -25,30 +20,7 @@ const tokenKeyFile = "token.key"
 
 // loadTokenKey reads DATA_DIR/token.key (0600), creating it on first start.
 func loadTokenKey(dataDir string) ([]byte, error) {
-	p := filepath.Join(dataDir, tokenKeyFile)
-	b, err := os.ReadFile(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		b = make([]byte, 32)
-		if _, err := rand.Read(b); err != nil {
-			return nil, errs.Wrap(errs.Internal, err, "generate %s", tokenKeyFile)
-		}
-		tmp := p + ".tmp"
-		_ = os.Remove(tmp)
-		if err := os.WriteFile(tmp, b, 0o600); err != nil {
-			return nil, errs.Wrap(errs.Internal, err, "write %s", tokenKeyFile)
-		}
-		if err := os.Rename(tmp, p); err != nil {
-			return nil, errs.Wrap(errs.Internal, err, "write %s", tokenKeyFile)
-		}
-		return b, nil
-	}
-	if err != nil {
-		return nil, errs.Wrap(errs.Internal, err, "read %s", tokenKeyFile)
-	}
-	if len(b) != 32 {
-		return nil, errs.E(errs.FailedPrecondition, "%s has %d bytes, want 32", p, len(b))
-	}
-	return b, privateFiles(dataDir, tokenKeyFile)
+	return loadMasterKey(dataDir, tokenKeyFile, 32)
 }
 
 // envdToken is the access token of sandbox id while owner owns it.
