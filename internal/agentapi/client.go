@@ -43,22 +43,21 @@ func newClient(name string, dial func(ctx context.Context) (net.Conn, error)) *C
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dial(ctx)
 		},
-		// One stream per request: opening one costs no round trip, and a
-		// stream is never reused, so net/http never replays a request it
-		// believes unsent on a reused connection (yamux can report a write
-		// that went out as failed when the session ends at that moment: a
-		// replayed POST /exec would run twice).
-		DisableKeepAlives:      true,
+		// Connections are kept alive and reused (each is a plain unix
+		// socket: a write reported as failed did not go out). Requests that
+		// change state are made non-replayable in do.
+		MaxIdleConnsPerHost:    MaxConns,
+		IdleConnTimeout:        90 * time.Second,
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: MaxHeaderBytes,
-		// Bigger buffers than the 4 KiB default: each flush is a frame on the session.
-		WriteBufferSize: 64 << 10,
-		ReadBufferSize:  64 << 10,
+		WriteBufferSize:        64 << 10,
+		ReadBufferSize:         64 << 10,
 	}
 	return &Client{socket: name, http: &http.Client{Transport: tr}, tr: tr}
 }
 
-// CloseIdle drops idle streams (their session changed or is ending).
+// CloseIdle drops idle connections (their identity was revoked, or the
+// agent is quiescing).
 func (c *Client) CloseIdle() { c.tr.CloseIdleConnections() }
 
 // errTooLarge is what a bounded read returns past its limit.
@@ -188,6 +187,11 @@ func (c *Client) do(ctx context.Context, method, route string, q url.Values, bod
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
+	}
+	if method != http.MethodGet {
+		// net/http replays a request with a rewindable body that it believes
+		// unsent on a reused connection; nothing but a GET is ever sent twice.
+		req.GetBody = nil
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
