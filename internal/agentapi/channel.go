@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"golang.org/x/sys/unix"
 )
 
 // Channel is the host's end of one sandbox's agent channel. The daemon
@@ -253,10 +254,10 @@ func (c *Channel) authenticate(conn net.Conn) {
 	a := &agentConn{Conn: conn, ch: c, id: id, watch: make(chan error, 1)}
 	c.mu.Lock()
 	_, still := c.keys[id] // not forgotten during the handshake
-	if c.closed || !still || len(c.conns) >= MaxConns {
+	if closed, full := c.closed, len(c.conns) >= MaxConns; closed || !still || full {
 		c.mu.Unlock()
 		conn.Close()
-		if !c.closed && still {
+		if full && !closed && still {
 			c.logRefusal(errs.E(errs.ResourceExhausted, "more than %d agent connections", MaxConns))
 		}
 		return
@@ -344,20 +345,49 @@ func (c *Channel) DialContext(ctx context.Context) (net.Conn, error) {
 	}
 }
 
-// connected returns how many authenticated connections are open, and a
-// channel closed when that may have changed.
+// connected returns how many authenticated connections the agent still
+// holds open (one it has closed may wait for its reader here: an exec
+// stream's consumer), and a channel closed when the set changes.
 func (c *Channel) connected() (int, <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.conns), c.changed
+	n := 0
+	for a := range c.conns {
+		if !peerClosed(a.Conn) {
+			n++
+		}
+	}
+	return n, c.changed
 }
 
-// WaitDisconnected waits until no authenticated connection is open (the
-// agent closes all of its connections when told to quiesce before a
-// checkpoint).
+// peerClosed reports whether the other end of conn has hung up, without
+// reading from it.
+func peerClosed(conn net.Conn) bool {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	hung := false
+	err = rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			hung = fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+		}
+	})
+	return hung || err != nil
+}
+
+// WaitDisconnected waits until the agent holds no connection open (it
+// closes all of them when told to quiesce before a checkpoint).
 func (c *Channel) WaitDisconnected(ctx context.Context, limit time.Duration) error {
 	t := time.NewTimer(limit)
 	defer t.Stop()
+	tick := time.NewTicker(5 * time.Millisecond) // a hang-up elsewhere changes nothing here
+	defer tick.Stop()
 	for {
 		n, changed := c.connected()
 		if n == 0 {
@@ -365,6 +395,7 @@ func (c *Channel) WaitDisconnected(ctx context.Context, limit time.Duration) err
 		}
 		select {
 		case <-changed:
+		case <-tick.C:
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
