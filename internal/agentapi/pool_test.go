@@ -186,3 +186,66 @@ func TestForgetDropsConnections(t *testing.T) {
 	}
 	<-done
 }
+
+// TestConnectionReuse: one authenticated connection carries request after
+// request (exec streams to their exit, control answers): the daemon
+// neither closes it nor waits for another spare.
+func TestConnectionReuse(t *testing.T) {
+	path, key := socketPath(t), newKey(t)
+	ch := listen(t, path, "sb1", key)
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := agentapi.AgentHandshake(conn, "sb1", key); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = agentapi.ServeConn(conn, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/exec":
+				io.WriteString(w, `{"type":"start","pid":1}`+"\n")
+				w.(http.Flusher).Flush()
+				io.WriteString(w, `{"type":"exit","exit_code":0}`+"\n")
+				w.(http.Flusher).Flush()
+				time.Sleep(5 * time.Millisecond) // the answer's end comes after the exit event
+			case "/fs/list":
+				io.WriteString(w, "[]\n")
+			default:
+				io.WriteString(w, `{"ok":true}`+"\n")
+			}
+		}))
+	}()
+	c := ch.Client()
+	for i := 0; i < 20; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s, err := c.Exec(ctx, agentapi.ExecRequest{Shell: "true"}, 0)
+		if err != nil {
+			cancel()
+			t.Fatalf("exec %d on the one connection: %v", i, err)
+		}
+		for {
+			ev, err := s.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("exec %d: %v", i, err)
+			}
+			_ = ev
+		}
+		s.Close()
+		if _, err := c.Health(ctx); err != nil {
+			t.Fatalf("health %d on the one connection: %v", i, err)
+		}
+		if _, err := c.List(ctx, agentapi.ListRequest{}); err != nil {
+			t.Fatalf("list %d on the one connection: %v", i, err)
+		}
+		cancel()
+	}
+	ch.Close()
+	<-done
+}
