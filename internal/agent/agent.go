@@ -151,7 +151,7 @@ func (a *Agent) identity() (string, []byte) {
 }
 
 // Listen starts dialing the daemon's channel socket in the background
-// (redialing whenever the session drops) and serves the API on it.
+// (redialing whenever its connections drop) and serves the API on them.
 func (a *Agent) Listen() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -183,7 +183,7 @@ func (a *Agent) Quiesce() {
 	a.log.Info("quiesced")
 }
 
-// handleQuiesce answers, then quiesces: the daemon waits for the session
+// handleQuiesce answers, then quiesces: the daemon waits for the connections
 // to close, which is the agent's acknowledgement.
 func (a *Agent) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)

@@ -43,7 +43,7 @@ func (a *Agent) handleRestored(w http.ResponseWriter, r *http.Request) {
 		id := req.SandboxID
 		a.forkID.Store(&id)
 	}
-	if key != nil { // a fork's own key: used from the next session on
+	if key != nil { // a fork's own key: used from the next connection on
 		a.forkKey.Store(&key)
 	}
 	if err := os.MkdirAll(filepath.Dir(a.cfg.RestoreCountFile), 0o755); err == nil {

@@ -7,20 +7,21 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
 )
 
 // Channel is the host's end of one sandbox's agent channel. The daemon
 // listens on a unix socket in a directory only it can write (mounted
-// read-only into the sandbox); the agent dials it, both prove they hold the
-// sandbox's key, and the agent serves its HTTP API over a multiplexed
-// session on that one connection. The channel keeps the latest
-// authenticated session; requests open streams on it.
+// read-only into the sandbox); the agent dials it, and both prove on every
+// connection that they hold the sandbox's key. The agent keeps a few
+// authenticated connections idle here ("spares"); each request takes one
+// (or reuses one the client's transport keeps alive) and speaks plain
+// HTTP/1.1 on it: no multiplexer between the daemon and the agent.
 type Channel struct {
 	path string
 	ln   *net.UnixListener
@@ -28,9 +29,10 @@ type Channel struct {
 	log  *slog.Logger
 
 	mu      sync.Mutex
-	keys    map[string][]byte // agent ids accepted here → their keys
-	sess    *yamux.Session
-	changed chan struct{} // closed (and replaced) whenever sess changes
+	keys    map[string][]byte       // agent ids accepted here → their keys
+	conns   map[*agentConn]struct{} // every authenticated connection, queued or in use
+	spares  []*agentConn            // authenticated, not yet handed to the client (oldest first)
+	changed chan struct{}           // closed (and replaced) whenever conns or spares change
 	closed  bool
 	pending map[net.Conn]struct{} // connections still in their handshake
 
@@ -47,6 +49,10 @@ type Channel struct {
 // maxPendingHandshakes bounds how many unauthenticated connections one
 // sandbox can hold open at once (each for at most HandshakeTimeout).
 const maxPendingHandshakes = 4
+
+// MaxConns bounds the authenticated connections of one sandbox (queued
+// spares and those carrying requests); the daemon closes any beyond it.
+const MaxConns = 64
 
 // A sandbox gets handshakeBurst connections at once, then handshakeRate per second.
 const (
@@ -70,9 +76,55 @@ func (b *bucket) allow(now time.Time) bool {
 	return true
 }
 
-// dialWait is how long a request waits for an agent session to appear
+// dialWait is how long a request waits for an agent connection to appear
 // (an agent redials within a fraction of a second after a daemon restart).
 const dialWait = 3 * time.Second
+
+// agentConn is one authenticated connection. While it waits in the spare
+// queue a watcher reads it, so a connection the agent closes leaves the
+// queue (the agent never speaks first on an idle connection: a byte read
+// there is a protocol violation and closes it).
+type agentConn struct {
+	net.Conn
+	ch    *Channel
+	id    string // the identity it authenticated as
+	once  sync.Once
+	watch chan error // the watcher's verdict, nil once handed out
+}
+
+func (a *agentConn) Close() error {
+	err := a.Conn.Close()
+	a.once.Do(func() { a.ch.forget(a) })
+	return err
+}
+
+func (a *agentConn) watchIdle() {
+	var b [1]byte
+	_, err := a.Conn.Read(b[:])
+	if err == nil {
+		err = errors.New("agent spoke first on an idle connection")
+	}
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		a.Close() // leaves the queue and the count now, not when next claimed
+	}
+	a.watch <- err
+}
+
+// claim stops the idle watcher; it reports whether the connection is still usable.
+func (a *agentConn) claim() bool {
+	_ = a.Conn.SetReadDeadline(time.Unix(1, 0))
+	err := <-a.watch
+	a.watch = nil
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		a.Close()
+		return false
+	}
+	if a.Conn.SetReadDeadline(time.Time{}) != nil {
+		a.Close()
+		return false
+	}
+	return true
+}
 
 // Listen creates the channel socket at path (replacing a stale one: path's
 // directory must be writable by the host only) accepting agent id with key.
@@ -101,7 +153,8 @@ func Listen(path, id string, key []byte, log *slog.Logger) (*Channel, error) {
 		return nil, errs.Wrap(errs.Internal, err, "chmod channel socket")
 	}
 	c := &Channel{path: path, ln: ln, sock: fi, log: log.With("socket", path),
-		keys: map[string][]byte{id: key}, changed: make(chan struct{}), pending: map[net.Conn]struct{}{},
+		keys: map[string][]byte{id: key}, conns: map[*agentConn]struct{}{}, changed: make(chan struct{}),
+		pending:    map[net.Conn]struct{}{},
 		handshakes: make(chan struct{}, maxPendingHandshakes),
 		rate:       bucket{tokens: handshakeBurst, last: time.Now()}}
 	c.client = newClient(path, c.DialContext)
@@ -115,7 +168,8 @@ func (c *Channel) Client() *Client { return c.client }
 
 // Allow accepts another agent identity until the returned func is called:
 // a fork child's restored agent still holds its parent's id and key until
-// the daemon rekeys it over the authenticated session.
+// the daemon rekeys it. Forgetting the identity also closes every
+// connection authenticated with it (the agent redials as itself).
 func (c *Channel) Allow(id string, key []byte) (forget func()) {
 	c.mu.Lock()
 	c.keys[id] = key
@@ -123,7 +177,17 @@ func (c *Channel) Allow(id string, key []byte) (forget func()) {
 	return func() {
 		c.mu.Lock()
 		delete(c.keys, id)
+		var drop []*agentConn
+		for a := range c.conns {
+			if a.id == id {
+				drop = append(drop, a)
+			}
+		}
 		c.mu.Unlock()
+		c.client.CloseIdle()
+		for _, a := range drop {
+			a.Close()
+		}
 	}
 }
 
@@ -163,27 +227,10 @@ func (c *Channel) acceptLoop() {
 	}
 }
 
-const streamWindow = 1 << 20
-
-// logWriter turns yamux's log lines into warnings on log.
-type logWriter struct{ log *slog.Logger }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	w.log.Warn("agent channel session", "msg", strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-func sessionConfig(log *slog.Logger) *yamux.Config {
-	cfg := yamux.DefaultConfig()
-	cfg.KeepAliveInterval = 10 * time.Second
-	cfg.StreamOpenTimeout = 10 * time.Second
-	cfg.StreamCloseTimeout = 30 * time.Second
-	cfg.LogOutput = logWriter{log}
-	// A window per stream is what one stream can make the peer buffer: 1 MiB
-	// keeps bulk file copies from stalling on window updates and bounds what
-	// an agent can park on the host per open request.
-	cfg.MaxStreamWindowSize = streamWindow
-	return cfg
+// notify wakes everyone waiting on a change; c.mu held.
+func (c *Channel) notify() {
+	close(c.changed)
+	c.changed = make(chan struct{})
 }
 
 func (c *Channel) authenticate(conn net.Conn) {
@@ -204,44 +251,37 @@ func (c *Channel) authenticate(conn net.Conn) {
 		conn.Close()
 		return
 	}
-	sess, err := yamux.Client(coalesce(conn), sessionConfig(c.log))
-	if err != nil {
-		conn.Close()
-		return
-	}
+	a := &agentConn{Conn: conn, ch: c, id: id, watch: make(chan error, 1)}
 	c.mu.Lock()
-	if c.closed {
+	_, still := c.keys[id] // not forgotten during the handshake
+	if closed, full := c.closed, len(c.conns) >= MaxConns; closed || !still || full {
 		c.mu.Unlock()
-		sess.Close()
+		conn.Close()
+		if full && !closed && still {
+			c.logRefusal(errs.E(errs.ResourceExhausted, "more than %d agent connections", MaxConns))
+		}
 		return
 	}
-	old := c.sess
-	c.sess = sess
-	close(c.changed)
-	c.changed = make(chan struct{})
+	c.conns[a] = struct{}{}
+	c.spares = append(c.spares, a)
+	c.notify()
 	c.mu.Unlock()
-	if old != nil {
-		c.log.Info("agent channel: a newer session replaces the current one", "agent", id)
-		old.Close()
-	}
-	c.client.CloseIdle()
+	go a.watchIdle()
 	c.log.Debug("agent channel authenticated", "agent", id)
-	// The daemon never accepts streams: refuse what the agent opens, so
-	// nothing buffers on the host for them.
-	for {
-		s, err := sess.Accept()
-		if err != nil {
+}
+
+// forget drops a closed connection from the books.
+func (c *Channel) forget(a *agentConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.conns, a)
+	for i, s := range c.spares {
+		if s == a {
+			c.spares = append(c.spares[:i], c.spares[i+1:]...)
 			break
 		}
-		s.Close()
 	}
-	c.mu.Lock()
-	if c.sess == sess {
-		c.sess = nil
-		close(c.changed)
-		c.changed = make(chan struct{})
-	}
-	c.mu.Unlock()
+	c.notify()
 }
 
 // logRefusal logs a refused handshake without letting a sandbox that
@@ -260,35 +300,35 @@ func (c *Channel) logRefusal(err error) {
 	c.log.Warn("agent channel refused a connection", "err", err, "refused_since_last_log", n)
 }
 
-// current returns the live session and a channel closed when it changes.
-func (c *Channel) current() (*yamux.Session, <-chan struct{}, bool) {
+// take pops the oldest spare, or returns a channel closed at the next change.
+func (c *Channel) take() (*agentConn, <-chan struct{}, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.sess
-	if s != nil && s.IsClosed() {
-		s = nil
+	if c.closed {
+		return nil, nil, true
 	}
-	return s, c.changed, c.closed
+	if len(c.spares) == 0 {
+		return nil, c.changed, false
+	}
+	a := c.spares[0]
+	c.spares = c.spares[1:]
+	return a, nil, false
 }
 
-// DialContext opens a stream on the current session, waiting up to
-// dialWait (or ctx) for an agent to connect.
+// DialContext hands out an authenticated spare connection, waiting up to
+// dialWait (or ctx) for the agent to provide one.
 func (c *Channel) DialContext(ctx context.Context) (net.Conn, error) {
 	var timer <-chan time.Time
 	for {
-		s, changed, closed := c.current()
+		a, changed, closed := c.take()
 		if closed {
 			return nil, errs.E(errs.Unavailable, "agent channel closed")
 		}
-		if s != nil {
-			conn, err := s.Open()
-			if err == nil {
-				return conn, nil
+		if a != nil {
+			if a.claim() {
+				return a, nil
 			}
-			if !s.IsClosed() {
-				return nil, errs.Wrap(errs.Unavailable, err, "agent channel")
-			}
-			continue // it just died: wait for the next one
+			continue // it died waiting: take the next
 		}
 		if timer == nil {
 			t := time.NewTimer(dialWait)
@@ -305,28 +345,66 @@ func (c *Channel) DialContext(ctx context.Context) (net.Conn, error) {
 	}
 }
 
-// WaitDisconnected waits until no agent session is live (the agent closes
-// its session when told to quiesce before a checkpoint).
+// connected returns how many authenticated connections the agent still
+// holds open (one it has closed may wait for its reader here: an exec
+// stream's consumer), and a channel closed when the set changes.
+func (c *Channel) connected() (int, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for a := range c.conns {
+		if !peerClosed(a.Conn) {
+			n++
+		}
+	}
+	return n, c.changed
+}
+
+// peerClosed reports whether the other end of conn has hung up, without
+// reading from it.
+func peerClosed(conn net.Conn) bool {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	hung := false
+	err = rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		if n, err := unix.Poll(fds, 0); err == nil && n > 0 {
+			hung = fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+		}
+	})
+	return hung || err != nil
+}
+
+// WaitDisconnected waits until the agent holds no connection open (it
+// closes all of them when told to quiesce before a checkpoint).
 func (c *Channel) WaitDisconnected(ctx context.Context, limit time.Duration) error {
 	t := time.NewTimer(limit)
 	defer t.Stop()
+	tick := time.NewTicker(5 * time.Millisecond) // a hang-up elsewhere changes nothing here
+	defer tick.Stop()
 	for {
-		s, changed, _ := c.current()
-		if s == nil {
+		n, changed := c.connected()
+		if n == 0 {
 			return nil
 		}
 		select {
-		case <-s.CloseChan():
 		case <-changed:
+		case <-tick.C:
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
-			return errs.E(errs.Unavailable, "agent still connected after %s", limit)
+			return errs.E(errs.Unavailable, "agent still connected after %s (%d connections)", limit, n)
 		}
 	}
 }
 
-// Close stops listening (removing the socket) and ends the session.
+// Close stops listening (removing the socket) and closes every connection.
 func (c *Channel) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -334,10 +412,12 @@ func (c *Channel) Close() error {
 		return nil
 	}
 	c.closed = true
-	s := c.sess
-	c.sess = nil
-	close(c.changed)
-	c.changed = make(chan struct{})
+	var all []*agentConn
+	for a := range c.conns {
+		all = append(all, a)
+	}
+	c.spares = nil
+	c.notify()
 	for conn := range c.pending {
 		conn.Close()
 	}
@@ -346,8 +426,8 @@ func (c *Channel) Close() error {
 	if fi, lerr := os.Lstat(c.path); lerr == nil && os.SameFile(fi, c.sock) {
 		_ = os.Remove(c.path)
 	}
-	if s != nil {
-		s.Close()
+	for _, a := range all {
+		a.Close()
 	}
 	c.client.CloseIdle()
 	c.wg.Wait()
@@ -362,18 +442,19 @@ func UnreachableClient(err error) *Client {
 	})
 }
 
-// Quiesce asks the agent to close its session and stop dialing, and waits
-// (up to limit) until the session is gone: the agent's acknowledgement.
+// Quiesce asks the agent to close its connections and stop dialing, and
+// waits (up to limit) until none is left: the agent's acknowledgement.
 // The agent closes right after answering, so the request may see the
-// session end instead of the answer; that is success too once the session
-// is gone.
+// connection end instead of the answer; that is success too once every
+// connection is gone.
 func (c *Channel) Quiesce(ctx context.Context, limit time.Duration) error {
 	qctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	err := c.client.Quiesce(qctx)
-	if err != nil && !errors.Is(err, yamux.ErrSessionShutdown) && !errors.Is(err, io.EOF) &&
-		!errors.Is(err, yamux.ErrStreamClosed) && !errors.Is(err, yamux.ErrConnectionReset) {
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) &&
+		!errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, net.ErrClosed) {
 		return err
 	}
+	c.client.CloseIdle()
 	return c.WaitDisconnected(ctx, limit)
 }

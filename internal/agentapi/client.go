@@ -43,22 +43,21 @@ func newClient(name string, dial func(ctx context.Context) (net.Conn, error)) *C
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dial(ctx)
 		},
-		// One stream per request: opening one costs no round trip, and a
-		// stream is never reused, so net/http never replays a request it
-		// believes unsent on a reused connection (yamux can report a write
-		// that went out as failed when the session ends at that moment: a
-		// replayed POST /exec would run twice).
-		DisableKeepAlives:      true,
+		// Connections are kept alive and reused (each is a plain unix
+		// socket: a write reported as failed did not go out). Requests that
+		// change state are made non-replayable in do.
+		MaxIdleConnsPerHost:    MaxConns,
+		IdleConnTimeout:        90 * time.Second,
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: MaxHeaderBytes,
-		// Bigger buffers than the 4 KiB default: each flush is a frame on the session.
-		WriteBufferSize: 64 << 10,
-		ReadBufferSize:  64 << 10,
+		WriteBufferSize:        64 << 10,
+		ReadBufferSize:         64 << 10,
 	}
 	return &Client{socket: name, http: &http.Client{Transport: tr}, tr: tr}
 }
 
-// CloseIdle drops idle streams (their session changed or is ending).
+// CloseIdle drops idle connections (their identity was revoked, or the
+// agent is quiescing).
 func (c *Client) CloseIdle() { c.tr.CloseIdleConnections() }
 
 // errTooLarge is what a bounded read returns past its limit.
@@ -189,6 +188,11 @@ func (c *Client) do(ctx context.Context, method, route string, q url.Values, bod
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
+	if method != http.MethodGet {
+		// net/http replays a request with a rewindable body that it believes
+		// unsent on a reused connection; nothing but a GET is ever sent twice.
+		req.GetBody = nil
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, c.transportError(err, route)
@@ -221,10 +225,15 @@ func (c *Client) doJSON(ctx context.Context, method, route string, in, out any) 
 	}
 	defer resp.Body.Close()
 	if out == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBytes))
 		return nil
 	}
-	return c.decodeBounded(resp.Body, MaxControlBytes, out, route)
+	if err := c.decodeBounded(resp.Body, MaxControlBytes, out, route); err != nil {
+		return err
+	}
+	// The rest (a newline) lets the connection be reused.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainMax))
+	return nil
 }
 
 func (c *Client) Health(ctx context.Context) (Health, error) {
@@ -241,9 +250,11 @@ func (c *Client) Activity(ctx context.Context) (Activity, error) {
 
 // Stream is an exec or attach event stream.
 type Stream struct {
-	body io.ReadCloser
-	dec  *eventReader
-	done bool
+	body   io.ReadCloser
+	dec    *eventReader
+	done   bool
+	exited bool               // the exit event came: the answer ends right after it
+	cancel context.CancelFunc // ends the request
 }
 
 // Next returns the next event; io.EOF after the exit event. A stream cut
@@ -261,13 +272,30 @@ func (s *Stream) Next() (Event, error) {
 		return Event{}, errs.Wrap(errs.Unavailable, err, "agent stream ended before exit")
 	}
 	if ev.Type == "exit" {
-		s.done = true
+		s.done, s.exited = true, true
 	}
 	return ev, nil
 }
 
+// After its exit event a stream's answer ends at once; Close reads that
+// end (at most drainMax bytes, for at most drainWait) so the connection
+// is reused rather than closed and redialed.
+const (
+	drainMax  = 4 << 10
+	drainWait = 50 * time.Millisecond
+)
+
 // Close ends the stream; the process keeps running.
-func (s *Stream) Close() error { return s.body.Close() }
+func (s *Stream) Close() error {
+	if s.exited {
+		t := time.AfterFunc(drainWait, s.cancel)
+		_, _ = io.CopyN(io.Discard, s.dec.br, drainMax)
+		t.Stop()
+	}
+	err := s.body.Close()
+	s.cancel()
+	return err
+}
 
 func keepaliveQuery(sec int) url.Values {
 	if sec <= 0 {
@@ -276,8 +304,8 @@ func keepaliveQuery(sec int) url.Values {
 	return url.Values{"keepalive": {strconv.Itoa(sec)}}
 }
 
-func newStream(resp *http.Response) *Stream {
-	return &Stream{body: resp.Body, dec: newEventReader(resp.Body)}
+func newStream(resp *http.Response, cancel context.CancelFunc) *Stream {
+	return &Stream{body: resp.Body, dec: newEventReader(resp.Body), cancel: cancel}
 }
 
 // Exec starts a process and streams its events, "start" first. Closing the
@@ -287,20 +315,24 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, keepaliveSec int) (*
 	if err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, err, "encode exec request")
 	}
+	ctx, cancel := context.WithCancel(ctx)
 	resp, err := c.do(ctx, http.MethodPost, "/exec", keepaliveQuery(keepaliveSec), bytes.NewReader(b), "application/json")
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	return newStream(resp), nil
+	return newStream(resp, cancel), nil
 }
 
 // Attach streams a process's new output and its exit.
 func (c *Client) Attach(ctx context.Context, pid int, keepaliveSec int) (*Stream, error) {
+	ctx, cancel := context.WithCancel(ctx)
 	resp, err := c.do(ctx, http.MethodPost, fmt.Sprintf("/processes/%d/attach", pid), keepaliveQuery(keepaliveSec), nil, "")
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	return newStream(resp), nil
+	return newStream(resp, cancel), nil
 }
 
 func (c *Client) Processes(ctx context.Context) ([]ProcessInfo, error) {

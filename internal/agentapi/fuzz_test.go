@@ -27,7 +27,7 @@ func FuzzExecStream(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		s := newStream(&http.Response{Body: io.NopCloser(bytes.NewReader(body))})
+		s := newStream(&http.Response{Body: io.NopCloser(bytes.NewReader(body))}, func() {})
 		defer s.Close()
 		ended := false
 		for range 10000 {

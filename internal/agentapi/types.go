@@ -3,8 +3,10 @@
 // the unix socket /run/berth/agent.sock inside the sandbox, a READ-ONLY bind
 // mount of the host directory sandboxes/<id>/chan/ (which also holds
 // env.json); the agent dials it, both sides authenticate with the sandbox's
-// key (handshake.go), and the agent serves HTTP/1.1 over a yamux session on
-// that one connection: each request is a stream. JSON bodies; streams are
+// key on every connection (handshake.go), and the agent serves plain
+// HTTP/1.1 on each: it keeps a few authenticated spares dialed, and the
+// daemon takes one per concurrent request (reusing idle ones). A stream
+// (exec, attach, watch) occupies one connection. JSON bodies; streams are
 // newline-delimited JSON (one Event per line), flushed per event.
 //
 // Routes (all paths absolute in the sandbox; relative paths resolve against
@@ -28,7 +30,7 @@
 //	POST /fs/remove PathRequest          -> 204 (missing path is not an error)
 //	POST /fs/watch  WatchRequest         -> 200 NDJSON stream of FSEvent (first {"type":"start"})
 //	POST /restored  RestoredRequest      -> 204 (host tells the agent it was restored from memory)
-//	POST /quiesce                        -> 204, then the agent closes its session and stops dialing
+//	POST /quiesce                        -> 204, then the agent closes its connections and stops dialing
 //
 // Errors: non-2xx with Error JSON {"code": "<errs kind name>", "message": "..."}.
 // The agent also quiesces on SIGUSR1 and dials again on SIGUSR2 (how a
@@ -180,6 +182,6 @@ type RestoredRequest struct {
 	// image carries the parent's).
 	SandboxID string `json:"sandbox_id,omitempty"`
 	// Key (hex) is the fork's own channel key, set with SandboxID: the
-	// agent authenticates with it from its next session on.
+	// agent authenticates with it from its next connection on.
 	Key string `json:"key,omitempty"`
 }

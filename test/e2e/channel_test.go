@@ -213,14 +213,28 @@ func TestChannelTrustBoundary(t *testing.T) {
 				}
 				key := hex.EncodeToString(agentapi.DeriveKey(master, a))
 				s.asRoot(a, "/tmp/fakeagent key /run/berth/agent.sock "+key+" >/dev/null 2>&1 &")
+				// The fake agent's connection waits among the real agent's
+				// spares; concurrent execs make the daemon take spares until
+				// it meets the fake one.
 				bounded := 0
 				var outs []string
-				for i := 0; i < 40 && bounded == 0; i++ {
-					out, code := s.run("exec", a, "--", "echo", "hi")
-					if code != 0 && strings.Contains(out, "exceeds") {
-						bounded++
+				for i := 0; i < 20 && bounded == 0; i++ {
+					var mu sync.Mutex
+					var wg sync.WaitGroup
+					for j := 0; j < 6; j++ {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							out, code := s.run("exec", a, "--", "echo", "hi")
+							mu.Lock()
+							defer mu.Unlock()
+							if code != 0 && strings.Contains(out, "exceeds") {
+								bounded++
+							}
+							outs = append(outs, fmt.Sprintf("exit %d: %.200s", code, out))
+						}()
 					}
-					outs = append(outs, fmt.Sprintf("exit %d: %.200s", code, out))
+					wg.Wait()
 					time.Sleep(50 * time.Millisecond)
 				}
 				if bounded == 0 {
