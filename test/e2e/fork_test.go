@@ -161,7 +161,7 @@ func TestForkMemoryRunsc(t *testing.T) {
 	defer s.stopRunsc()
 	parent := s.create("--runtime", "runsc")
 	s.must("exec", "--user", "root", parent, "--", "sh", "-c",
-		"(i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done) >/dev/null 2>&1 &")
+		"(i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.05; done) >/dev/null 2>&1 &")
 	s.must("exec", parent, "--", "sh", "-c", "sleep 0.5")
 	s.must("exec", "--user", "root", parent, "--", "sh", "-c", "echo pre > /root/pre")
 	res := s.fork(parent, 3)
@@ -172,6 +172,9 @@ func TestForkMemoryRunsc(t *testing.T) {
 	for _, c := range append([]string{parent}, res.Sandboxes[0].ID, res.Sandboxes[1].ID, res.Sandboxes[2].ID) {
 		out := s.must("exec", c, "--", "sh", "-c", "a=$(cat /tmp/counter); sleep 0.5; b=$(cat /tmp/counter); echo $a $b; hostname; echo $BERTH_SANDBOX_ID")
 		f := strings.Fields(out)
+		if len(f) != 4 {
+			t.Fatalf("%s: counters, hostname and id: %q", c, out)
+		}
 		a, _ := strconv.Atoi(f[0])
 		b, _ := strconv.Atoi(f[1])
 		if a < 5 || b <= a {

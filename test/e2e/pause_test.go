@@ -16,7 +16,7 @@ import (
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
-const counterScript = "i=0\nwhile true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.05; done\n"
+const counterScript = "i=0\nwhile true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.05; done\n"
 
 // startCounter runs a process that keeps a counter in memory and mirrors it to /tmp/counter.
 func startCounter(t *testing.T, s *server, id string) {
