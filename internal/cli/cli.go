@@ -47,7 +47,7 @@ func register(name, usage string, run func(e *env, args []string) error) {
 
 func init() {
 	// The verb table is data, assembled in one place so `berth help` lists it.
-	register("serve", "serve [--data-dir DIR] [--listen ADDR] [--config FILE] [--runtime runc|runsc]", runServe)
+	register("serve", "serve [--data-dir DIR] [--listen ADDR] [--config FILE] [--runtime runc|runsc] [--default-network P] [--upstream-ca FILE] [--no-userns] [--no-network] [--allow-private-egress CIDR]... [--egress-resolver ADDR:PORT] [--egress-max-conns N] [--egress-max-dns-inflight N] [--egress-dns-qps N]   (Linux only; the config file takes every setting)", runServe)
 	register("create", "create [--template T | --from-snapshot S] [--runtime R] [--ttl D] [--cpu N] [--memory MiB] [--disk MiB] [--pids N] [--label k=v]... [--env K=V]... [--expiry-action stop|delete|pause] [--workstation] [--auto-resume] [--idle-policy P|never] [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... [--secret NAME]... [--owner O] [--json]", runCreate)
 	register("ls", "ls [--state S] [--label k=v]... [--owner O] [--json]", runList)
 	register("inspect", "inspect ID", runInspect)
@@ -78,7 +78,7 @@ func init() {
 
 // Main runs one CLI invocation and returns the process exit code.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 || (args[0] == "help" && len(args) == 1) || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
 		return ExitOK
 	}
@@ -86,9 +86,16 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		fmt.Fprintln(stdout, "berth", Version)
 		return ExitOK
 	}
+	if len(args) == 2 && args[0] == "help" {
+		args = []string{args[1], "--help"}
+	}
 	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
 	for _, c := range commands {
 		if c.name == args[0] {
+			if wantsHelp(args[1:]) {
+				fmt.Fprintf(stdout, "Usage: berth %s\n", c.usage)
+				return ExitOK
+			}
 			err := c.run(e, args[1:])
 			return exitCode(stderr, err)
 		}
@@ -96,6 +103,20 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	fmt.Fprintf(stderr, "berth: unknown command %q\n\n", args[0])
 	usage(stderr)
 	return ExitUsage
+}
+
+// wantsHelp: -h, -help or --help among a verb's own arguments (not after
+// "--", where they belong to the command `berth exec` runs).
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
 }
 
 // Version is set at build time.
