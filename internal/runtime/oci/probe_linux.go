@@ -133,9 +133,24 @@ func (o *OCI) trialCheckpoint(parent context.Context) (definitive bool, err erro
 	dir := o.probeDir()
 	probe := &OCI{name: o.name, cfg: o.cfg, log: o.log}
 	probe.cfg.Root = filepath.Join(dir, "state")
-	sweepProbe(probe, dir)
+	// The name is fixed and may sit in the shared temp dir: only a private
+	// root-owned directory is swept as a stale trial's, and the trial's own
+	// is made anew with Mkdir, which follows nothing a local user planted.
+	stale, err := privateRootDir(dir)
+	if err != nil {
+		return false, fmt.Errorf("trial checkpoint: %w", err)
+	}
+	if stale {
+		sweepProbe(probe, dir)
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return false, err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return false, fmt.Errorf("trial checkpoint: %w", err)
+	}
 	defer sweepProbe(probe, dir)
-	if err := os.MkdirAll(probe.cfg.Root, 0o700); err != nil {
+	if err := os.Mkdir(probe.cfg.Root, 0o700); err != nil {
 		return false, err
 	}
 	// Searchable down to the root filesystem and the bundle (CRIU's
@@ -277,6 +292,23 @@ func unmountNetns(path string) error {
 
 // sweepProbe removes every container of the probe's state root, the
 // mounts a trial makes (its netns, its sysfs) and its directory.
+// privateRootDir says whether dir exists as a directory (not a link)
+// owned by root and writable by no one else; anything else at dir is an
+// error, never followed.
+func privateRootDir(dir string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
+		return false, fmt.Errorf("%s exists and is not a private root-owned directory: refusing to use or remove it", dir)
+	}
+	return true, nil
+}
+
 func sweepProbe(probe *OCI, dir string) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()

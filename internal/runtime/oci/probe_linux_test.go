@@ -122,6 +122,73 @@ func TestCheckpointProbeRealCRIU(t *testing.T) {
 	}
 }
 
+// TestCheckpointProbeDirPlanted: the user-namespaced trial's directory has
+// a fixed name in the shared temp dir. A local user who plants it first —
+// as a symlink to a directory of the host, or as a directory of its own —
+// gets the trial refused (not cached), and nothing is created, chmodded or
+// removed through what was planted.
+func TestCheckpointProbeDirPlanted(t *testing.T) {
+	runtimetest.RequireHost(t, "runc", rootfs.BusyboxPath)
+	criu, _ := fakeCRIU(t, "fail")
+	for _, plant := range []string{"symlink", "foreign dir"} {
+		t.Run(plant, func(t *testing.T) {
+			cfg := Config{Root: filepath.Join(t.TempDir(), "state"), CRIU: criu, ProbeCacheDir: t.TempDir(),
+				ProbeTimeout: 3 * time.Second, ProbeUserNS: &runtime.IDMap{HostID: 2000000000, Size: 65536}}
+			o, err := New(Runc, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := o.probeDir()
+			victim := t.TempDir() // stands for a host directory such as /etc
+			if err := os.Chmod(victim, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			canary := filepath.Join(victim, "canary")
+			if err := os.WriteFile(canary, []byte("host"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			switch plant {
+			case "symlink":
+				if err := os.Symlink(victim, dir); err != nil {
+					t.Fatal(err)
+				}
+			case "foreign dir":
+				if err := os.Mkdir(dir, 0o777); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chown(dir, 65534, 65534); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, "mine"), []byte("x"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Cleanup(func() { _ = os.RemoveAll(dir) })
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			<-o.StartProbe(ctx)
+			if o.probe.OK || o.probe.Cached || !strings.Contains(o.probe.Reason, "not a private root-owned directory") {
+				t.Errorf("probe over a planted %s = %+v, want a refusal naming it", plant, o.probe)
+			}
+			if b, err := os.ReadFile(canary); err != nil || string(b) != "host" {
+				t.Errorf("canary: %q, %v", b, err)
+			}
+			if fi, err := os.Stat(victim); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("victim dir mode changed: %v, %v", fi.Mode(), err)
+			}
+			ents, _ := os.ReadDir(victim)
+			if len(ents) != 1 {
+				t.Errorf("the trial wrote into the symlink's target: %v", ents)
+			}
+			if plant == "foreign dir" {
+				if _, err := os.Stat(filepath.Join(dir, "mine")); err != nil {
+					t.Errorf("the trial removed a local user's file: %v", err)
+				}
+			}
+		})
+	}
+}
+
 // TestCheckpointBounded: a checkpoint whose criu hangs or fails returns
 // within its context's bound, kills the helper's whole process group and
 // leaves the container running.
