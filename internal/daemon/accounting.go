@@ -106,7 +106,7 @@ func (d *Daemon) OpenClientStream(ctx context.Context, owner, id string) (done f
 	if id == "" {
 		return func() {}
 	}
-	if _, err := d.visible(ctx, owner, id); err != nil {
+	if _, err := d.Visible(ctx, owner, id); err != nil {
 		return func() {}
 	}
 	return d.OpenStream(id)

@@ -414,7 +414,7 @@ func (d *Daemon) runStep(ctx context.Context, st *buildState, argv []string, net
 	if cwd == "" {
 		cwd = "/"
 	}
-	stream, err := d.client(sb.ID).Exec(ctx, agentapi.ExecRequest{Argv: argv, Env: env, Cwd: cwd, User: user}, 0)
+	stream, err := d.AgentClient(sb.ID).Exec(ctx, agentapi.ExecRequest{Argv: argv, Env: env, Cwd: cwd, User: user}, 0)
 	if err != nil {
 		return template.Layer{}, errs.Wrap(errs.KindOf(err), err, "RUN")
 	}
@@ -443,7 +443,7 @@ func (d *Daemon) runStep(ctx context.Context, st *buildState, argv []string, net
 					strings.Join(argv, " "), ev.Status, strings.TrimRight(string(tail), "\n"))
 			}
 			progress(BuildProgress{Phase: "capture", Step: step, Steps: n, Message: "capturing the step's workspace"})
-			unlock := d.lock(sb.ID)
+			unlock := d.Lock(sb.ID)
 			defer unlock()
 			return d.captureUpper(ctx, sb, true)
 		}
@@ -477,11 +477,11 @@ func (d *Daemon) bootBuildSandbox(ctx context.Context, layers []string, network 
 		return nil, err
 	}
 	progress(BuildProgress{Phase: "run", Step: step, Steps: n, Message: "starting build sandbox " + sb.ID})
-	unlock := d.lock(sb.ID)
+	unlock := d.Lock(sb.ID)
 	err := d.boot(ctx, sb, tpl)
 	var out *sandbox.Sandbox
 	if err == nil {
-		out, err = d.transition(ctx, sb.ID, sandbox.Running, "build", "created", "", func(s *sandbox.Sandbox) error {
+		out, err = d.Transition(ctx, sb.ID, sandbox.Running, "build", "created", "", func(s *sandbox.Sandbox) error {
 			s.StartedAt = d.cfg.Now()
 			return nil
 		})

@@ -69,7 +69,7 @@ func loadMasterKey(dataDir, name string, size int) ([]byte, error) {
 
 func (d *Daemon) agentKey(id string) []byte { return agentapi.DeriveKey(d.chanKey, id) }
 
-func (d *Daemon) chanDir(id string) string { return filepath.Join(d.sandboxDir(id), "chan") }
+func (d *Daemon) chanDir(id string) string { return filepath.Join(d.SandboxDir(id), "chan") }
 
 func (d *Daemon) socketPath(id string) string {
 	return filepath.Join(d.chanDir(id), agentapi.SocketName)
@@ -79,7 +79,7 @@ func (d *Daemon) socketPath(id string) string {
 // a sandbox root mapped to an unprivileged uid, writable by nobody else.
 func (d *Daemon) ensureChanDir(id string) error {
 	dir := d.chanDir(id)
-	if err := os.MkdirAll(d.sandboxDir(id), 0o711); err != nil {
+	if err := os.MkdirAll(d.SandboxDir(id), 0o711); err != nil {
 		return errs.Wrap(errs.Internal, err, "create sandbox dir")
 	}
 	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
@@ -121,7 +121,7 @@ func (d *Daemon) channel(id string) (*agentapi.Channel, error) {
 		return ch, nil
 	}
 	// Never recreate the directory of a sandbox that is gone.
-	if fi, err := os.Lstat(d.sandboxDir(id)); err != nil || !fi.IsDir() {
+	if fi, err := os.Lstat(d.SandboxDir(id)); err != nil || !fi.IsDir() {
 		return nil, errs.E(errs.Unavailable, "sandbox %s has no directory on this host", id)
 	}
 	if err := d.ensureChanDir(id); err != nil {
@@ -140,8 +140,8 @@ func (d *Daemon) channel(id string) (*agentapi.Channel, error) {
 	return ch, nil
 }
 
-// client returns the agent client of a sandbox.
-func (d *Daemon) client(id string) *agentapi.Client {
+// AgentClient returns the agent client of a sandbox.
+func (d *Daemon) AgentClient(id string) *agentapi.Client {
 	ch, err := d.channel(id)
 	if err != nil {
 		return agentapi.UnreachableClient(err)

@@ -163,7 +163,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	if err := d.admit(ctx, sb); err != nil { // quota check + intent, under one lock (quota.go)
 		return nil, err
 	}
-	unlock := d.lock(sb.ID)
+	unlock := d.Lock(sb.ID)
 	defer unlock()
 
 	start := time.Now()
@@ -171,7 +171,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		d.fail(ctx, sb, "create_failed", err)
 		return nil, err
 	}
-	out, err := d.transition(ctx, sb.ID, sandbox.Running, actor, "created", "", func(s *sandbox.Sandbox) error {
+	out, err := d.Transition(ctx, sb.ID, sandbox.Running, actor, "created", "", func(s *sandbox.Sandbox) error {
 		s.StartedAt = d.cfg.Now()
 		return nil
 	})
@@ -193,10 +193,10 @@ func (d *Daemon) fail(ctx context.Context, sb *sandbox.Sandbox, reason string, c
 		d.log.Error("teardown after failure", "sandbox_id", sb.ID, "err", err)
 	}
 	msg := shortError(cause)
-	if _, err := os.Stat(filepath.Join(d.sandboxDir(sb.ID), "disk.img")); err == nil {
+	if _, err := os.Stat(filepath.Join(d.SandboxDir(sb.ID), "disk.img")); err == nil {
 		msg += "; " + recoverHint(sb.ID)
 	}
-	if _, err := d.transition(tctx, sb.ID, sandbox.Failed, "berth", reason, msg, nil); err != nil {
+	if _, err := d.Transition(tctx, sb.ID, sandbox.Failed, "berth", reason, msg, nil); err != nil {
 		d.log.Error("record failure", "sandbox_id", sb.ID, "err", err)
 	}
 }
@@ -226,7 +226,7 @@ func (d *Daemon) layersOf(tpl *store.Template) ([]string, error) {
 // boot mounts the sandbox's filesystem (creating its workspace the first
 // time), starts PID 1 and waits for the agent. Each step registers its undo.
 func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) (err error) {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
@@ -244,7 +244,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if err != nil {
 		return err
 	}
-	dir := d.sandboxDir(sb.ID)
+	dir := d.SandboxDir(sb.ID)
 	_, statErr := os.Stat(filepath.Join(dir, "disk.img"))
 	if statErr != nil { // a fresh workspace: decide its user namespace first
 		if err := d.pickUserNS(ctx, sb); err != nil {
@@ -335,7 +335,7 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 		"BERTH_AGENT_KEY=" + hex.EncodeToString(d.agentKey(sb.ID)),
 	}
 	return runtime.Spec{
-		ID: sb.ID, BundleDir: d.sandboxDir(sb.ID), RootFS: root, Hostname: sb.ID,
+		ID: sb.ID, BundleDir: d.SandboxDir(sb.ID), RootFS: root, Hostname: sb.ID,
 		Args: d.agent.Args, Env: env, Cwd: "/",
 		Mounts: append([]runtime.Mount{
 			{Source: d.agent.Dir, Target: agentMount, ReadOnly: true},
@@ -349,7 +349,7 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 		NetNSPath: d.netnsPath(sb),
 		UserNS:    d.runtimeUserNS(sb),
 		// The runtime's log is in the bundle dir, which the sandbox never sees.
-		LogPath: filepath.Join(d.sandboxDir(sb.ID), "runtime.log"),
+		LogPath: filepath.Join(d.SandboxDir(sb.ID), "runtime.log"),
 	}
 }
 
@@ -357,7 +357,7 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
 	d.dropClient(sb.ID)
 	var errList []error
-	if rt, err := d.runtimeFor(sb); err == nil {
+	if rt, err := d.RuntimeFor(sb); err == nil {
 		if err := rt.Delete(ctx, sb.ID); err != nil {
 			errList = append(errList, err)
 		}
@@ -367,7 +367,7 @@ func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := d.netDown(ctx, sb); err != nil {
 		errList = append(errList, err)
 	}
-	if err := rootfs.Teardown(ctx, d.sandboxDir(sb.ID)); err != nil {
+	if err := rootfs.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
 		errList = append(errList, err)
 	}
 	return errors.Join(errList...)

@@ -132,8 +132,8 @@ func (d *Daemon) Runtimes() map[string]runtime.Runtime { return d.runtimes }
 // Config returns the effective configuration.
 func (d *Daemon) Config() Config { return d.cfg }
 
-// lock serialises lifecycle operations on one sandbox.
-func (d *Daemon) lock(id string) func() {
+// Lock serialises lifecycle operations on one sandbox.
+func (d *Daemon) Lock(id string) func() {
 	d.locksMu.Lock()
 	m, ok := d.locks[id]
 	if !ok {
@@ -145,9 +145,9 @@ func (d *Daemon) lock(id string) func() {
 	return m.Unlock
 }
 
-func (d *Daemon) sandboxDir(id string) string { return filepath.Join(d.cfg.DataDir, "sandboxes", id) }
+func (d *Daemon) SandboxDir(id string) string { return filepath.Join(d.cfg.DataDir, "sandboxes", id) }
 
-func (d *Daemon) runtimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error) {
+func (d *Daemon) RuntimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error) {
 	rt, ok := d.runtimes[sb.Runtime]
 	if !ok {
 		return nil, errs.E(errs.FailedPrecondition, "runtime %q of sandbox %s is not configured on this server", sb.Runtime, sb.ID)
@@ -155,8 +155,8 @@ func (d *Daemon) runtimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error) {
 	return rt, nil
 }
 
-// event appends a non-transition event; failures are logged, never fatal.
-func (d *Daemon) event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string) {
+// Event appends a non-transition event; failures are logged, never fatal.
+func (d *Daemon) Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string) {
 	ev := sandbox.Event{SandboxID: sb.ID, Owner: sb.Owner, Time: d.cfg.Now(), Actor: actor, Type: typ,
 		Reason: reason, Message: msg, Data: data}
 	if _, err := d.store.AppendEvent(context.WithoutCancel(ctx), ev); err != nil {
@@ -164,8 +164,8 @@ func (d *Daemon) event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, rea
 	}
 }
 
-// transition moves a sandbox to a new state with an event, in one store transaction.
-func (d *Daemon) transition(ctx context.Context, id string, to sandbox.State, actor, reason, msg string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
+// Transition moves a sandbox to a new state with an event, in one store transaction.
+func (d *Daemon) Transition(ctx context.Context, id string, to sandbox.State, actor, reason, msg string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
 	ev := sandbox.Event{SandboxID: id, Time: d.cfg.Now(), Actor: actor, Type: "transition", Reason: reason, Message: msg}
 	return d.store.Transition(context.WithoutCancel(ctx), id, to, ev, func(sb *sandbox.Sandbox) error {
 		sb.Reason, sb.Message = reason, msg
@@ -176,9 +176,9 @@ func (d *Daemon) transition(ctx context.Context, id string, to sandbox.State, ac
 	})
 }
 
-// visible loads a sandbox and hides other owners' sandboxes behind NotFound.
+// Visible loads a sandbox and hides other owners' sandboxes behind NotFound.
 // owner "" is the admin view.
-func (d *Daemon) visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+func (d *Daemon) Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
 	if !sandbox.ValidID(id) {
 		return nil, errs.E(errs.NotFound, "sandbox %q not found", id)
 	}
@@ -204,8 +204,8 @@ func newToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// goBackground runs fn on the daemon's lifetime.
-func (d *Daemon) goBackground(name string, fn func(ctx context.Context)) {
+// GoBackground runs fn on the daemon's lifetime.
+func (d *Daemon) GoBackground(name string, fn func(ctx context.Context)) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -222,3 +222,9 @@ func (d *Daemon) goBackground(name string, fn func(ctx context.Context)) {
 func teardownCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 }
+
+// Log is the daemon's logger, for the services built around the core.
+func (d *Daemon) Log() *slog.Logger { return d.log }
+
+// Now is the daemon's clock (Config.Now), injectable in tests.
+func (d *Daemon) Now() time.Time { return d.cfg.Now() }

@@ -54,8 +54,8 @@ func (d *Daemon) Fork(ctx context.Context, owner, id, actor string, count int) (
 		return ForkResult{}, errs.Field("count", "must be between 1 and %d, got %d", MaxFork, count)
 	}
 	start := time.Now()
-	unlock := d.lock(id)
-	parent, err := d.visible(ctx, owner, id)
+	unlock := d.Lock(id)
+	parent, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		unlock()
 		return ForkResult{}, err
@@ -109,7 +109,7 @@ func (d *Daemon) Fork(ctx context.Context, owner, id, actor string, count int) (
 	}
 	res.Sandboxes = made
 	res.Millis = time.Since(start).Milliseconds()
-	d.event(ctx, parent, actor, "fork", "forked", reason, map[string]string{
+	d.Event(ctx, parent, actor, "fork", "forked", reason, map[string]string{
 		"snapshot": sn.ID, "fork_mode": mode, "children": strconv.Itoa(len(made)), "ms": formatInt(res.Millis)})
 	d.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(made), "fork_mode", mode, "ms", res.Millis)
 	if err := errors.Join(errList...); err != nil {
@@ -131,7 +131,7 @@ func (d *Daemon) Fork(ctx context.Context, owner, id, actor string, count int) (
 func (d *Daemon) forkCapture(ctx context.Context, parent *sandbox.Sandbox, actor string) (store.Snapshot, string, string, error) {
 	tctx, cancel := teardownCtx(ctx)
 	defer func() { cancel() }() // cancel is replaced after a failed checkpoint
-	rt, err := d.runtimeFor(parent)
+	rt, err := d.RuntimeFor(parent)
 	if err != nil {
 		return store.Snapshot{}, "", "", err
 	}
@@ -210,7 +210,7 @@ func (d *Daemon) forkCapture(ctx context.Context, parent *sandbox.Sandbox, actor
 // checkpointTo quiesces the agent and writes a memory image of sb to img.
 // The container stops; its filesystem stays mounted.
 func (d *Daemon) checkpointTo(ctx context.Context, sb *sandbox.Sandbox, img string) error {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
@@ -234,18 +234,18 @@ func (d *Daemon) checkpointTo(ctx context.Context, sb *sandbox.Sandbox, img stri
 // checkpoint killed mid-way (killed) may have left CRIU's traces in the
 // processes (network lock, parasite), so that parent is booted again.
 func (d *Daemon) ensureRunning(ctx context.Context, sb *sandbox.Sandbox, killed bool) error {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
 	if st, err := rt.State(ctx, sb.ID); err == nil && st.State == "running" && !killed {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if _, err := d.client(sb.ID).WaitReady(wctx, 10*time.Millisecond); err == nil {
+		if _, err := d.AgentClient(sb.ID).WaitReady(wctx, 10*time.Millisecond); err == nil {
 			return nil
 		}
 	}
-	d.event(ctx, sb, "berth", "fork", "parent_rebooted", "the failed checkpoint stopped or disturbed the parent; it was booted again from its workspace", nil)
+	d.Event(ctx, sb, "berth", "fork", "parent_rebooted", "the failed checkpoint stopped or disturbed the parent; it was booted again from its workspace", nil)
 	_ = d.halt(ctx, sb)
 	if err := d.boot(ctx, sb, nil); err != nil {
 		d.fail(ctx, sb, "fork_failed", err)
@@ -270,8 +270,8 @@ func (d *Daemon) restoreParent(ctx context.Context, sb *sandbox.Sandbox, img str
 		return err
 	}
 	d.log.Warn("fork: parent restore failed; booting it from its workspace", "sandbox_id", sb.ID, "err", err)
-	d.event(ctx, sb, "berth", "fork", "parent_rebooted", "restoring the parent from the fork image failed: "+shortError(err), nil)
-	rt, _ := d.runtimeFor(sb)
+	d.Event(ctx, sb, "berth", "fork", "parent_rebooted", "restoring the parent from the fork image failed: "+shortError(err), nil)
+	rt, _ := d.RuntimeFor(sb)
 	if rt != nil {
 		_ = rt.Delete(ctx, sb.ID)
 	}
@@ -296,11 +296,11 @@ func (d *Daemon) lowersForID(ctx context.Context, sb *sandbox.Sandbox) ([]string
 // that agent authenticates with the parent's key once, and is rekeyed to
 // sb's own id and key over the authenticated channel before sb is handed out.
 func (d *Daemon) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers []string, img string, count int, imageOf string, diskMiB int64) error {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
-	dir := d.sandboxDir(sb.ID)
+	dir := d.SandboxDir(sb.ID)
 	var root string
 	if diskMiB > 0 {
 		if err := d.pickUserNS(ctx, sb); err != nil {
@@ -399,8 +399,8 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 	if err := d.admit(ctx, sb); err != nil { // quota, then the creating intent
 		return nil, err
 	}
-	d.event(ctx, sb, actor, "transition", "created", "forked from "+parent.ID, map[string]string{"template": sb.Template, "runtime": sb.Runtime})
-	unlock := d.lock(sb.ID)
+	d.Event(ctx, sb, actor, "transition", "created", "forked from "+parent.ID, map[string]string{"template": sb.Template, "runtime": sb.Runtime})
+	unlock := d.Lock(sb.ID)
 	defer unlock()
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
@@ -426,7 +426,7 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 			return nil, err
 		}
 	}
-	out, err := d.transition(tctx, sb.ID, sandbox.Running, actor, "forked", why, func(s *sandbox.Sandbox) error {
+	out, err := d.Transition(tctx, sb.ID, sandbox.Running, actor, "forked", why, func(s *sandbox.Sandbox) error {
 		s.StartedAt = d.cfg.Now()
 		if why != "" {
 			s.Extra[extraForkMode] = ForkDisk
@@ -449,9 +449,9 @@ func (d *Daemon) personalizeChild(ctx context.Context, sb, parent *sandbox.Sandb
 	_, _ = rand.Read(b[:])
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := d.client(sb.ID).WriteFile(wctx, "/etc/machine-id", "root", 0o444, strings.NewReader(hex.EncodeToString(b[:])+"\n")); err != nil {
+	if _, err := d.AgentClient(sb.ID).WriteFile(wctx, "/etc/machine-id", "root", 0o444, strings.NewReader(hex.EncodeToString(b[:])+"\n")); err != nil {
 		d.log.Warn("fork: write machine-id", "sandbox_id", sb.ID, "err", err)
 	}
-	d.event(ctx, sb, actor, "fork", "forked", why, map[string]string{
+	d.Event(ctx, sb, actor, "fork", "forked", why, map[string]string{
 		"parent": parent.ID, "snapshot": sn.ID, "fork_mode": mode, "generation": sb.Extra[extraGeneration]})
 }

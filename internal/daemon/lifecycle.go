@@ -15,7 +15,7 @@ import (
 
 // Get returns one sandbox visible to owner ("" = admin).
 func (d *Daemon) Get(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
-	return d.visible(ctx, owner, id)
+	return d.Visible(ctx, owner, id)
 }
 
 // List returns sandboxes matching the filter and a cursor for the next page.
@@ -51,9 +51,9 @@ func (d *Daemon) List(ctx context.Context, f ListFilter) ([]*sandbox.Sandbox, st
 
 // Stop halts a sandbox's processes and keeps its workspace.
 func (d *Daemon) Stop(ctx context.Context, owner, id, actor, reason string) (*sandbox.Sandbox, error) {
-	unlock := d.lock(id)
+	unlock := d.Lock(id)
 	defer unlock()
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -68,14 +68,14 @@ func (d *Daemon) Stop(ctx context.Context, owner, id, actor, reason string) (*sa
 	if err := d.halt(tctx, sb); err != nil {
 		return nil, errs.Wrap(errs.Internal, err, "stop sandbox %s", id)
 	}
-	return d.transition(tctx, id, sandbox.Stopped, actor, reason, "", nil)
+	return d.Transition(tctx, id, sandbox.Stopped, actor, reason, "", nil)
 }
 
 // Start boots a stopped (or failed) sandbox again from its workspace.
 func (d *Daemon) Start(ctx context.Context, owner, id, actor string) (*sandbox.Sandbox, error) {
-	unlock := d.lock(id)
+	unlock := d.Lock(id)
 	defer unlock()
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func (d *Daemon) Start(ctx context.Context, owner, id, actor string) (*sandbox.S
 		d.fail(ctx, sb, "start_failed", err)
 		return nil, err
 	}
-	return d.transition(ctx, id, sandbox.Running, actor, "started", "", func(s *sandbox.Sandbox) error {
+	return d.Transition(ctx, id, sandbox.Running, actor, "started", "", func(s *sandbox.Sandbox) error {
 		s.StartedAt = d.cfg.Now()
 		return nil
 	})
@@ -112,9 +112,9 @@ func (d *Daemon) Delete(ctx context.Context, owner, id string) error {
 }
 
 func (d *Daemon) delete(ctx context.Context, owner, id, actor, reason string) error {
-	unlock := d.lock(id)
+	unlock := d.Lock(id)
 	defer unlock()
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func (d *Daemon) delete(ctx context.Context, owner, id, actor, reason string) er
 	if err := d.destroy(tctx, sb); err != nil {
 		return errs.Wrap(errs.Internal, err, "delete sandbox %s", id)
 	}
-	if _, err := d.transition(tctx, id, sandbox.Deleted, actor, reason, "", nil); err != nil {
+	if _, err := d.Transition(tctx, id, sandbox.Deleted, actor, reason, "", nil); err != nil {
 		return err
 	}
 	d.locksMu.Lock()
@@ -137,15 +137,15 @@ func (d *Daemon) destroy(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := d.halt(ctx, sb); err != nil {
 		return err
 	}
-	if err := rootfs.Teardown(ctx, d.sandboxDir(sb.ID)); err != nil {
+	if err := rootfs.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
 		return err
 	}
-	return os.RemoveAll(d.sandboxDir(sb.ID))
+	return os.RemoveAll(d.SandboxDir(sb.ID))
 }
 
 // SetExpiry moves a sandbox's expiry (shorter or longer, capped at the server maximum).
 func (d *Daemon) SetExpiry(ctx context.Context, owner, id string, at time.Time) (*sandbox.Sandbox, error) {
-	if _, err := d.visible(ctx, owner, id); err != nil {
+	if _, err := d.Visible(ctx, owner, id); err != nil {
 		return nil, err
 	}
 	now := d.cfg.Now()
@@ -162,13 +162,13 @@ func (d *Daemon) SetExpiry(ctx context.Context, owner, id string, at time.Time) 
 	if err != nil {
 		return nil, err
 	}
-	d.event(ctx, out, owner, "expiry", "extended", "", map[string]string{"expires_at": at.UTC().Format(time.RFC3339)})
+	d.Event(ctx, out, owner, "expiry", "extended", "", map[string]string{"expires_at": at.UTC().Format(time.RFC3339)})
 	return out, nil
 }
 
 // Agent returns a client for a running sandbox's agent.
 func (d *Daemon) Agent(ctx context.Context, owner, id string) (*agentapi.Client, error) {
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -177,14 +177,14 @@ func (d *Daemon) Agent(ctx context.Context, owner, id string) (*agentapi.Client,
 		if _, err := d.resume(ctx, owner, id, "auto-resume", false); err != nil && !errs.Is(err, errs.Conflict) {
 			return nil, err
 		}
-		if sb, err = d.visible(ctx, owner, id); err != nil {
+		if sb, err = d.Visible(ctx, owner, id); err != nil {
 			return nil, err
 		}
 	}
 	if sb.State != sandbox.Running {
 		return nil, errs.E(errs.Unavailable, "sandbox %s is %s, not running", id, sb.State)
 	}
-	return d.client(id), nil
+	return d.AgentClient(id), nil
 }
 
 // Lease keeps a sandbox from expiring (and from being reaped) until now+dur,
@@ -193,7 +193,7 @@ func (d *Daemon) Lease(ctx context.Context, owner, id string, dur time.Duration)
 	if dur < 0 || dur > d.cfg.MaxTTL {
 		return nil, errs.Field("for", "must be between 0 and %s", d.cfg.MaxTTL)
 	}
-	if _, err := d.visible(ctx, owner, id); err != nil {
+	if _, err := d.Visible(ctx, owner, id); err != nil {
 		return nil, err
 	}
 	until := d.cfg.Now().Add(dur)
@@ -215,7 +215,7 @@ func (d *Daemon) Lease(ctx context.Context, owner, id string, dur time.Duration)
 	if dur == 0 {
 		reason = "lease_released"
 	}
-	d.event(ctx, out, owner, "lease", reason, "", map[string]string{"until": until.UTC().Format(time.RFC3339), "for": dur.String()})
+	d.Event(ctx, out, owner, "lease", reason, "", map[string]string{"until": until.UTC().Format(time.RFC3339), "for": dur.String()})
 	return out, nil
 }
 

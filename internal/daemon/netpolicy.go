@@ -161,9 +161,9 @@ func (d *Daemon) SetNetworkPolicy(ctx context.Context, owner, id, actor string, 
 			return nil, err
 		}
 	}
-	unlock := d.lock(id)
+	unlock := d.Lock(id)
 	defer unlock()
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +189,7 @@ func (d *Daemon) SetNetworkPolicy(ctx context.Context, owner, id, actor string, 
 			}
 		}
 	}
-	d.event(ctx, sb, actor, "network", "policy_updated", "", map[string]string{
+	d.Event(ctx, sb, actor, "network", "policy_updated", "", map[string]string{
 		"mode": string(pol.Mode), "allow": joinRules(pol.Allow), "deny": joinRules(pol.Deny)})
 	return d.networkInfo(ctx, sb)
 }
@@ -204,7 +204,7 @@ func joinRules(rs []egress.Rule) string {
 
 // Network returns a sandbox's policy, address, granted secrets and ports.
 func (d *Daemon) Network(ctx context.Context, owner, id string) (*NetworkInfo, error) {
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +231,7 @@ func (d *Daemon) networkInfo(_ context.Context, sb *sandbox.Sandbox) (*NetworkIn
 // EgressLog returns a sandbox's egress decisions after seq `after`, oldest
 // first. It is kept after the sandbox is deleted only in the store.
 func (d *Daemon) EgressLog(ctx context.Context, owner, id string, after int64, limit int) ([]store.EgressEntry, error) {
-	if _, err := d.visible(ctx, owner, id); err != nil {
+	if _, err := d.Visible(ctx, owner, id); err != nil {
 		return nil, err
 	}
 	if after < 0 || limit < 0 {

@@ -154,9 +154,9 @@ func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
 	}
 	ns.mgr, ns.px = mgr, px
 	d.net = ns
-	d.goBackground("egress-proxy", d.superviseProxy)
-	d.goBackground("egress-log", d.egressLogLoop)
-	d.goBackground("egress-inflight", d.feedEgress)
+	d.GoBackground("egress-proxy", d.superviseProxy)
+	d.GoBackground("egress-log", d.egressLogLoop)
+	d.GoBackground("egress-inflight", d.feedEgress)
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := px.WaitReady(rctx); err != nil {
@@ -212,14 +212,14 @@ func runProxy(ctx context.Context, px *egress.Proxy) (err error) {
 // event (the proxy calls it at most every egress.LimitReportEvery per
 // sandbox and cap); it must not block the proxy.
 func (d *Daemon) egressLimitHit(id, limit string, max int) {
-	d.goBackground("egress-limit-event", func(ctx context.Context) {
+	d.GoBackground("egress-limit-event", func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		sb, err := d.store.GetSandbox(ctx, id)
 		if err != nil {
 			return
 		}
-		d.event(ctx, sb, "egress", "network", "egress_limit",
+		d.Event(ctx, sb, "egress", "network", "egress_limit",
 			fmt.Sprintf("egress cap reached: %s (max %d); further attempts are refused", limit, max),
 			map[string]string{"limit": limit, "max": fmt.Sprint(max)})
 	})
@@ -315,7 +315,7 @@ func (d *Daemon) netnsPath(sb *sandbox.Sandbox) string {
 	return sb.Extra["netns_path"]
 }
 
-func (d *Daemon) netDir(id string) string { return filepath.Join(d.sandboxDir(id), "net") }
+func (d *Daemon) netDir(id string) string { return filepath.Join(d.SandboxDir(id), "net") }
 
 // netMounts are the read-only files the network puts into an attached
 // sandbox: its resolv.conf and berth's egress CA.
@@ -478,15 +478,15 @@ func (d *Daemon) reportReattached(ctx context.Context, all []*sandbox.Sandbox) {
 			if sb.Runtime == "runsc" {
 				// gVisor's netstack copied the namespace's interfaces when the
 				// sandbox booted; it does not see the new veth.
-				d.event(ctx, sb, "berth", "network", "network_lost",
+				d.Event(ctx, sb, "berth", "network", "network_lost",
 					"the network layout changed across a daemon restart ("+m+"); gVisor configured the sandbox's network at boot, so it has none until it is restarted (stop, start)", nil)
 				continue
 			}
-			d.event(ctx, sb, "berth", "network", "network_reattached",
+			d.Event(ctx, sb, "berth", "network", "network_reattached",
 				"the network layout changed across a daemon restart; the sandbox got a new address "+m, nil)
 		}
 		if why, ok := lost[sb.ID]; ok {
-			d.event(ctx, sb, "berth", "network", "network_lost",
+			d.Event(ctx, sb, "berth", "network", "network_lost",
 				"the sandbox could not be reattached to the network layout of this start and has no network until it is restarted (stop, start): "+why, nil)
 		}
 	}

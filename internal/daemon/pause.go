@@ -19,7 +19,7 @@ import (
 
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
 
-func (d *Daemon) memoryDir(id string) string { return filepath.Join(d.sandboxDir(id), "memory") }
+func (d *Daemon) memoryDir(id string) string { return filepath.Join(d.SandboxDir(id), "memory") }
 
 // MemoryPauseSupported reports whether a runtime can take memory checkpoints here.
 func (d *Daemon) MemoryPauseSupported(runtimeName string) bool {
@@ -40,14 +40,14 @@ func (d *Daemon) Pause(ctx context.Context, owner, id string, mode sandbox.Pause
 }
 
 func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.PauseMode, actor, reason string) (*sandbox.Sandbox, error) {
-	unlock := d.lock(id)
+	unlock := d.Lock(id)
 	handedOff := false
 	defer func() {
 		if !handedOff {
 			unlock()
 		}
 	}()
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -60,12 +60,12 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	if sb.State != sandbox.Running {
 		return nil, &sandbox.TransitionError{From: sb.State, To: sandbox.Paused}
 	}
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return nil, err
 	}
 	// Intent before effect: a crash while pausing is resolved by reconcilePaused.
-	if _, err := d.transition(ctx, id, sandbox.Pausing, actor, reason, "", func(s *sandbox.Sandbox) error {
+	if _, err := d.Transition(ctx, id, sandbox.Pausing, actor, reason, "", func(s *sandbox.Sandbox) error {
 		s.PauseRequested = mode
 		return nil
 	}); err != nil {
@@ -99,11 +99,11 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 		}
 	}
 	if why != "" {
-		d.event(tctx, sb, "berth", "pause_degraded", "fallback_to_disk", why,
+		d.Event(tctx, sb, "berth", "pause_degraded", "fallback_to_disk", why,
 			map[string]string{"requested": string(mode), "actual": string(actual)})
 		d.log.Warn("pause degraded", "sandbox_id", id, "requested", mode, "actual", actual, "reason", why)
 	}
-	out, err := d.transition(tctx, id, sandbox.Paused, actor, reason, why, func(s *sandbox.Sandbox) error {
+	out, err := d.Transition(tctx, id, sandbox.Paused, actor, reason, why, func(s *sandbox.Sandbox) error {
 		s.PauseActual = actual
 		if s.Extra == nil {
 			s.Extra = map[string]string{}
@@ -117,7 +117,7 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 		// holding the sandbox's lock so a resume waits for it. A crash
 		// meanwhile is settled by reconcilePaused.
 		handedOff = true
-		d.goBackground("release "+id, func(bg context.Context) {
+		d.GoBackground("release "+id, func(bg context.Context) {
 			defer unlock()
 			rctx, cancel := teardownCtx(bg)
 			defer cancel()
@@ -160,7 +160,7 @@ func (d *Daemon) boundedCheckpoint(ctx context.Context, sb *sandbox.Sandbox) (fu
 // freezes the cgroup and the agent closed its socket to quiesce. It runs on
 // a fresh context, since the checkpoint's may be used up.
 func (d *Daemon) thawAfterCheckpoint(ctx context.Context, sb *sandbox.Sandbox) {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return
 	}
@@ -202,9 +202,9 @@ func (d *Daemon) pauseRefused(ctx context.Context, sb *sandbox.Sandbox, actor st
 		d.fail(fctx, sb, "pause_failed", errors.Join(cause, err))
 		return errs.Wrap(errs.Internal, err, "pause sandbox %s", sb.ID)
 	}
-	d.event(fctx, sb, "berth", "pause_refused", "pause_failed", msg+"; it was booted again from its workspace",
+	d.Event(fctx, sb, "berth", "pause_refused", "pause_failed", msg+"; it was booted again from its workspace",
 		map[string]string{"requested": string(mode)})
-	if _, err := d.transition(fctx, sb.ID, sandbox.Running, actor, "pause_refused", msg, nil); err != nil {
+	if _, err := d.Transition(fctx, sb.ID, sandbox.Running, actor, "pause_refused", msg, nil); err != nil {
 		return err
 	}
 	return errs.Wrap(errs.Unavailable, cause, "pause sandbox %s refused (it is running again)", sb.ID)
@@ -214,7 +214,7 @@ func (d *Daemon) pauseRefused(ctx context.Context, sb *sandbox.Sandbox, actor st
 // cannot save), writes the memory image to a temp dir and renames it into
 // place, so a crash leaves either no image or a complete one.
 func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release func(context.Context) error, err error) {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +249,7 @@ func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release f
 		if err := d.netDown(ctx, sb); err != nil {
 			d.log.Warn("detach network after checkpoint", "sandbox_id", sb.ID, "err", err)
 		}
-		return rootfs.Teardown(ctx, d.sandboxDir(sb.ID))
+		return rootfs.Teardown(ctx, d.SandboxDir(sb.ID))
 	}, nil
 }
 
@@ -285,14 +285,14 @@ func (d *Daemon) ResumeCold(ctx context.Context, owner, id string) (*sandbox.San
 }
 
 func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool) (*sandbox.Sandbox, error) {
-	unlock := d.lock(id)
+	unlock := d.Lock(id)
 	defer unlock()
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
 	if sb.State == sandbox.Failed {
-		if _, err := os.Stat(filepath.Join(d.sandboxDir(id), "disk.img")); err == nil {
+		if _, err := os.Stat(filepath.Join(d.SandboxDir(id), "disk.img")); err == nil {
 			return nil, errs.Wrap(errs.Conflict, &sandbox.TransitionError{From: sb.State, To: sandbox.Running},
 				"sandbox %s is failed (%s), not paused; %s", id, sb.Reason, recoverHint(id))
 		}
@@ -300,11 +300,11 @@ func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool)
 	if sb.State != sandbox.Paused {
 		return nil, &sandbox.TransitionError{From: sb.State, To: sandbox.Running}
 	}
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := d.transition(ctx, id, sandbox.Resuming, actor, "resuming", "", nil); err != nil {
+	if _, err := d.Transition(ctx, id, sandbox.Resuming, actor, "resuming", "", nil); err != nil {
 		return nil, err
 	}
 	tctx, cancel := teardownCtx(ctx)
@@ -339,10 +339,10 @@ func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool)
 	}
 	_ = os.RemoveAll(d.memoryDir(id))
 	if why != "" && sb.PauseActual != sandbox.PauseDisk {
-		d.event(tctx, sb, "berth", "resume_degraded", "cold_boot", why,
+		d.Event(tctx, sb, "berth", "resume_degraded", "cold_boot", why,
 			map[string]string{"paused_with": string(sb.PauseActual), "resumed_from": string(from)})
 	}
-	return d.transition(tctx, id, sandbox.Running, actor, "resumed", why, func(s *sandbox.Sandbox) error {
+	return d.Transition(tctx, id, sandbox.Running, actor, "resumed", why, func(s *sandbox.Sandbox) error {
 		s.ResumedFrom = from
 		s.RestoreCount = restores
 		return nil
@@ -351,7 +351,7 @@ func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool)
 
 // restore starts the sandbox from its memory image and tells the agent.
 func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) error {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
@@ -370,7 +370,7 @@ func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) er
 	// As in boot: attach the network while the filesystem is mounted.
 	netErr := make(chan error, 1)
 	go func() { netErr <- d.netUp(ctx, sb, "") }()
-	root, err := rootfs.Remount(ctx, d.sandboxDir(sb.ID), lowers, d.userNSOf(sb))
+	root, err := rootfs.Remount(ctx, d.SandboxDir(sb.ID), lowers, d.userNSOf(sb))
 	if nerr := <-netErr; err != nil || nerr != nil {
 		return errors.Join(err, nerr)
 	}
@@ -425,7 +425,7 @@ func (d *Daemon) boundedRestore(ctx context.Context, rt runtime.Runtime, sb *san
 // reconcilePaused settles sandboxes caught mid-pause or mid-resume by a
 // daemon crash: never half — either running or paused with a complete image.
 func (d *Daemon) reconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive bool) error {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
@@ -441,7 +441,7 @@ func (d *Daemon) reconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive
 		if hasImage {
 			actual = sandbox.PauseMemory
 		}
-		_, err := d.transition(ctx, sb.ID, sandbox.Paused, "berth", reason, "settled after a daemon restart", func(s *sandbox.Sandbox) error {
+		_, err := d.Transition(ctx, sb.ID, sandbox.Paused, "berth", reason, "settled after a daemon restart", func(s *sandbox.Sandbox) error {
 			s.PauseActual = actual
 			return nil
 		})
@@ -453,10 +453,10 @@ func (d *Daemon) reconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive
 			_ = rt.Thaw(ctx, sb.ID)
 			_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 			hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			_, err := d.client(sb.ID).WaitReady(hctx, 20*time.Millisecond)
+			_, err := d.AgentClient(sb.ID).WaitReady(hctx, 20*time.Millisecond)
 			cancel()
 			if err == nil {
-				_, err := d.transition(ctx, sb.ID, sandbox.Running, "berth", "pause_interrupted", "the daemon restarted during a pause or resume; the sandbox kept running", nil)
+				_, err := d.Transition(ctx, sb.ID, sandbox.Running, "berth", "pause_interrupted", "the daemon restarted during a pause or resume; the sandbox kept running", nil)
 				return err
 			}
 		}
@@ -467,7 +467,7 @@ func (d *Daemon) reconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive
 				return nil
 			}
 			// The frozen processes are gone (host reboot?): the disk is still the promise.
-			d.event(ctx, sb, "berth", "pause_degraded", "freeze_lost", "frozen processes were gone after a restart; the workspace is kept",
+			d.Event(ctx, sb, "berth", "pause_degraded", "freeze_lost", "frozen processes were gone after a restart; the workspace is kept",
 				map[string]string{"requested": string(sandbox.PauseFreeze), "actual": string(sandbox.PauseDisk)})
 			return toPausedDisk("freeze_lost")
 		}

@@ -60,7 +60,7 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 		}
 	default:
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
-		if l, ok := mountedLayers(string(mi), rootfs.LayoutOf(d.sandboxDir(sb.ID)).RootFS, d.templates.Dir()); ok {
+		if l, ok := mountedLayers(string(mi), rootfs.LayoutOf(d.SandboxDir(sb.ID)).RootFS, d.templates.Dir()); ok {
 			layers = l
 			break
 		}
@@ -85,7 +85,7 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 	}
 	*sb = *out
 	if reason != "" {
-		d.event(ctx, sb, "berth", "layers", "layers_unpinned", reason+
+		d.Event(ctx, sb, "berth", "layers", "layers_unpinned", reason+
 			"; snapshots and forks are refused until its next boot, which moves it to the template's current layers", nil)
 		return nil
 	}
@@ -115,7 +115,7 @@ func (d *Daemon) pinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store
 	}
 	sb.Extra, sb.TemplateID = out.Extra, out.TemplateID
 	if from != tpl.Fingerprint {
-		d.event(ctx, sb, "berth", "layers", "layers_rebased",
+		d.Event(ctx, sb, "berth", "layers", "layers_rebased",
 			"booting on the current layers of template "+tpl.Name+": this sandbox predates layer pins and its template was rebuilt",
 			map[string]string{"from_fingerprint": from, "to_fingerprint": tpl.Fingerprint})
 	}

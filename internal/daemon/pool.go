@@ -211,7 +211,7 @@ var errNotMember = errs.E(errs.Conflict, "no longer a pool member")
 // claim moves member id to req's owner in one store write, then rewrites
 // its environment and records the claim.
 func (d *Daemon) claim(ctx context.Context, id string, req CreateRequest, tpl *store.Template) (*sandbox.Sandbox, error) {
-	unlock := d.lock(id)
+	unlock := d.Lock(id)
 	defer unlock()
 	now := d.cfg.Now()
 	out, err := d.store.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
@@ -243,8 +243,8 @@ func (d *Daemon) claim(ctx context.Context, id string, req CreateRequest, tpl *s
 	// The claim itself is durable; its event is written off the hot path
 	// (one fsync less before the caller gets its sandbox).
 	data := map[string]string{"template": tpl.Name, "claim_us": formatInt(time.Since(now).Microseconds())}
-	d.goBackground("pool-claim-event", func(bg context.Context) {
-		d.event(bg, out, actor, "pool", "claimed_from_pool", "claimed from pool "+tpl.Name, data)
+	d.GoBackground("pool-claim-event", func(bg context.Context) {
+		d.Event(bg, out, actor, "pool", "claimed_from_pool", "claimed from pool "+tpl.Name, data)
 	})
 	return out, nil
 }

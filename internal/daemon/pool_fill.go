@@ -142,7 +142,7 @@ func (d *Daemon) poolFill(ctx context.Context, name string, members []*sandbox.S
 		p.mu.Lock()
 		wp.starting++
 		p.mu.Unlock()
-		d.goBackground("pool-member", func(ctx context.Context) {
+		d.GoBackground("pool-member", func(ctx context.Context) {
 			defer func() { <-p.sem }()
 			d.startMember(ctx, wp, spec, key)
 		})

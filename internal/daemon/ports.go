@@ -67,7 +67,7 @@ func (d *Daemon) ExposePort(ctx context.Context, owner, id string, port int, wit
 	if port < 1 || port > 65535 {
 		return PortInfo{}, "", errs.Field("port", "must be 1-65535, got %d", port)
 	}
-	if _, err := d.visible(ctx, owner, id); err != nil {
+	if _, err := d.Visible(ctx, owner, id); err != nil {
 		return PortInfo{}, "", err
 	}
 	tok := ""
@@ -89,13 +89,13 @@ func (d *Daemon) ExposePort(ctx context.Context, owner, id string, port int, wit
 	if err != nil {
 		return PortInfo{}, "", err
 	}
-	d.event(ctx, sb, owner, "network", "port_exposed", "", map[string]string{"port": strconv.Itoa(port), "token": strconv.FormatBool(withToken)})
+	d.Event(ctx, sb, owner, "network", "port_exposed", "", map[string]string{"port": strconv.Itoa(port), "token": strconv.FormatBool(withToken)})
 	return PortInfo{Port: port, Token: withToken, CreatedAt: e.CreatedAt}, tok, nil
 }
 
 // ClosePort stops exposing a port (NotFound if it was not exposed).
 func (d *Daemon) ClosePort(ctx context.Context, owner, id string, port int) error {
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return err
 	}
@@ -112,13 +112,13 @@ func (d *Daemon) ClosePort(ctx context.Context, owner, id string, port int) erro
 	if err != nil {
 		return err
 	}
-	d.event(ctx, sb, owner, "network", "port_closed", "", map[string]string{"port": strconv.Itoa(port)})
+	d.Event(ctx, sb, owner, "network", "port_closed", "", map[string]string{"port": strconv.Itoa(port)})
 	return nil
 }
 
 // Ports lists a sandbox's exposed ports.
 func (d *Daemon) Ports(ctx context.Context, owner, id string) ([]PortInfo, error) {
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +133,7 @@ func (d *Daemon) AuthorizePort(ctx context.Context, apiKey, token, id, port stri
 	if err != nil {
 		return err
 	}
-	sb, err := d.visible(ctx, "", id)
+	sb, err := d.Visible(ctx, "", id)
 	if err != nil {
 		return err
 	}

@@ -150,7 +150,7 @@ func (d *Daemon) sampleOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked
 	pol := d.policyOf(sb)
 	s := metering.Sample{At: now, Bucket: metering.BucketOf(sb.State, sb.PauseActual), DiskBytes: d.diskBytes(sb.ID)}
 	hasCgroup := sb.State == sandbox.Running || (sb.State == sandbox.Paused && sb.PauseActual == sandbox.PauseFreeze)
-	if rt, err := d.runtimeFor(sb); err == nil && hasCgroup {
+	if rt, err := d.RuntimeFor(sb); err == nil && hasCgroup {
 		if st, err := rt.Stats(ctx, sb.ID); err == nil {
 			s.HasCgroup, s.CPUNanos, s.MemBytes, s.MemPeak = true, st.CPUUsageNanos, st.MemoryBytes, st.MemoryPeak
 		}
@@ -217,7 +217,7 @@ func (d *Daemon) refreshSignals(ctx context.Context, sb *sandbox.Sandbox, tr *tr
 	}
 	if sb.State == sandbox.Running {
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		act, err := d.client(sb.ID).Activity(actx)
+		act, err := d.AgentClient(sb.ID).Activity(actx)
 		cancel()
 		tr.agentStreams = 0
 		if err == nil {
@@ -281,7 +281,7 @@ func (d *Daemon) reapOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, 
 	if dec.Mode != "" {
 		data["mode"] = string(dec.Mode)
 	}
-	d.event(ctx, sb, "reaper", "reaper", dec.Reason, "reaper: "+string(dec.Action), data)
+	d.Event(ctx, sb, "reaper", "reaper", dec.Reason, "reaper: "+string(dec.Action), data)
 	d.acct().observeAction(string(dec.Action), dec.Reason)
 	d.log.Info("reaper action", "sandbox_id", sb.ID, "owner", sb.Owner, "action", dec.Action, "reason", dec.Reason, "policy", pol.Name)
 	var err error
@@ -307,7 +307,7 @@ func (d *Daemon) reapOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, 
 	}
 	if err != nil && !errs.Is(err, errs.NotFound) {
 		d.log.Warn("reaper action failed", "sandbox_id", sb.ID, "action", dec.Action, "err", err)
-		d.event(ctx, sb, "reaper", "reaper_failed", dec.Reason, shortError(err), map[string]string{"action": string(dec.Action)})
+		d.Event(ctx, sb, "reaper", "reaper_failed", dec.Reason, shortError(err), map[string]string{"action": string(dec.Action)})
 	}
 }
 
@@ -315,9 +315,9 @@ func (d *Daemon) reapOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, 
 // processes are killed (SIGKILL while frozen, so no user code runs again)
 // and any memory image is removed. The workspace stays: disk is the promise.
 func (d *Daemon) demoteToDisk(ctx context.Context, id, reason string) error {
-	unlock := d.lock(id)
+	unlock := d.Lock(id)
 	defer unlock()
-	sb, err := d.visible(ctx, "", id)
+	sb, err := d.Visible(ctx, "", id)
 	if err != nil {
 		return err
 	}
@@ -327,7 +327,7 @@ func (d *Daemon) demoteToDisk(ctx context.Context, id, reason string) error {
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
 	if sb.PauseActual == sandbox.PauseFreeze {
-		if rt, err := d.runtimeFor(sb); err == nil {
+		if rt, err := d.RuntimeFor(sb); err == nil {
 			_ = rt.Kill(tctx, id, syscall.SIGKILL)
 			_ = rt.Thaw(tctx, id)
 		}
@@ -344,7 +344,7 @@ func (d *Daemon) demoteToDisk(ctx context.Context, id, reason string) error {
 	if err != nil {
 		return err
 	}
-	d.event(tctx, out, "reaper", "pause_mode", reason, "paused to disk: processes ended, workspace kept",
+	d.Event(tctx, out, "reaper", "pause_mode", reason, "paused to disk: processes ended, workspace kept",
 		map[string]string{"from": string(sb.PauseActual), "to": string(sandbox.PauseDisk)})
 	return nil
 }
@@ -353,7 +353,7 @@ func (d *Daemon) demoteToDisk(ctx context.Context, id, reason string) error {
 // allocated blocks plus memory images.
 func (d *Daemon) diskBytes(id string) uint64 {
 	var n uint64
-	if st, err := os.Stat(filepath.Join(d.sandboxDir(id), "disk.img")); err == nil {
+	if st, err := os.Stat(filepath.Join(d.SandboxDir(id), "disk.img")); err == nil {
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 			n += uint64(sys.Blocks) * 512
 		}

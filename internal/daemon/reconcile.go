@@ -66,7 +66,7 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 }
 
 func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
@@ -78,7 +78,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
 		}
 		hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
-		_, err := d.client(sb.ID).WaitReady(hctx, 50*time.Millisecond)
+		_, err := d.AgentClient(sb.ID).WaitReady(hctx, 50*time.Millisecond)
 		return err == nil
 	}
 	switch sb.State {
@@ -89,7 +89,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
 		return d.store.DeleteSandbox(ctx, sb.ID)
 	case sandbox.Creating:
 		if healthy() {
-			_, err := d.transition(ctx, sb.ID, sandbox.Running, "berth", "adopted", "create finished across a daemon restart", func(s *sandbox.Sandbox) error {
+			_, err := d.Transition(ctx, sb.ID, sandbox.Running, "berth", "adopted", "create finished across a daemon restart", func(s *sandbox.Sandbox) error {
 				s.StartedAt = d.cfg.Now()
 				return nil
 			})
@@ -115,10 +115,10 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
 
 // Run starts the daemon's background loops (expiry, health/OOM watch).
 func (d *Daemon) Run() {
-	d.goBackground("expiry", d.expiryLoop)
-	d.goBackground("watch", d.watchLoop)
-	d.goBackground("pools", d.poolLoop)    // pool_fill.go
-	d.goBackground("reaper", d.reaperLoop) // reaper.go: signals, metering, idle ladder
+	d.GoBackground("expiry", d.expiryLoop)
+	d.GoBackground("watch", d.watchLoop)
+	d.GoBackground("pools", d.poolLoop)    // pool_fill.go
+	d.GoBackground("reaper", d.reaperLoop) // reaper.go: signals, metering, idle ladder
 }
 
 func (d *Daemon) expiryLoop(ctx context.Context) {
@@ -200,20 +200,20 @@ func (d *Daemon) watchLoop(ctx context.Context) {
 }
 
 func (d *Daemon) watchOne(ctx context.Context, sb *sandbox.Sandbox, ooms map[string]uint64) {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return
 	}
 	if st, err := rt.Stats(ctx, sb.ID); err == nil {
 		if st.OOMKills > ooms[sb.ID] {
 			if _, had := ooms[sb.ID]; had || st.OOMKills > 0 {
-				d.event(ctx, sb, "kernel", "oom", "oom_kill", "a process was killed for exceeding the memory limit",
+				d.Event(ctx, sb, "kernel", "oom", "oom_kill", "a process was killed for exceeding the memory limit",
 					map[string]string{"memory_limit_mib": formatInt(sb.Resources.MemoryMiB)})
 			}
 		}
 		ooms[sb.ID] = st.OOMKills
 	}
-	unlock := d.lock(sb.ID)
+	unlock := d.Lock(sb.ID)
 	defer unlock()
 	cur, err := d.store.GetSandbox(ctx, sb.ID)
 	if err != nil || cur.State != sandbox.Running {

@@ -25,14 +25,14 @@ type SandboxStats struct {
 
 // SandboxStats reads a running sandbox's usage now (owner "" = admin).
 func (d *Daemon) SandboxStats(ctx context.Context, owner, id string) (SandboxStats, error) {
-	sb, err := d.visible(ctx, owner, id)
+	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return SandboxStats{}, err
 	}
 	if sb.State != sandbox.Running {
 		return SandboxStats{}, errs.E(errs.FailedPrecondition, "sandbox %s is %s; usage is read from a running sandbox", id, sb.State)
 	}
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return SandboxStats{}, err
 	}

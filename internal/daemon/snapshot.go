@@ -70,7 +70,7 @@ func (d *Daemon) lowersFor(sb *sandbox.Sandbox, tpl *store.Template) ([]string, 
 // captureUpper stores sb's workspace changes as a new read-only layer. A
 // running sandbox is frozen for the copy, so the layer is one instant.
 func (d *Daemon) captureUpper(ctx context.Context, sb *sandbox.Sandbox, running bool) (template.Layer, error) {
-	rt, err := d.runtimeFor(sb)
+	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return template.Layer{}, err
 	}
@@ -89,7 +89,7 @@ func (d *Daemon) captureUpper(ctx context.Context, sb *sandbox.Sandbox, running 
 			return l, err
 		}
 	}
-	upper := rootfs.LayoutOf(d.sandboxDir(sb.ID)).Upper
+	upper := rootfs.LayoutOf(d.SandboxDir(sb.ID)).Upper
 	// The layer holds the ids as seen inside, so that it is a lower for any sandbox.
 	m := d.userNSOf(sb)
 	return d.templates.ImportDir(ctx, func(dir string) error { return rootfs.CopyUpperUnshifted(ctx, upper, dir, m) })
@@ -139,9 +139,9 @@ func (d *Daemon) Snapshot(ctx context.Context, req SnapshotRequest) (store.Snaps
 			return store.Snapshot{}, errs.Field("name", "snapshot names are 1-63 chars of lowercase letters, digits, '.', '_', '-', got %q", req.Name)
 		}
 	}
-	unlock := d.lock(req.ID)
+	unlock := d.Lock(req.ID)
 	defer unlock()
-	sb, err := d.visible(ctx, req.Owner, req.ID)
+	sb, err := d.Visible(ctx, req.Owner, req.ID)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
@@ -195,7 +195,7 @@ func (d *Daemon) recordSnapshot(ctx context.Context, id string, sb *sandbox.Sand
 		}
 		return store.Snapshot{}, err
 	}
-	d.event(ctx, sb, actor, "snapshot", "snapshot_taken", "", map[string]string{
+	d.Event(ctx, sb, actor, "snapshot", "snapshot_taken", "", map[string]string{
 		"snapshot": sn.ID, "layer": layer.Digest, "capture_ms": formatInt(took.Milliseconds())})
 	d.log.Info("snapshot taken", "sandbox_id", sb.ID, "snapshot", sn.ID, "layer", layer.Digest, "ms", took.Milliseconds())
 	return sn, nil

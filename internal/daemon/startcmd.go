@@ -20,7 +20,7 @@ func (d *Daemon) runStartCommand(ctx context.Context, sb *sandbox.Sandbox, tpl *
 	if tpl == nil || len(tpl.StartCmd) == 0 {
 		return
 	}
-	st, err := d.client(sb.ID).Exec(ctx, agentapi.ExecRequest{
+	st, err := d.AgentClient(sb.ID).Exec(ctx, agentapi.ExecRequest{
 		Argv: tpl.StartCmd, Cwd: tpl.Workdir, User: tpl.User, Tag: "start",
 	}, 0)
 	if err == nil {
@@ -28,7 +28,7 @@ func (d *Daemon) runStartCommand(ctx context.Context, sb *sandbox.Sandbox, tpl *
 		ev, err = st.Next()
 		st.Close() // the process keeps running; only this stream ends
 		if err == nil && ev.Type == "start" {
-			d.event(ctx, sb, "berth", "start_command", "started", strings.Join(tpl.StartCmd, " "),
+			d.Event(ctx, sb, "berth", "start_command", "started", strings.Join(tpl.StartCmd, " "),
 				map[string]string{"pid": strconv.Itoa(ev.Pid)})
 			return
 		}
@@ -37,7 +37,7 @@ func (d *Daemon) runStartCommand(ctx context.Context, sb *sandbox.Sandbox, tpl *
 		}
 	}
 	d.log.Warn("template start command did not start", "sandbox_id", sb.ID, "template", tpl.Name, "err", err)
-	d.event(ctx, sb, "berth", "start_command", "failed", shortError(err), nil)
+	d.Event(ctx, sb, "berth", "start_command", "failed", shortError(err), nil)
 }
 
 type startEventError struct{ ev agentapi.Event }

@@ -59,7 +59,7 @@ func (d *Daemon) EnsureDefaultTemplate(cacheDir string) {
 			return
 		}
 	}
-	d.goBackground("default-template", func(ctx context.Context) {
+	d.GoBackground("default-template", func(ctx context.Context) {
 		name := d.cfg.DefaultTemplate
 		put := func(state, progress, errText string) {
 			if _, err := d.store.PutTemplate(context.WithoutCancel(ctx), store.Template{Name: name, State: state, Progress: progress,

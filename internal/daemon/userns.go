@@ -147,7 +147,7 @@ func (d *Daemon) shareSandboxDir(sb *sandbox.Sandbox) error {
 	if m == nil {
 		return nil
 	}
-	return shareDir(d.sandboxDir(sb.ID), 0, m.HostID, 0o710)
+	return shareDir(d.SandboxDir(sb.ID), 0, m.HostID, 0o710)
 }
 
 // runtimeUserNS is the runtime's view of sb's mapping.
