@@ -438,7 +438,7 @@ func (c *Channel) Close() error {
 // (a sandbox without a channel on this host).
 func UnreachableClient(err error) *Client {
 	return newClient("unreachable", func(context.Context) (net.Conn, error) {
-		return nil, errs.Wrap(errs.Unavailable, err, "agent channel")
+		return nil, errs.Reclassify(errs.Unavailable, err, "agent channel")
 	})
 }
 

@@ -477,13 +477,13 @@ func (c *Client) WaitReady(ctx context.Context, interval time.Duration) (Health,
 			return h, nil
 		}
 		if ctx.Err() != nil {
-			return Health{}, errs.Wrap(errs.Unavailable, err, "agent not ready")
+			return Health{}, errs.Reclassify(errs.Unavailable, err, "agent not ready")
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return Health{}, errs.Wrap(errs.Unavailable, err, "agent not ready")
+			return Health{}, errs.Reclassify(errs.Unavailable, err, "agent not ready")
 		case <-t.C:
 		}
 		delay = min(delay*2, interval)

@@ -426,7 +426,7 @@ func (d *Daemon) runStep(ctx context.Context, st *buildState, argv []string, net
 			break
 		}
 		if err != nil {
-			return template.Layer{}, errs.Wrap(errs.Unavailable, err, "RUN")
+			return template.Layer{}, errs.Reclassify(errs.Unavailable, err, "RUN")
 		}
 		switch ev.Type {
 		case "stdout", "stderr":

@@ -233,7 +233,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if tpl == nil {
 		t, err := d.store.GetTemplate(ctx, sb.Template)
 		if err != nil {
-			return errs.Wrap(errs.FailedPrecondition, err, "template %s", sb.Template)
+			return errs.Reclassify(errs.FailedPrecondition, err, "template %s", sb.Template)
 		}
 		tpl = &t
 	}
@@ -288,7 +288,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 		undo = append(undo, func(c context.Context) error { return d.netDown(c, sb) })
 	}
 	if err != nil {
-		return errors.Join(errs.Wrap(errs.Internal, err, "prepare filesystem"), nerr)
+		return errors.Join(errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "prepare filesystem"), nerr)
 	}
 	undo = append(undo, func(c context.Context) error { return rootfs.Teardown(c, dir) })
 	if nerr != nil {
@@ -306,7 +306,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	undo = append(undo, func(context.Context) error { d.dropClient(sb.ID); return nil })
 	spec := d.spec(sb, tpl, root)
 	if err := rt.Run(ctx, spec); err != nil {
-		return errs.Wrap(errs.Internal, err, "start sandbox")
+		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "start sandbox")
 	}
 	undo = append(undo, func(c context.Context) error { return rt.Delete(c, sb.ID) })
 	t3 := time.Now()
@@ -314,7 +314,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
 	defer cancel()
 	if _, err := ch.Client().WaitReady(wctx, 2*time.Millisecond); err != nil {
-		return errs.Wrap(errs.Unavailable, err, "agent did not become ready within %s", d.cfg.ReadyTimeout)
+		return errs.Reclassify(errs.Unavailable, err, "agent did not become ready within %s", d.cfg.ReadyTimeout)
 	}
 	d.runStartCommand(ctx, sb, tpl)
 	d.log.Debug("sandbox booted", "sandbox_id", sb.ID, "runtime", sb.Runtime,

@@ -66,7 +66,7 @@ func (d *Daemon) Stop(ctx context.Context, owner, id, actor, reason string) (*sa
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
 	if err := d.halt(tctx, sb); err != nil {
-		return nil, errs.Wrap(errs.Internal, err, "stop sandbox %s", id)
+		return nil, errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "stop sandbox %s", id)
 	}
 	return d.Transition(tctx, id, sandbox.Stopped, actor, reason, "", nil)
 }
@@ -121,7 +121,7 @@ func (d *Daemon) delete(ctx context.Context, owner, id, actor, reason string) er
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
 	if err := d.destroy(tctx, sb); err != nil {
-		return errs.Wrap(errs.Internal, err, "delete sandbox %s", id)
+		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "delete sandbox %s", id)
 	}
 	if _, err := d.Transition(tctx, id, sandbox.Deleted, actor, reason, "", nil); err != nil {
 		return err

@@ -200,14 +200,14 @@ func (d *Daemon) pauseRefused(ctx context.Context, sb *sandbox.Sandbox, actor st
 	_ = d.halt(fctx, sb)
 	if err := d.boot(fctx, sb, nil); err != nil {
 		d.fail(fctx, sb, "pause_failed", errors.Join(cause, err))
-		return errs.Wrap(errs.Internal, err, "pause sandbox %s", sb.ID)
+		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "pause sandbox %s", sb.ID)
 	}
 	d.Event(fctx, sb, "berth", "pause_refused", "pause_failed", msg+"; it was booted again from its workspace",
 		map[string]string{"requested": string(mode)})
 	if _, err := d.Transition(fctx, sb.ID, sandbox.Running, actor, "pause_refused", msg, nil); err != nil {
 		return err
 	}
-	return errs.Wrap(errs.Unavailable, cause, "pause sandbox %s refused (it is running again)", sb.ID)
+	return errs.Reclassify(errs.Unavailable, cause, "pause sandbox %s refused (it is running again)", sb.ID)
 }
 
 // checkpoint quiesces the agent (it closes its host socket, which gVisor

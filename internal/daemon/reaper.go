@@ -333,7 +333,7 @@ func (d *Daemon) demoteToDisk(ctx context.Context, id, reason string) error {
 		}
 	}
 	if err := d.halt(tctx, sb); err != nil {
-		return errs.Wrap(errs.Internal, err, "demote %s to a disk pause", id)
+		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "demote %s to a disk pause", id)
 	}
 	_ = os.RemoveAll(d.memoryDir(id))
 	out, err := d.store.UpdateSandbox(tctx, id, func(s *sandbox.Sandbox) error {

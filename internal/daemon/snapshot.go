@@ -40,7 +40,7 @@ func (d *Daemon) layerDigests(ctx context.Context, sb *sandbox.Sandbox) ([]strin
 	}
 	tpl, err := d.store.GetTemplate(ctx, sb.Template)
 	if err != nil {
-		return nil, errs.Wrap(errs.FailedPrecondition, err, "template %s of sandbox %s", sb.Template, sb.ID)
+		return nil, errs.Reclassify(errs.FailedPrecondition, err, "template %s of sandbox %s", sb.Template, sb.ID)
 	}
 	if tpl.Fingerprint != sb.TemplateID {
 		return nil, errs.E(errs.FailedPrecondition, "template %s changed since sandbox %s started (fingerprint %s, now %s)",

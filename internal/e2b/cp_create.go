@@ -125,7 +125,7 @@ func (s *Server) handleCreate(v2 bool) http.HandlerFunc {
 		if err != nil {
 			if errs.Is(err, errs.NotFound) && errs.FieldOf(err) == "" {
 				// The only thing create can fail to find is the template.
-				err = errs.Wrap(errs.InvalidArgument, err, "templateID: unknown template %q", body.TemplateID)
+				err = errs.Reclassify(errs.InvalidArgument, err, "templateID: unknown template %q", body.TemplateID)
 			}
 			s.writeAPIError(w, r, err)
 			return

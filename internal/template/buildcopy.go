@@ -127,7 +127,7 @@ func (c CopySpec) Fill(ctxDir string, srcs []string, destIsDir bool, dir string)
 			return err
 		}
 		if err := c.copyTree(root, src, out); err != nil {
-			return errs.Wrap(errs.InvalidArgument, err, "COPY %s to %s", s, target)
+			return errs.Reclassify(errs.InvalidArgument, err, "COPY %s to %s", s, target)
 		}
 	}
 	return nil
