@@ -2,62 +2,27 @@ package agent
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/httpx"
 )
 
-// httpStatus is the one place an errs.Kind becomes an HTTP status on the
-// agent socket; the client decodes the kind from the body's code instead.
-func httpStatus(k errs.Kind) int {
-	switch k {
-	case errs.NotFound:
-		return http.StatusNotFound
-	case errs.AlreadyExists, errs.Conflict:
-		return http.StatusConflict
-	case errs.InvalidArgument:
-		return http.StatusBadRequest
-	case errs.FailedPrecondition:
-		return http.StatusPreconditionFailed
-	case errs.ResourceExhausted:
-		return http.StatusInsufficientStorage
-	case errs.PermissionDenied:
-		return http.StatusForbidden
-	case errs.Unauthenticated:
-		return http.StatusUnauthorized
-	case errs.Unavailable:
-		return http.StatusServiceUnavailable
-	case errs.NotImplemented:
-		return http.StatusNotImplemented
-	default:
-		return http.StatusInternalServerError
-	}
-}
-
+// writeError answers err with httpx's status table (the same as REST's);
+// the client decodes the kind from the body's code, not from the status.
 func writeError(w http.ResponseWriter, err error) {
 	k := errs.KindOf(err)
-	writeJSON(w, httpStatus(k), agentapi.Error{Code: k.String(), Message: err.Error()})
+	httpx.WriteJSON(w, httpx.Status(k), agentapi.Error{Code: k.String(), Message: err.Error()})
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { httpx.WriteJSON(w, status, v) }
 
-// decodeJSON strictly decodes a request body; unknown fields are errors.
-func decodeJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return errs.Wrap(errs.InvalidArgument, err, "decode request body")
-	}
-	return nil
-}
+// decodeJSON strictly decodes a bounded request body; unknown or mistyped
+// fields are errors naming the field.
+func decodeJSON(r *http.Request, v any) error { return httpx.Decode(r, v) }
 
 func pidParam(r *http.Request) (int, error) {
 	pid, err := strconv.Atoi(r.PathValue("pid"))

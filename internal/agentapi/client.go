@@ -148,12 +148,8 @@ func (e *eventReader) next(v any) error {
 
 // kindByName decodes the agent's error code; unknown codes are Internal.
 func kindByName(code string) errs.Kind {
-	for _, k := range errs.Kinds() {
-		if k.String() == code {
-			return k
-		}
-	}
-	return errs.Internal
+	k, _ := errs.KindNamed(code)
+	return k
 }
 
 // transportError classifies a failure to reach the agent: a missing socket

@@ -2,14 +2,11 @@ package e2b
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/httpx"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -77,24 +74,10 @@ func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// decodeBody decodes an optional JSON body into v; an empty body leaves v as is.
-func decodeBody(r *http.Request, v any) error {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	if err != nil {
-		return errs.Wrap(errs.InvalidArgument, err, "read request body")
-	}
-	if len(strings.TrimSpace(string(body))) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return errs.Field(te.Field, "must be a %s", te.Type)
-		}
-		return errs.Wrap(errs.InvalidArgument, err, "request body is not valid JSON")
-	}
-	return nil
-}
+// decodeBody decodes an optional, bounded JSON body into v; an empty body
+// leaves v as is. Unknown fields are ignored (the SDKs send fields berth does
+// not know); a mistyped one is an error naming it.
+func decodeBody(r *http.Request, v any) error { return httpx.DecodeLenient(r, v) }
 
 // timeoutSeconds converts an E2B timeout (integer seconds) to a duration,
 // treating negatives as 0 and capping at MaxTimeout.

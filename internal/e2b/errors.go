@@ -1,7 +1,6 @@
 package e2b
 
 import (
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -9,64 +8,24 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/httpx"
 )
 
-// This file is the one place where berth error kinds become E2B statuses:
-// controlPlaneStatus for the control-plane REST API, filesStatus for envd's
-// REST routes (/files), connectCode for envd's Connect RPCs.
+// This file is where berth error kinds become E2B statuses: the control
+// plane's REST API uses httpx.Status (the same table as berth's REST),
+// envd's REST routes (/files) httpx.EnvdFilesStatus, envd's Connect RPCs
+// connectCode. internal/httpx's package doc has the three side by side.
 
 // controlPlaneStatus maps an error kind to the control plane's HTTP status.
 // The SDK branches on the numeric body code: 404 and 409 carry per-endpoint
 // meaning (kill → false, pause → false), 401 → AuthenticationError,
 // 429 → RateLimitError, 503 → ServiceBusyError.
-func controlPlaneStatus(k errs.Kind) int {
-	switch k {
-	case errs.NotFound:
-		return http.StatusNotFound
-	case errs.AlreadyExists, errs.Conflict, errs.FailedPrecondition:
-		return http.StatusConflict
-	case errs.InvalidArgument:
-		return http.StatusBadRequest
-	case errs.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case errs.PermissionDenied:
-		return http.StatusForbidden
-	case errs.Unauthenticated:
-		return http.StatusUnauthorized
-	case errs.Unavailable:
-		return http.StatusServiceUnavailable
-	case errs.NotImplemented:
-		return http.StatusNotImplemented
-	default:
-		return http.StatusInternalServerError
-	}
-}
+func controlPlaneStatus(k errs.Kind) int { return httpx.Status(k) }
 
 // filesStatus maps an error kind to envd's REST status (§8): a missing file is
 // 404 (FileNotFoundError), a directory or bad path 400, an unknown user 401,
 // a full disk 507 (NotEnoughSpaceError), a stopped agent 502 (TimeoutError).
-func filesStatus(k errs.Kind) int {
-	switch k {
-	case errs.NotFound:
-		return http.StatusNotFound
-	case errs.InvalidArgument, errs.FailedPrecondition:
-		return http.StatusBadRequest
-	case errs.AlreadyExists, errs.Conflict:
-		return http.StatusConflict
-	case errs.ResourceExhausted:
-		return http.StatusInsufficientStorage
-	case errs.PermissionDenied:
-		return http.StatusForbidden
-	case errs.Unauthenticated:
-		return http.StatusUnauthorized
-	case errs.Unavailable:
-		return http.StatusBadGateway
-	case errs.NotImplemented:
-		return http.StatusNotImplemented
-	default:
-		return http.StatusInternalServerError
-	}
-}
+func filesStatus(k errs.Kind) int { return httpx.EnvdFilesStatus(k) }
 
 // connectCode maps an error kind to a Connect code. The SDK turns
 // not_found/already_exists into per-call results (exists → false, makeDir →
@@ -117,11 +76,7 @@ type apiError struct {
 }
 
 // writeJSON writes v with status.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { httpx.WriteJSON(w, status, v) }
 
 // writeStatus writes an E2B error body {code, message} with status.
 func writeStatus(w http.ResponseWriter, status int, msg string) {

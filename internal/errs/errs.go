@@ -69,6 +69,17 @@ func (k Kind) String() string {
 	return "internal"
 }
 
+// KindNamed is the inverse of Kind.String, for protocols whose error bodies
+// name the kind (REST's reason, the agent's code); an unknown name is false.
+func KindNamed(name string) (Kind, bool) {
+	for k, n := range kindNames {
+		if n == name {
+			return k, true
+		}
+	}
+	return Internal, false
+}
+
 // Kinds lists every kind, for table tests of protocol mappings.
 func Kinds() []Kind {
 	return []Kind{Internal, NotFound, AlreadyExists, InvalidArgument, FailedPrecondition,

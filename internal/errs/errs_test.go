@@ -13,6 +13,9 @@ func TestKindSurvivesWrapping(t *testing.T) {
 		if KindOf(err) != k || !Is(err, k) {
 			t.Errorf("kind %v lost through wrapping: got %v", k, KindOf(err))
 		}
+		if back, ok := KindNamed(k.String()); !ok || back != k {
+			t.Errorf("KindNamed(%q) = %v, %v", k.String(), back, ok)
+		}
 		if k.String() == "" || (k != Internal && k.String() == "internal") {
 			t.Errorf("kind %d has no name", k)
 		}
@@ -31,6 +34,9 @@ func TestKindSurvivesWrapping(t *testing.T) {
 				t.Errorf("Reclassify(%v, %v) = %v, want %v", outer, k, got, outer)
 			}
 		}
+	}
+	if k, ok := KindNamed("bogus"); ok || k != Internal {
+		t.Error("an unknown kind name must be Internal, false")
 	}
 	if KindOf(errors.New("plain")) != Internal {
 		t.Error("an unclassified error must be Internal")

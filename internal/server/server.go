@@ -1,13 +1,9 @@
 // Package server serves berth's REST API under /v1. Handlers are thin: they
 // authenticate, decode, call the daemon and encode; error kinds become HTTP
-// statuses in exactly one place (httpStatus).
+// statuses in exactly one place (internal/httpx's Status).
 package server
 
 import (
-	"context"
-	"encoding/json"
-	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -15,6 +11,7 @@ import (
 	"github.com/berth-dev/berth/api"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/httpx"
 )
 
 // Server is the /v1 HTTP surface.
@@ -154,84 +151,15 @@ func owner(r *http.Request, p daemon.Principal) string {
 }
 
 // Error is the body of every non-2xx response.
-type Error struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-	Field   string `json:"field,omitempty"`
-	Reason  string `json:"reason"`
-}
+type Error = httpx.Error
 
-var kindStatus = map[errs.Kind]int{
-	errs.Internal:           http.StatusInternalServerError,
-	errs.NotFound:           http.StatusNotFound,
-	errs.AlreadyExists:      http.StatusConflict,
-	errs.InvalidArgument:    http.StatusBadRequest,
-	errs.FailedPrecondition: http.StatusConflict,
-	errs.Conflict:           http.StatusConflict,
-	errs.ResourceExhausted:  http.StatusTooManyRequests,
-	errs.PermissionDenied:   http.StatusForbidden,
-	errs.Unauthenticated:    http.StatusUnauthorized,
-	errs.Unavailable:        http.StatusServiceUnavailable,
-	errs.NotImplemented:     http.StatusNotImplemented,
-}
+// httpStatus is REST's error kind → HTTP status (httpx's table, shared with
+// the agent socket and the E2B control plane).
+func httpStatus(k errs.Kind) int { return httpx.Status(k) }
 
-// httpStatus is the one place error kinds become HTTP statuses.
-func httpStatus(k errs.Kind) int {
-	if s, ok := kindStatus[k]; ok {
-		return s
-	}
-	return http.StatusInternalServerError
-}
+func writeError(w http.ResponseWriter, err error) { httpx.WriteError(w, err) }
 
-// kindOfStatus is the inverse, used by the CLI's client.
-func kindOfStatus(status int) errs.Kind {
-	for k, s := range kindStatus {
-		if s == status && k != errs.AlreadyExists && k != errs.FailedPrecondition {
-			return k
-		}
-	}
-	return errs.Internal
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { httpx.WriteJSONIndent(w, status, v) }
 
-func writeError(w http.ResponseWriter, err error) {
-	k := errs.KindOf(err)
-	if errors.Is(err, context.Canceled) {
-		k = errs.Unavailable
-	}
-	st := httpStatus(k)
-	writeJSON(w, st, Error{Code: st, Message: err.Error(), Field: errs.FieldOf(err), Reason: k.String()})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
-
-// decode reads a strict JSON body; unknown or mistyped fields are named.
-func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			if te.Field == "" { // the body itself is not an object
-				return errs.Field("body", "must be a JSON object, got %s", te.Value)
-			}
-			return errs.Field(te.Field, "must be a %s", te.Type)
-		}
-		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			if name := strings.Trim(f, `"`); name != "" {
-				return errs.Field(name, "unknown field")
-			}
-			return errs.Field("body", "unknown field %s", f)
-		}
-		return errs.Field("body", "invalid JSON: %v", err)
-	}
-	return nil
-}
+// decode reads a strict, bounded JSON body; unknown or mistyped fields are named.
+func decode(r *http.Request, v any) error { return httpx.Decode(r, v) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/httpx"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
 )
@@ -57,9 +58,8 @@ func (s *progressStream) finish(t store.Template, err error) error {
 		return err
 	}
 	if err != nil {
-		k := errs.KindOf(err)
-		st := httpStatus(k)
-		s.send(BuildEvent{Type: "error", Error: &Error{Code: st, Message: err.Error(), Field: errs.FieldOf(err), Reason: k.String()}})
+		b := httpx.ErrorBody(err)
+		s.send(BuildEvent{Type: "error", Error: &b})
 		return nil
 	}
 	v := templateView(t)
@@ -80,8 +80,8 @@ func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request, p daemon.P
 		return errs.E(errs.PermissionDenied, "only the admin key may pull templates")
 	}
 	var req PullRequest
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		return errs.Field("body", "bad JSON: %v", err)
+	if err := decode(r, &req); err != nil {
+		return err
 	}
 	ps := &progressStream{w: w}
 	t, err := s.d.PullTemplate(r.Context(), daemon.PullRequest{Name: r.PathValue("name"), Image: req.Image,
