@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -60,11 +61,16 @@ func decode(body io.Reader, v any, strict bool) error {
 }
 
 // decodeError turns a json error into an InvalidArgument naming the field.
+// A type that describes its JSON form (JSONForm, like duration.Duration)
+// is named by that form rather than by its Go type.
 func decodeError(err error) error {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
 		if te.Field == "" { // the body itself is not an object
 			return errs.Field("body", "must be a JSON object, got %s", te.Value)
+		}
+		if f, ok := reflect.Zero(te.Type).Interface().(interface{ JSONForm() string }); ok {
+			return errs.Field(te.Field, "must be a %s, got %s", f.JSONForm(), te.Value)
 		}
 		return errs.Field(te.Field, "must be a %s", te.Type)
 	}

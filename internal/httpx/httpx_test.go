@@ -9,9 +9,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/berth-dev/berth/internal/duration"
 	"github.com/berth-dev/berth/internal/errs"
 )
 
@@ -97,6 +99,7 @@ func TestDecode(t *testing.T) {
 		TTL   string            `json:"ttl"`
 		In    inner             `json:"in"`
 		Extra map[string]string `json:"extra"`
+		TTL2  duration.Duration `json:"ttl2"`
 	}
 	for _, tc := range []struct {
 		name    string
@@ -113,6 +116,10 @@ func TestDecode(t *testing.T) {
 		{"wrong type named", `{"name":5}`, false, "name", req{}},
 		{"wrong nested type named", `{"in":{"n":"x"}}`, false, "in.n", req{}},
 		{"wrong type lenient still an error", `{"ttl":[1]}`, true, "ttl", req{}},
+		{"duration", `{"ttl2":"1d12h"}`, false, "", req{TTL2: duration.Duration(36 * time.Hour)}},
+		{"duration seconds", `{"ttl2":90}`, false, "", req{TTL2: duration.Duration(90 * time.Second)}},
+		{"bad duration named", `{"ttl2":"soon"}`, false, "ttl2", req{}},
+		{"bad nested duration named", `{"in":{"n":1},"ttl2":"-5m"}`, true, "ttl2", req{}},
 		{"not an object", `[1,2]`, false, "body", req{}},
 		{"syntax", `{"name":`, false, "body", req{}},
 		{"too large", `{"name":"` + strings.Repeat("x", MaxBody) + `"}`, false, "body", req{}},
@@ -134,6 +141,9 @@ func TestDecode(t *testing.T) {
 					t.Errorf("decoded (-want +got):\n%s", diff)
 				}
 				return
+			}
+			if strings.Contains(tc.name, "duration") && !strings.Contains(fmt.Sprint(err), "1d") {
+				t.Errorf("a bad duration's message must list the forms: %v", err)
 			}
 			if errs.KindOf(err) != errs.InvalidArgument || errs.FieldOf(err) != tc.field {
 				t.Errorf("Decode = %v (kind %v, field %q), want InvalidArgument naming %q", err, errs.KindOf(err), errs.FieldOf(err), tc.field)

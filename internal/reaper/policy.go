@@ -7,36 +7,19 @@
 package reaper
 
 import (
-	"encoding/json"
-	"fmt"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/internal/duration"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
-// Duration is a time.Duration that reads and writes JSON as "90s", "15m".
-type Duration time.Duration
-
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
-
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("want a duration string like \"90s\": %w", err)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// D is the plain time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
+// Duration is a time.Duration that reads JSON in berth's one duration
+// grammar ("90s", "15m", "1d", or a number of seconds: internal/duration)
+// and writes it as "1h30m0s".
+type Duration = duration.Duration
 
 // Built-in policy names. "never" switches the reaper off for a sandbox (its
 // expiry still applies: that is a separate promise).

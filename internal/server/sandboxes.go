@@ -1,67 +1,23 @@
 package server
 
 import (
-	"encoding/json"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/duration"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
-// Duration accepts "15m", "90s" or a number of seconds.
-type Duration time.Duration
+// Duration accepts "15m", "90s", "1d" or a number of seconds (internal/duration).
+type Duration = duration.Duration
 
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var n float64
-	if err := json.Unmarshal(b, &n); err == nil {
-		v, err := seconds(n, 1)
-		*d = Duration(v)
-		return err
-	}
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return err
-	}
-	v, err := ParseDuration(s)
-	*d = Duration(v)
-	return err
-}
-
-// ParseDuration parses "15m", "2h30m", "1d" or plain seconds.
-func ParseDuration(s string) (time.Duration, error) {
-	if s == "" {
-		return 0, nil
-	}
-	if n, err := strconv.ParseFloat(s, 64); err == nil {
-		return seconds(n, 1)
-	}
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.ParseFloat(days, 64)
-		if err == nil {
-			return seconds(n, 24*60*60)
-		}
-	}
-	d, err := time.ParseDuration(s)
-	if err == nil && d < 0 {
-		return 0, errs.E(errs.InvalidArgument, "%q is negative", s)
-	}
-	return d, err
-}
-
-// seconds is n units of unit seconds, refused when negative, not a number
-// or beyond what a time.Duration holds (a float would wrap around).
-func seconds(n, unit float64) (time.Duration, error) {
-	v := n * unit * float64(time.Second)
-	if math.IsNaN(v) || v < 0 || v >= math.MaxInt64 {
-		return 0, errs.E(errs.InvalidArgument, "%v is not a duration between 0 and 290 years", n)
-	}
-	return time.Duration(v), nil
-}
+// ParseDuration parses berth's one duration grammar: "15m", "2h30m", "1d",
+// "1d12h" or plain seconds (internal/duration).
+func ParseDuration(s string) (time.Duration, error) { return duration.Parse(s) }
 
 // CreateRequest is the body of POST /v1/sandboxes.
 type CreateRequest struct {
