@@ -1,6 +1,7 @@
 package reaper
 
 import (
+	"errors"
 	"encoding/json"
 	"testing"
 	"time"
@@ -204,5 +205,25 @@ func TestConfig(t *testing.T) {
 				t.Errorf("Validate = %v (field %q), want field %q", err, errs.FieldOf(err), tc.field)
 			}
 		})
+	}
+}
+
+// Reaper policies read durations in the one grammar TTLs use: "1d" and
+// "1d12h" work here too (they did not with time.ParseDuration).
+func TestPolicyDurations(t *testing.T) {
+	var c Config
+	in := `{"interval":"30s","policies":{"night":{"client_idle":"15m","api_idle":"15m","write_idle":"15m",
+		"egress_idle":"15m","cpu_idle":"15m","disk_after":"1d","archive_after":"1d12h"}}}`
+	if err := json.Unmarshal([]byte(in), &c); err != nil {
+		t.Fatal(err)
+	}
+	p := c.Policies["night"]
+	if c.Interval.D() != 30*time.Second || p.DiskAfter.D() != 24*time.Hour || p.ArchiveAfter.D() != 36*time.Hour {
+		t.Errorf("interval %v, disk_after %v, archive_after %v", c.Interval, p.DiskAfter, p.ArchiveAfter)
+	}
+	var te *json.UnmarshalTypeError
+	err := json.Unmarshal([]byte(`{"policies":{"x":{"disk_after":"soon"}}}`), &c)
+	if !errors.As(err, &te) || te.Field != "policies.disk_after" {
+		t.Errorf("a bad duration: %v, want a type error naming policies.disk_after", err)
 	}
 }
