@@ -1,8 +1,8 @@
 package reaper
 
 import (
-	"errors"
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
