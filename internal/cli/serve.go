@@ -256,7 +256,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		log.Error("reconcile found problems", "err", err)
 	}
 	if cfg.BuildDefault {
-		d.EnsureDefaultTemplate(filepath.Join(cfg.CacheDir, "rootfs"))
+		d.Templates().EnsureDefault(filepath.Join(cfg.CacheDir, "rootfs"))
 	}
 	d.Run()
 

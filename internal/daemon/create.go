@@ -209,18 +209,7 @@ func recoverHint(id string) string {
 
 // layersOf resolves a template's layer digests to host paths, top first.
 func (d *Daemon) layersOf(tpl *store.Template) ([]string, error) {
-	lowers := make([]string, 0, len(tpl.Layers))
-	for _, dg := range tpl.Layers {
-		p := d.templates.LayerPath(dg)
-		if _, err := os.Stat(p); err != nil {
-			return nil, errs.Wrap(errs.FailedPrecondition, err, "layer %s of template %s is missing", dg, tpl.Name)
-		}
-		lowers = append(lowers, p)
-	}
-	if len(lowers) == 0 {
-		return nil, errs.E(errs.FailedPrecondition, "template %s has no layers", tpl.Name)
-	}
-	return lowers, nil
+	return d.templates.Lowers(tpl.Name, tpl.Layers)
 }
 
 // boot mounts the sandbox's filesystem (creating its workspace the first

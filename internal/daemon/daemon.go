@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -44,8 +45,8 @@ type Daemon struct {
 	pauseMu sync.Mutex
 	pauseCh map[string]chan struct{}
 
-	wpools  *warmPools   // pool.go
-	tplWork templateWork // pull.go: one download per image, GC vs imports
+	poolSvc *pool.Service     // warm pools (pool.go)
+	tplSvc  *template.Service // template import, pull, build, GC (templates.go)
 
 	accounting *accounting // reaper signals, quota admission, metrics (accounting.go)
 	acctOnce   sync.Once
@@ -100,13 +101,20 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		}
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	return &Daemon{
+	d := &Daemon{
 		cfg: cfg, agent: agent, tokenKey: tokenKey, log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
 		locks: map[string]*sync.Mutex{}, chanKey: chanKey, chans: map[string]*agentapi.Channel{},
 		pauseCh: map[string]chan struct{}{},
-		wpools:  newWarmPools(),
 		bg:      bg, cancel: cancel,
-	}, nil
+	}
+	rtNames := make([]string, 0, len(rts))
+	for n := range rts {
+		rtNames = append(rtNames, n)
+	}
+	d.poolSvc = pool.New(pool.Config{DefaultRuntime: cfg.DefaultRuntime, Runtimes: rtNames,
+		DefaultResources: cfg.DefaultResources, MaxResources: cfg.MaxResources}, d)
+	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, d)
+	return d, nil
 }
 
 // Close stops background loops. Sandboxes keep running: a daemon restart

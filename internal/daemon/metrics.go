@@ -77,7 +77,7 @@ func (d *Daemon) WriteMetrics(ctx context.Context, w io.Writer) error {
 	}
 	a.mMu.Unlock()
 
-	if pools, err := d.Pools(ctx); err == nil {
+	if pools, err := d.Pools().List(ctx); err == nil {
 		family("berth_pool_hits_total", "counter", "Creates served from a warm pool.")
 		for _, p := range pools {
 			sample("berth_pool_hits_total", []string{"template", p.Template}, float64(p.Hits))

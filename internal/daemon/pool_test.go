@@ -32,18 +32,3 @@ func TestPoolable(t *testing.T) {
 		})
 	}
 }
-
-func TestPoolKeyFillsDefaults(t *testing.T) {
-	d := &Daemon{cfg: Config{DefaultRuntime: "runc", DefaultResources: sandbox.Resources{CPUMillis: 1000, MemoryMiB: 512, DiskMiB: 2048, Pids: 1024}}}
-	a := d.poolKey("fp", "", sandbox.Resources{})
-	b := d.poolKey("fp", "runc", sandbox.Resources{CPUMillis: 1000, MemoryMiB: 512, DiskMiB: 2048, Pids: 1024})
-	if a != b {
-		t.Errorf("defaults not filled: %q vs %q", a, b)
-	}
-	if c := d.poolKey("fp2", "runc", sandbox.Resources{}); c == a {
-		t.Errorf("fingerprint not part of the key")
-	}
-	if c := d.poolKey("fp", "runsc", sandbox.Resources{}); c == a {
-		t.Errorf("runtime not part of the key")
-	}
-}

@@ -2,93 +2,141 @@ package daemon
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"io"
-	"regexp"
 	"strings"
+	"time"
 
-	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
 )
 
-var templateNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+// The template domain (import, pull, Dockerfile build, remove, layer GC)
+// is template.Service; this file is the core's side of its narrow
+// interface (template.Core).
+
+// Names kept for callers of the daemon package; the types live in
+// internal/template.
+type (
+	PullRequest   = template.PullRequest
+	BuildRequest  = template.BuildRequest
+	BuildProgress = template.BuildProgress
+)
+
+// BuildOwner owns the short-lived sandboxes that run Dockerfile RUN steps.
+const BuildOwner = template.BuildOwner
 
 // ValidTemplateName checks a template name.
-func ValidTemplateName(name string) error {
-	if !templateNameRe.MatchString(name) {
-		return errs.Field("name", "template names are 1-63 chars of lowercase letters, digits, '.', '_', '-', got %q", name)
-	}
-	return nil
-}
+func ValidTemplateName(name string) error { return template.ValidName(name) }
 
 // fingerprint of a template is the hash of its ordered layers and defaults.
-func fingerprint(t store.Template) string {
-	h := sha256.New()
-	io.WriteString(h, strings.Join(t.Layers, ","))
-	io.WriteString(h, "\x00"+strings.Join(t.StartCmd, "\x00")+"\x00"+t.Workdir+"\x00"+t.User)
-	return hex.EncodeToString(h.Sum(nil))[:32]
-}
+func fingerprint(t store.Template) string { return template.FingerprintOf(t) }
 
-// ImportTemplate stores a rootfs tarball as a one-layer template.
-func (d *Daemon) ImportTemplate(ctx context.Context, name string, r io.Reader, source string) (store.Template, error) {
-	if err := ValidTemplateName(name); err != nil {
-		return store.Template{}, err
-	}
-	prev, _ := d.store.GetTemplate(ctx, name)
-	_, _ = d.store.PutTemplate(ctx, store.Template{Name: name, State: store.TemplateBuilding, Progress: "importing", Source: source,
-		Layers: prev.Layers, Fingerprint: prev.Fingerprint, CreatedAt: prev.CreatedAt})
-	layer, err := d.templates.ImportTar(ctx, r, func(p template.Progress) {})
-	if err != nil {
-		t := store.Template{Name: name, State: store.TemplateFailed, Error: err.Error(), Source: source}
-		_, _ = d.store.PutTemplate(context.WithoutCancel(ctx), t)
-		return store.Template{}, err
-	}
-	t := store.Template{Name: name, Layers: []string{layer.Digest}, State: store.TemplateReady, Source: source}
-	t.Fingerprint = fingerprint(t)
-	return d.store.PutTemplate(ctx, t)
-}
+// Templates is the template service (import, pull, build, remove, GC).
+func (d *Daemon) Templates() *template.Service { return d.tplSvc }
 
-// EnsureDefaultTemplate builds the default template in the background when
-// it is missing, with progress visible in `berth template ls`.
-func (d *Daemon) EnsureDefaultTemplate(cacheDir string) {
-	ctx := d.bg
-	if t, err := d.store.GetTemplate(ctx, d.cfg.DefaultTemplate); err == nil && t.State == store.TemplateReady {
-		if _, err := d.layersOf(&t); err == nil {
-			return
+// StartBuildSandbox starts a sandbox on the given layers for one RUN step
+// (template.Core).
+func (d *Daemon) StartBuildSandbox(ctx context.Context, layers []string, network string, note func(msg string)) (*sandbox.Sandbox, error) {
+	req := CreateRequest{Owner: BuildOwner, Network: network, Extra: map[string]string{extraLayers: strings.Join(layers, ",")}}
+	if network == "" {
+		req.Network = "allow-all" // builds install packages
+		if d.net == nil {
+			req.Network = ""
+			note("networking is disabled on this server: RUN has no network")
 		}
 	}
-	d.GoBackground("default-template", func(ctx context.Context) {
-		name := d.cfg.DefaultTemplate
-		put := func(state, progress, errText string) {
-			if _, err := d.store.PutTemplate(context.WithoutCancel(ctx), store.Template{Name: name, State: state, Progress: progress,
-				Error: errText, Source: "debootstrap bookworm"}); err != nil {
-				d.log.Error("template state", "template", name, "err", err)
+	if err := d.prepareNetwork(ctx, &req); err != nil {
+		return nil, err
+	}
+	now := d.cfg.Now()
+	tpl := &store.Template{Name: "build", Layers: layers, State: store.TemplateReady}
+	sb := &sandbox.Sandbox{
+		ID: sandbox.NewID(), Owner: BuildOwner, Template: "build", TemplateID: fingerprint(*tpl),
+		Runtime: d.cfg.DefaultRuntime, State: sandbox.Creating, Labels: map[string]string{"berth.build": "true"},
+		Resources: d.cfg.DefaultResources, CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+		ExpiryAction: sandbox.ExpireDelete, Extra: req.Extra,
+	}
+	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
+	if err := d.admit(ctx, sb); err != nil {
+		return nil, err
+	}
+	note("starting build sandbox " + sb.ID)
+	unlock := d.Lock(sb.ID)
+	err := d.boot(ctx, sb, tpl)
+	var out *sandbox.Sandbox
+	if err == nil {
+		out, err = d.Transition(ctx, sb.ID, sandbox.Running, "build", "created", "", func(s *sandbox.Sandbox) error {
+			s.StartedAt = d.cfg.Now()
+			return nil
+		})
+	}
+	if err != nil {
+		d.fail(ctx, sb, "build_boot_failed", err)
+	}
+	unlock()
+	if err != nil {
+		_ = d.delete(context.WithoutCancel(ctx), "", sb.ID, "build", "build_boot_failed")
+		return nil, err
+	}
+	return out, nil
+}
+
+// RemoveBuildSandbox deletes a build step's sandbox (template.Core).
+func (d *Daemon) RemoveBuildSandbox(ctx context.Context, id string) error {
+	return d.delete(ctx, "", id, "build", "build_step_done")
+}
+
+// CaptureWorkspace stores a running sandbox's workspace as a layer; the
+// caller holds its lock (template.Core).
+func (d *Daemon) CaptureWorkspace(ctx context.Context, sb *sandbox.Sandbox) (template.Layer, error) {
+	return d.captureUpper(ctx, sb, true)
+}
+
+// TemplateUsers lists the sandboxes that keep template name from being
+// removed: every one not deleted, except unclaimed pool members (template.Core).
+func (d *Daemon) TemplateUsers(ctx context.Context, name string) ([]string, error) {
+	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{Template: name})
+	if err != nil {
+		return nil, err
+	}
+	var users []string
+	for _, sb := range all {
+		if sb.State != sandbox.Deleted && !IsPoolMember(sb) {
+			users = append(users, sb.ID)
+		}
+	}
+	return users, nil
+}
+
+// PinnedLayers is every layer a sandbox record pins (template.Core).
+func (d *Daemon) PinnedLayers(ctx context.Context) (map[string]bool, error) {
+	used := map[string]bool{}
+	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil {
+		return nil, err
+	}
+	for _, sb := range all {
+		if x := sb.Extra[extraLayers]; x != "" && sb.State != sandbox.Deleted {
+			for _, l := range strings.Split(x, ",") {
+				used[l] = true
 			}
 		}
-		put(store.TemplateBuilding, "starting", "")
-		d.log.Info("preparing the default template (debootstrap on the first run, then from the cache)", "template", name)
-		tarPath, err := template.BuildDefault(ctx, cacheDir, func(p template.Progress) {
-			put(store.TemplateBuilding, p.Phase+": "+p.Message, "")
-		})
-		if err != nil {
-			d.log.Error("default template build failed", "template", name, "err", err)
-			put(store.TemplateFailed, "", err.Error())
-			return
-		}
-		put(store.TemplateBuilding, "import: "+tarPath, "")
-		layer, err := d.templates.ImportFile(ctx, tarPath, func(p template.Progress) {})
-		if err != nil {
-			put(store.TemplateFailed, "", err.Error())
-			return
-		}
-		t := store.Template{Name: name, Layers: []string{layer.Digest}, State: store.TemplateReady, Source: "debootstrap bookworm"}
-		t.Fingerprint = fingerprint(t)
-		if _, err := d.store.PutTemplate(context.WithoutCancel(ctx), t); err != nil {
-			d.log.Error("template state", "template", name, "err", err)
-			return
-		}
-		d.log.Info("default template ready", "template", name, "layer", layer.Digest)
-	})
+	}
+	return used, nil
+}
+
+// withTemplateEnv is a sandbox's environment: the template's (image config
+// Env, Dockerfile ENV) overridden by the create request's.
+func withTemplateEnv(tpl *store.Template, env map[string]string) map[string]string {
+	if tpl == nil || len(tpl.Env) == 0 {
+		return env
+	}
+	out := make(map[string]string, len(tpl.Env)+len(env))
+	for k, v := range tpl.Env {
+		out[k] = v
+	}
+	for k, v := range env {
+		out[k] = v
+	}
+	return out
 }

@@ -32,7 +32,7 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	if err := adminOnly(p, "see warm pools"); err != nil {
 		return err
 	}
-	list, err := s.d.Pools(r.Context())
+	list, err := s.d.Pools().List(r.Context())
 	if err != nil {
 		return err
 	}
@@ -54,7 +54,7 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request, p daemon.Princi
 	if req.CPU < 0 {
 		return errs.Field("cpu", "must be positive")
 	}
-	st, err := s.d.SetPool(r.Context(), daemon.PoolSpec{
+	st, err := s.d.Pools().Set(r.Context(), daemon.PoolSpec{
 		Template: r.PathValue("template"), Size: *req.Size, Runtime: req.Runtime,
 		Resources: sandbox.Resources{CPUMillis: int(req.CPU * 1000), MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB, Pids: req.Pids},
 		Auto:      req.Auto, Min: req.Min, Max: req.Max,
@@ -70,7 +70,7 @@ func (s *Server) deletePool(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	if err := adminOnly(p, "configure warm pools"); err != nil {
 		return err
 	}
-	if err := s.d.RemovePool(r.Context(), r.PathValue("template")); err != nil {
+	if err := s.d.Pools().Remove(r.Context(), r.PathValue("template")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

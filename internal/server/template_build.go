@@ -19,7 +19,7 @@ import (
 // "progress" lines, then exactly one "result" or "error" line.
 type BuildEvent struct {
 	Type string `json:"type"` // progress | result | error
-	daemon.BuildProgress
+	template.BuildProgress
 	Template *Template `json:"template,omitempty"`
 	Error    *Error    `json:"error,omitempty"`
 }
@@ -45,7 +45,7 @@ func (s *progressStream) send(ev BuildEvent) {
 	_ = http.NewResponseController(s.w).Flush()
 }
 
-func (s *progressStream) progress(p daemon.BuildProgress) {
+func (s *progressStream) progress(p template.BuildProgress) {
 	s.send(BuildEvent{Type: "progress", BuildProgress: p})
 }
 
@@ -84,7 +84,7 @@ func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request, p daemon.P
 		return err
 	}
 	ps := &progressStream{w: w}
-	t, err := s.d.PullTemplate(r.Context(), daemon.PullRequest{Name: r.PathValue("name"), Image: req.Image,
+	t, err := s.d.Templates().Pull(r.Context(), template.PullRequest{Name: r.PathValue("name"), Image: req.Image,
 		Username: req.Username, Password: req.Password, Insecure: req.Insecure}, ps.progress)
 	return ps.finish(t, err)
 }
@@ -122,7 +122,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p daemon.
 		return errs.Wrap(errs.KindOf(err), err, "build context")
 	}
 	ps := &progressStream{w: w}
-	t, err := s.d.BuildTemplate(r.Context(), daemon.BuildRequest{Name: r.PathValue("name"), ContextDir: dir,
+	t, err := s.d.Templates().Build(r.Context(), template.BuildRequest{Name: r.PathValue("name"), ContextDir: dir,
 		Dockerfile: q.Get("dockerfile"), BuildArgs: args, Network: q.Get("network"), NoCache: q.Get("no_cache") == "true"}, ps.progress)
 	return ps.finish(t, err)
 }
@@ -131,7 +131,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p daemon
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may remove templates")
 	}
-	n, err := s.d.RemoveTemplate(r.Context(), r.PathValue("name"))
+	n, err := s.d.Templates().Remove(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return err
 	}

@@ -64,7 +64,7 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request, p daemon
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may import templates")
 	}
-	t, err := s.d.ImportTemplate(r.Context(), r.PathValue("name"), r.Body, r.URL.Query().Get("source"))
+	t, err := s.d.Templates().Import(r.Context(), r.PathValue("name"), r.Body, r.URL.Query().Get("source"))
 	if err != nil {
 		return err
 	}

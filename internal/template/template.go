@@ -3,8 +3,11 @@
 // of rootfs tarballs, and the built-in template sources ("default", a Debian
 // bookworm rootfs made with debootstrap, and "tiny", a busybox rootfs).
 //
-// Template records are pure data here; the SQLite store persists them and the
-// daemon wires builds to records. This package contains no SQL.
+// Template records are pure data here; the SQLite store persists them. The
+// template Service (service.go) is the template domain of a server: import,
+// registry pull, Dockerfile build, remove and layer GC, with what it needs
+// from the lifecycle core behind the narrow Core interface. This package
+// contains no SQL.
 package template
 
 import (

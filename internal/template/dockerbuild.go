@@ -1,4 +1,4 @@
-package daemon
+package template
 
 import (
 	"context"
@@ -16,9 +16,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
-	"github.com/berth-dev/berth/internal/template"
 )
 
 // BuildOwner owns the short-lived sandboxes that run Dockerfile RUN steps.
@@ -70,14 +68,14 @@ func chain(parent string, parts ...string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// BuildTemplate builds a Dockerfile into template req.Name without a
+// Build builds a Dockerfile into template req.Name without a
 // Docker engine: FROM a template or an image (pulled), RUN in a berth
 // sandbox whose captured workspace becomes the step's layer, COPY/ADD from
 // the context as layers, ENV/WORKDIR/USER/ARG/CMD/ENTRYPOINT as metadata.
 // Every step is cached by a fingerprint of its parent, its text after ARG
 // and ENV substitution and (COPY/ADD) the content it reads.
-func (d *Daemon) BuildTemplate(ctx context.Context, req BuildRequest, progress func(BuildProgress)) (store.Template, error) {
-	if err := ValidTemplateName(req.Name); err != nil {
+func (s *Service) Build(ctx context.Context, req BuildRequest, progress func(BuildProgress)) (store.Template, error) {
+	if err := ValidName(req.Name); err != nil {
 		return store.Template{}, err
 	}
 	if progress == nil {
@@ -95,33 +93,33 @@ func (d *Daemon) BuildTemplate(ctx context.Context, req BuildRequest, progress f
 	if err != nil {
 		return store.Template{}, errs.Field("dockerfile", "%s: not found in the build context: %v", req.Dockerfile, err)
 	}
-	df, err := template.ParseDockerfile(req.Dockerfile, src)
+	df, err := ParseDockerfile(req.Dockerfile, src)
 	if err != nil {
 		return store.Template{}, err
 	}
-	w := d.work()
+	w := s.work()
 	w.gc.RLock()
 	defer w.gc.RUnlock()
 	start := time.Now()
 	source := "dockerfile " + req.Dockerfile
-	prev, _ := d.store.GetTemplate(ctx, req.Name)
-	_, _ = d.store.PutTemplate(ctx, store.Template{Name: req.Name, State: store.TemplateBuilding, Progress: "building",
+	prev, _ := s.store().GetTemplate(ctx, req.Name)
+	_, _ = s.store().PutTemplate(ctx, store.Template{Name: req.Name, State: store.TemplateBuilding, Progress: "building",
 		Source: source, Layers: prev.Layers, Fingerprint: prev.Fingerprint, StartCmd: prev.StartCmd, Env: prev.Env,
 		Workdir: prev.Workdir, User: prev.User})
-	st, err := d.runBuild(ctx, req, df, progress)
+	st, err := s.runBuild(ctx, req, df, progress)
 	if err != nil {
 		// A failed rebuild keeps the last good template usable.
 		rec := prev
 		if prev.State != store.TemplateReady {
 			rec = store.Template{Name: req.Name, Source: source, State: store.TemplateFailed, Error: err.Error()}
 		}
-		_, _ = d.store.PutTemplate(context.WithoutCancel(ctx), rec)
+		_, _ = s.store().PutTemplate(context.WithoutCancel(ctx), rec)
 		return store.Template{}, err
 	}
 	t := store.Template{Name: req.Name, Layers: st.layers, State: store.TemplateReady, Source: source,
 		Env: st.env, Workdir: st.workdir, User: st.user, StartCmd: append(append([]string{}, st.entry...), st.cmd...)}
-	t.Fingerprint = fingerprint(t)
-	out, err := d.store.PutTemplate(context.WithoutCancel(ctx), t)
+	t.Fingerprint = FingerprintOf(t)
+	out, err := s.store().PutTemplate(context.WithoutCancel(ctx), t)
 	if err != nil {
 		return store.Template{}, err
 	}
@@ -130,7 +128,7 @@ func (d *Daemon) BuildTemplate(ctx context.Context, req BuildRequest, progress f
 	return out, nil
 }
 
-func (d *Daemon) runBuild(ctx context.Context, req BuildRequest, df *template.Dockerfile, progress func(BuildProgress)) (*buildState, error) {
+func (s *Service) runBuild(ctx context.Context, req BuildRequest, df *Dockerfile, progress func(BuildProgress)) (*buildState, error) {
 	st := &buildState{env: map[string]string{}, args: map[string]string{}}
 	global := map[string]string{} // ARGs before FROM
 	n := len(df.Steps)
@@ -151,7 +149,7 @@ func (d *Daemon) runBuild(ctx context.Context, req BuildRequest, df *template.Do
 				def, hasDef = v, true
 			}
 			if hasDef {
-				v, err := template.Expand(def, vars)
+				v, err := Expand(def, vars)
 				if err != nil {
 					return nil, at(err)
 				}
@@ -165,12 +163,12 @@ func (d *Daemon) runBuild(ctx context.Context, req BuildRequest, df *template.Do
 			note("step", fmt.Sprintf("ARG %s", k), nil)
 			continue
 		case "FROM":
-			ref, err := template.Expand(ins.Args[0], global)
+			ref, err := Expand(ins.Args[0], global)
 			if err != nil {
 				return nil, at(err)
 			}
 			note("step", "FROM "+ref, nil)
-			if err := d.buildFrom(ctx, st, ref, req, progress); err != nil {
+			if err := s.buildFrom(ctx, st, ref, req, progress); err != nil {
 				return nil, at(err)
 			}
 			continue
@@ -186,7 +184,7 @@ func (d *Daemon) runBuild(ctx context.Context, req BuildRequest, df *template.Do
 			note("step", "ENV "+ins.Raw, nil)
 			continue
 		case "USER":
-			u, err := template.Expand(ins.Args[0], vars)
+			u, err := Expand(ins.Args[0], vars)
 			if err != nil {
 				return nil, at(err)
 			}
@@ -211,12 +209,12 @@ func (d *Daemon) runBuild(ctx context.Context, req BuildRequest, df *template.Do
 		// Steps that make a layer.
 		var (
 			key   string
-			mk    func() (template.Layer, error)
+			mk    func() (Layer, error)
 			label = ins.Cmd + " " + ins.Raw
 		)
 		switch ins.Cmd {
 		case "WORKDIR":
-			p, err := template.Expand(ins.Args[0], vars)
+			p, err := Expand(ins.Args[0], vars)
 			if err != nil {
 				return nil, at(err)
 			}
@@ -224,39 +222,39 @@ func (d *Daemon) runBuild(ctx context.Context, req BuildRequest, df *template.Do
 				p = path.Join("/", st.workdir, p)
 			}
 			st.workdir = path.Clean(p)
-			lowers, err := d.layerDirs(st.layers)
+			lowers, err := s.layerDirs(st.layers)
 			if err != nil {
 				return nil, at(err)
 			}
-			if _, exists := template.PathInLayers(lowers, st.workdir); exists {
+			if _, exists := PathInLayers(lowers, st.workdir); exists {
 				st.fp = chain(st.fp, "WORKDIR", st.workdir)
 				note("step", "WORKDIR "+st.workdir, nil)
 				continue
 			}
 			key = chain(st.fp, "WORKDIR", st.workdir)
 			wd := st.workdir
-			mk = func() (template.Layer, error) {
-				return d.templates.ImportDir(ctx, func(dir string) error {
+			mk = func() (Layer, error) {
+				return s.layers.ImportDir(ctx, func(dir string) error {
 					return os.MkdirAll(filepath.Join(dir, wd), 0o755)
 				})
 			}
 		case "COPY", "ADD":
-			spec, k, err := d.copyStep(ctx, st, ins, vars, req.ContextDir)
+			spec, k, err := s.copyStep(ctx, st, ins, vars, req.ContextDir)
 			if err != nil {
 				return nil, at(err)
 			}
 			key = k
-			mk = func() (template.Layer, error) {
-				lowers, err := d.layerDirs(st.layers)
+			mk = func() (Layer, error) {
+				lowers, err := s.layerDirs(st.layers)
 				if err != nil {
-					return template.Layer{}, err
+					return Layer{}, err
 				}
-				isDir, _ := template.PathInLayers(lowers, spec.Dest)
+				isDir, _ := PathInLayers(lowers, spec.Dest)
 				srcs, err := spec.ResolveSources(req.ContextDir)
 				if err != nil {
-					return template.Layer{}, err
+					return Layer{}, err
 				}
-				return d.templates.ImportDir(ctx, func(dir string) error { return spec.Fill(req.ContextDir, srcs, isDir, dir) })
+				return s.layers.ImportDir(ctx, func(dir string) error { return spec.Fill(req.ContextDir, srcs, isDir, dir) })
 			}
 		case "RUN":
 			argv := ins.Args
@@ -270,9 +268,9 @@ func (d *Daemon) runBuild(ctx context.Context, req BuildRequest, df *template.Do
 			sort.Strings(argKV)
 			key = chain(st.fp, append([]string{"RUN", strings.Join(argKV, "\x01"), req.Network}, argv...)...)
 			stCopy := *st
-			mk = func() (template.Layer, error) { return d.runStep(ctx, &stCopy, argv, req.Network, step, n, progress) }
+			mk = func() (Layer, error) { return s.runStep(ctx, &stCopy, argv, req.Network, step, n, progress) }
 		}
-		layer, cached, err := d.cachedStep(ctx, key, req.NoCache, mk)
+		layer, cached, err := s.cachedStep(ctx, key, req.NoCache, mk)
 		if err != nil {
 			return nil, at(err)
 		}
@@ -288,7 +286,7 @@ func (d *Daemon) runBuild(ctx context.Context, req BuildRequest, df *template.Do
 }
 
 // stepError puts file:line in front of a step's failure, keeping its kind.
-func stepError(file string, ins template.Instruction, err error) error {
+func stepError(file string, ins Instruction, err error) error {
 	var e *errs.Error
 	if errors.As(err, &e) && strings.HasPrefix(e.Message, file+":") {
 		return err
@@ -298,31 +296,31 @@ func stepError(file string, ins template.Instruction, err error) error {
 }
 
 // cachedStep returns the layer cached under key, or makes and caches it.
-func (d *Daemon) cachedStep(ctx context.Context, key string, noCache bool, mk func() (template.Layer, error)) (template.Layer, bool, error) {
+func (s *Service) cachedStep(ctx context.Context, key string, noCache bool, mk func() (Layer, error)) (Layer, bool, error) {
 	if !noCache {
-		if dg, err := d.store.GetSetting(ctx, buildCacheKey+key); err == nil && d.templates.HasLayer(dg) {
-			l, err := d.templates.Layer(dg)
+		if dg, err := s.store().GetSetting(ctx, buildCacheKey+key); err == nil && s.layers.HasLayer(dg) {
+			l, err := s.layers.Layer(dg)
 			return l, true, err
 		}
 	}
 	l, err := mk()
 	if err != nil {
-		return template.Layer{}, false, err
+		return Layer{}, false, err
 	}
-	if err := d.store.PutSetting(ctx, buildCacheKey+key, l.Digest); err != nil {
-		d.log.Warn("build cache write", "err", err)
+	if err := s.store().PutSetting(ctx, buildCacheKey+key, l.Digest); err != nil {
+		s.log.Warn("build cache write", "err", err)
 	}
 	return l, false, nil
 }
 
-func (d *Daemon) layerDirs(digests []string) ([]string, error) {
-	return d.layersOf(&store.Template{Name: "build", Layers: digests})
+func (s *Service) layerDirs(digests []string) ([]string, error) {
+	return s.layers.Lowers("build", digests)
 }
 
 // buildFrom starts the build from a template of this server or, failing
 // that, an image (pulled like `berth template pull`).
-func (d *Daemon) buildFrom(ctx context.Context, st *buildState, ref string, req BuildRequest, progress func(BuildProgress)) error {
-	if t, err := d.store.GetTemplate(ctx, ref); err == nil {
+func (s *Service) buildFrom(ctx context.Context, st *buildState, ref string, req BuildRequest, progress func(BuildProgress)) error {
+	if t, err := s.store().GetTemplate(ctx, ref); err == nil {
 		if t.State != store.TemplateReady {
 			return errs.E(errs.FailedPrecondition, "template %s is %s", ref, t.State)
 		}
@@ -334,7 +332,7 @@ func (d *Daemon) buildFrom(ctx context.Context, st *buildState, ref string, req 
 		st.fp = chain(st.fp, "FROM template", t.Fingerprint)
 		return nil
 	}
-	cfg, err := d.pullImage(ctx, PullRequest{Image: ref}, progress)
+	cfg, err := s.pullImage(ctx, PullRequest{Image: ref}, progress)
 	if err != nil {
 		return errs.Wrap(errs.KindOf(err), err, "FROM %s: not a template here, and pulling it as an image failed", ref)
 	}
@@ -347,11 +345,11 @@ func (d *Daemon) buildFrom(ctx context.Context, st *buildState, ref string, req 
 }
 
 // copyStep resolves a COPY/ADD and its cache key (which covers the bytes it reads).
-func (d *Daemon) copyStep(ctx context.Context, st *buildState, ins template.Instruction, vars map[string]string, ctxDir string) (template.CopySpec, string, error) {
-	var spec template.CopySpec
+func (s *Service) copyStep(ctx context.Context, st *buildState, ins Instruction, vars map[string]string, ctxDir string) (CopySpec, string, error) {
+	var spec CopySpec
 	words := make([]string, len(ins.Args))
 	for i, a := range ins.Args {
-		v, err := template.Expand(a, vars)
+		v, err := Expand(a, vars)
 		if err != nil {
 			return spec, "", err
 		}
@@ -365,15 +363,15 @@ func (d *Daemon) copyStep(ctx context.Context, st *buildState, ins template.Inst
 			dest += "/"
 		}
 	}
-	uid, gid, err := template.ParseChown(ins.Flags["chown"])
+	uid, gid, err := ParseChown(ins.Flags["chown"])
 	if err != nil {
 		return spec, "", err
 	}
-	mode, err := template.ParseChmod(ins.Flags["chmod"])
+	mode, err := ParseChmod(ins.Flags["chmod"])
 	if err != nil {
 		return spec, "", err
 	}
-	spec = template.CopySpec{Sources: words[:len(words)-1], Dest: dest, UID: uid, GID: gid, Mode: mode}
+	spec = CopySpec{Sources: words[:len(words)-1], Dest: dest, UID: uid, GID: gid, Mode: mode}
 	srcs, err := spec.ResolveSources(ctxDir)
 	if err != nil {
 		return spec, "", err
@@ -387,17 +385,19 @@ func (d *Daemon) copyStep(ctx context.Context, st *buildState, ins template.Inst
 
 // runStep runs argv in a fresh sandbox on the layers so far and captures
 // its workspace as the step's layer. A failing command leaves no layer.
-func (d *Daemon) runStep(ctx context.Context, st *buildState, argv []string, network string, step, n int, progress func(BuildProgress)) (template.Layer, error) {
-	sb, err := d.bootBuildSandbox(ctx, st.layers, network, step, n, progress)
+func (s *Service) runStep(ctx context.Context, st *buildState, argv []string, network string, step, n int, progress func(BuildProgress)) (Layer, error) {
+	sb, err := s.core.StartBuildSandbox(ctx, st.layers, network, func(msg string) {
+		progress(BuildProgress{Phase: "run", Step: step, Steps: n, Message: msg})
+	})
 	if err != nil {
-		return template.Layer{}, err
+		return Layer{}, err
 	}
 	defer func() {
-		if err := d.delete(context.WithoutCancel(ctx), "", sb.ID, "build", "build_step_done"); err != nil {
-			d.log.Error("remove build sandbox", "sandbox_id", sb.ID, "err", err)
+		if err := s.core.RemoveBuildSandbox(context.WithoutCancel(ctx), sb.ID); err != nil {
+			s.log.Error("remove build sandbox", "sandbox_id", sb.ID, "err", err)
 		}
 	}()
-	done := d.OpenStream(sb.ID) // the reaper leaves a running step alone
+	done := s.core.OpenStream(sb.ID) // the reaper leaves a running step alone
 	defer done()
 	env := map[string]string{}
 	for k, v := range st.args {
@@ -414,9 +414,9 @@ func (d *Daemon) runStep(ctx context.Context, st *buildState, argv []string, net
 	if cwd == "" {
 		cwd = "/"
 	}
-	stream, err := d.AgentClient(sb.ID).Exec(ctx, agentapi.ExecRequest{Argv: argv, Env: env, Cwd: cwd, User: user}, 0)
+	stream, err := s.core.AgentClient(sb.ID).Exec(ctx, agentapi.ExecRequest{Argv: argv, Env: env, Cwd: cwd, User: user}, 0)
 	if err != nil {
-		return template.Layer{}, errs.Wrap(errs.KindOf(err), err, "RUN")
+		return Layer{}, errs.Wrap(errs.KindOf(err), err, "RUN")
 	}
 	defer stream.Close()
 	var tail []byte
@@ -426,7 +426,7 @@ func (d *Daemon) runStep(ctx context.Context, st *buildState, argv []string, net
 			break
 		}
 		if err != nil {
-			return template.Layer{}, errs.Reclassify(errs.Unavailable, err, "RUN")
+			return Layer{}, errs.Reclassify(errs.Unavailable, err, "RUN")
 		}
 		switch ev.Type {
 		case "stdout", "stderr":
@@ -436,79 +436,17 @@ func (d *Daemon) runStep(ctx context.Context, st *buildState, argv []string, net
 				tail = tail[len(tail)-4096:]
 			}
 		case "error":
-			return template.Layer{}, errs.E(errs.InvalidArgument, "%q: %s", strings.Join(argv, " "), ev.Error)
+			return Layer{}, errs.E(errs.InvalidArgument, "%q: %s", strings.Join(argv, " "), ev.Error)
 		case "exit":
 			if ev.ExitCode != 0 || !ev.Exited {
-				return template.Layer{}, errs.E(errs.FailedPrecondition, "%q failed (%s); output ends with:\n%s",
+				return Layer{}, errs.E(errs.FailedPrecondition, "%q failed (%s); output ends with:\n%s",
 					strings.Join(argv, " "), ev.Status, strings.TrimRight(string(tail), "\n"))
 			}
 			progress(BuildProgress{Phase: "capture", Step: step, Steps: n, Message: "capturing the step's workspace"})
-			unlock := d.Lock(sb.ID)
+			unlock := s.core.Lock(sb.ID)
 			defer unlock()
-			return d.captureUpper(ctx, sb, true)
+			return s.core.CaptureWorkspace(ctx, sb)
 		}
 	}
-	return template.Layer{}, errs.E(errs.Unavailable, "RUN: the stream ended without an exit status")
-}
-
-// bootBuildSandbox starts a sandbox on the given layers for one RUN step.
-func (d *Daemon) bootBuildSandbox(ctx context.Context, layers []string, network string, step, n int, progress func(BuildProgress)) (*sandbox.Sandbox, error) {
-	req := CreateRequest{Owner: BuildOwner, Network: network, Extra: map[string]string{extraLayers: strings.Join(layers, ",")}}
-	if network == "" {
-		req.Network = "allow-all" // builds install packages
-		if d.net == nil {
-			req.Network = ""
-			progress(BuildProgress{Phase: "run", Step: step, Steps: n, Message: "networking is disabled on this server: RUN has no network"})
-		}
-	}
-	if err := d.prepareNetwork(ctx, &req); err != nil {
-		return nil, err
-	}
-	now := d.cfg.Now()
-	tpl := &store.Template{Name: "build", Layers: layers, State: store.TemplateReady}
-	sb := &sandbox.Sandbox{
-		ID: sandbox.NewID(), Owner: BuildOwner, Template: "build", TemplateID: fingerprint(*tpl),
-		Runtime: d.cfg.DefaultRuntime, State: sandbox.Creating, Labels: map[string]string{"berth.build": "true"},
-		Resources: d.withDefaults(sandbox.Resources{}), CreatedAt: now, ExpiresAt: now.Add(time.Hour),
-		ExpiryAction: sandbox.ExpireDelete, Extra: req.Extra,
-	}
-	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
-	if err := d.admit(ctx, sb); err != nil {
-		return nil, err
-	}
-	progress(BuildProgress{Phase: "run", Step: step, Steps: n, Message: "starting build sandbox " + sb.ID})
-	unlock := d.Lock(sb.ID)
-	err := d.boot(ctx, sb, tpl)
-	var out *sandbox.Sandbox
-	if err == nil {
-		out, err = d.Transition(ctx, sb.ID, sandbox.Running, "build", "created", "", func(s *sandbox.Sandbox) error {
-			s.StartedAt = d.cfg.Now()
-			return nil
-		})
-	}
-	if err != nil {
-		d.fail(ctx, sb, "build_boot_failed", err)
-	}
-	unlock()
-	if err != nil {
-		_ = d.delete(context.WithoutCancel(ctx), "", sb.ID, "build", "build_boot_failed")
-		return nil, err
-	}
-	return out, nil
-}
-
-// withTemplateEnv is a sandbox's environment: the template's (image config
-// Env, Dockerfile ENV) overridden by the create request's.
-func withTemplateEnv(tpl *store.Template, env map[string]string) map[string]string {
-	if tpl == nil || len(tpl.Env) == 0 {
-		return env
-	}
-	out := make(map[string]string, len(tpl.Env)+len(env))
-	for k, v := range tpl.Env {
-		out[k] = v
-	}
-	for k, v := range env {
-		out[k] = v
-	}
-	return out
+	return Layer{}, errs.E(errs.Unavailable, "RUN: the stream ended without an exit status")
 }

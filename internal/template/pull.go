@@ -1,4 +1,4 @@
-package daemon
+package template
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	goruntime "runtime"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -25,7 +24,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"golang.org/x/sync/singleflight"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/store"
@@ -71,20 +69,11 @@ type imageConfig struct {
 	Digest   string // manifest digest
 }
 
-// templateWork is per data dir: concurrent pulls of one image download it
-// once, and layer garbage collection waits for imports in progress.
-type templateWork struct {
-	flight singleflight.Group
-	gc     sync.RWMutex // read: an import/build in progress; write: gc
-}
-
-func (d *Daemon) work() *templateWork { return &d.tplWork }
-
-// PullTemplate imports an image as template req.Name: each image layer
+// Pull imports an image as template req.Name: each image layer
 // becomes a layer named by its diffID (OCI whiteouts converted), and the
 // image's Env, WorkingDir, User and Entrypoint+Cmd become the template's.
-func (d *Daemon) PullTemplate(ctx context.Context, req PullRequest, progress func(BuildProgress)) (store.Template, error) {
-	if err := ValidTemplateName(req.Name); err != nil {
+func (s *Service) Pull(ctx context.Context, req PullRequest, progress func(BuildProgress)) (store.Template, error) {
+	if err := ValidName(req.Name); err != nil {
 		return store.Template{}, err
 	}
 	if strings.TrimSpace(req.Image) == "" {
@@ -93,23 +82,23 @@ func (d *Daemon) PullTemplate(ctx context.Context, req PullRequest, progress fun
 	if progress == nil {
 		progress = func(BuildProgress) {}
 	}
-	w := d.work()
+	w := s.work()
 	w.gc.RLock()
 	defer w.gc.RUnlock()
-	prev, _ := d.store.GetTemplate(ctx, req.Name)
+	prev, _ := s.store().GetTemplate(ctx, req.Name)
 	source := "image " + req.Image
-	_, _ = d.store.PutTemplate(ctx, store.Template{Name: req.Name, State: store.TemplateBuilding, Progress: "pulling " + req.Image,
+	_, _ = s.store().PutTemplate(ctx, store.Template{Name: req.Name, State: store.TemplateBuilding, Progress: "pulling " + req.Image,
 		Source: source, Layers: prev.Layers, Fingerprint: prev.Fingerprint})
-	cfg, err := d.pullImage(ctx, req, progress)
+	cfg, err := s.pullImage(ctx, req, progress)
 	if err != nil {
-		_, _ = d.store.PutTemplate(context.WithoutCancel(ctx), store.Template{Name: req.Name, State: store.TemplateFailed,
+		_, _ = s.store().PutTemplate(context.WithoutCancel(ctx), store.Template{Name: req.Name, State: store.TemplateFailed,
 			Error: err.Error(), Source: source})
 		return store.Template{}, err
 	}
 	t := store.Template{Name: req.Name, Layers: cfg.Layers, State: store.TemplateReady, Source: source + "@" + cfg.Digest,
 		Env: cfg.Env, Workdir: cfg.Workdir, User: cfg.User, StartCmd: cfg.StartCmd}
-	t.Fingerprint = fingerprint(t)
-	out, err := d.store.PutTemplate(context.WithoutCancel(ctx), t)
+	t.Fingerprint = FingerprintOf(t)
+	out, err := s.store().PutTemplate(context.WithoutCancel(ctx), t)
 	if err == nil {
 		progress(BuildProgress{Phase: "done", Message: fmt.Sprintf("template %s ready: %d layers, %s", out.Name, len(out.Layers), cfg.Digest)})
 	}
@@ -118,7 +107,7 @@ func (d *Daemon) PullTemplate(ctx context.Context, req PullRequest, progress fun
 
 // pullImage resolves the image, then imports it once per digest however
 // many callers ask at the same time.
-func (d *Daemon) pullImage(ctx context.Context, req PullRequest, progress func(BuildProgress)) (imageConfig, error) {
+func (s *Service) pullImage(ctx context.Context, req PullRequest, progress func(BuildProgress)) (imageConfig, error) {
 	img, err := openImage(ctx, req)
 	if err != nil {
 		return imageConfig{}, err
@@ -128,9 +117,9 @@ func (d *Daemon) pullImage(ctx context.Context, req PullRequest, progress func(B
 		return imageConfig{}, pullError(req.Image, err)
 	}
 	progress(BuildProgress{Phase: "download", Message: "resolved " + req.Image + " to " + dg.String()})
-	ch := d.work().flight.DoChan("image:"+dg.String(), func() (any, error) {
+	ch := s.work().flight.DoChan("image:"+dg.String(), func() (any, error) {
 		// The first caller's ctx must not cancel the others' pull.
-		return d.importImage(context.WithoutCancel(ctx), req.Image, img, progress)
+		return s.importImage(context.WithoutCancel(ctx), req.Image, img, progress)
 	})
 	select {
 	case <-ctx.Done():
@@ -148,7 +137,7 @@ func (d *Daemon) pullImage(ctx context.Context, req PullRequest, progress func(B
 	}
 }
 
-func (d *Daemon) importImage(ctx context.Context, ref string, img v1.Image, progress func(BuildProgress)) (imageConfig, error) {
+func (s *Service) importImage(ctx context.Context, ref string, img v1.Image, progress func(BuildProgress)) (imageConfig, error) {
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return imageConfig{}, pullError(ref, err)
@@ -167,14 +156,14 @@ func (d *Daemon) importImage(ctx context.Context, ref string, img v1.Image, prog
 			return imageConfig{}, pullError(ref, err)
 		}
 		hex := diff.Hex
-		if d.templates.HasLayer(hex) {
+		if s.layers.HasLayer(hex) {
 			progress(BuildProgress{Phase: "cached", Message: fmt.Sprintf("layer %d/%d %s already stored", i+1, len(layers), hex[:12])})
 			digests = append(digests, hex)
 			continue
 		}
 		size, _ := l.Size()
 		progress(BuildProgress{Phase: "download", Message: fmt.Sprintf("layer %d/%d %s (%d bytes compressed)", i+1, len(layers), hex[:12], size)})
-		_, err, _ = d.work().flight.Do("layer:"+hex, func() (any, error) {
+		_, err, _ = s.work().flight.Do("layer:"+hex, func() (any, error) {
 			rc, err := l.Uncompressed()
 			if err != nil {
 				return nil, pullError(ref, err)
@@ -183,7 +172,7 @@ func (d *Daemon) importImage(ctx context.Context, ref string, img v1.Image, prog
 			cr := &progressReader{r: rc, every: 4 << 20, tick: func(n int64) {
 				progress(BuildProgress{Phase: "download", Message: fmt.Sprintf("layer %d/%d %s", i+1, len(layers), hex[:12]), Bytes: n})
 			}}
-			layer, err := d.templates.ImportOCILayer(ctx, cr, hex, nil)
+			layer, err := s.layers.ImportOCILayer(ctx, cr, hex, nil)
 			if err != nil {
 				if cr.err != nil { // the download failed, not the archive
 					return nil, pullError(ref, cr.err)
