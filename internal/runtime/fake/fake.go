@@ -69,6 +69,10 @@ type Options struct {
 	// and removes the container. stop is called once when the container
 	// stops (kill, exit, checkpoint, delete). nil: PID 1 does nothing.
 	Boot func(ctx context.Context, spec runtime.Spec, restoredFrom *runtime.Spec) (stop func(), err error)
+	// Signal receives the signals Kill delivers to a live PID 1 that do not
+	// stop it (e.g. SIGUSR1/SIGUSR2, the agent's quiesce and reopen), with
+	// the runtime's lock released. nil: they are ignored.
+	Signal func(id string, sig syscall.Signal)
 }
 
 // Runtime is the fake backend. Safe for concurrent use.
@@ -304,8 +308,8 @@ func (r *Runtime) lookup(id string) (*box, error) {
 }
 
 // Kill delivers sig to PID 1: SIGKILL, SIGTERM and SIGINT stop it (the
-// agent exits on SIGTERM), signal 0 only checks that it lives, others are
-// ignored. A stopped or missing container cannot be signalled.
+// agent exits on SIGTERM), signal 0 only checks that it lives, others go
+// to Options.Signal. A stopped or missing container cannot be signalled.
 func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal) error {
 	r.mu.Lock()
 	if err := r.enter(OpKill); err != nil {
@@ -325,6 +329,11 @@ func (r *Runtime) Kill(ctx context.Context, id string, sig syscall.Signal) error
 	switch sig {
 	case syscall.SIGKILL, syscall.SIGTERM, syscall.SIGINT:
 		stop = r.halt(b)
+	case 0:
+	default:
+		if h := r.opts.Signal; h != nil {
+			stop = func() { h(id, sig) }
+		}
 	}
 	r.mu.Unlock()
 	run(stop)
