@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 type poolStatus struct {
@@ -43,17 +46,14 @@ func (s *server) pool(name string) poolStatus {
 
 func (s *server) waitPool(name string, ready int, fp string) poolStatus {
 	s.t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		p := s.pool(name)
-		if p.Ready == ready && p.Starting == 0 && (fp == "" || p.Fingerprint == fp) {
-			return p
+	var p poolStatus
+	testutil.Eventually(s.t, testutil.Within(90*time.Second).Every(100*time.Millisecond), func() error {
+		if p = s.pool(name); p.Ready == ready && p.Starting == 0 && (fp == "" || p.Fingerprint == fp) {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("pool %s never reached %d ready (fingerprint %s): %+v", name, ready, fp, p)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("pool %s never reached %d ready (fingerprint %s): %+v", name, ready, fp, p)
+	})
+	return p
 }
 
 // createAndExec creates through REST and runs one command; it returns the
