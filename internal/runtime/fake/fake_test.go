@@ -10,11 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/runtime/fake"
 	"github.com/berth-dev/berth/internal/runtime/runtimetest"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // The fake passes the contract part of the conformance suite, as a
 // backend that can checkpoint and as one that cannot.
