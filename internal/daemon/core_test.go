@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/runtime/fake"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
@@ -353,4 +354,50 @@ func (n *fakeNode) intent(owner string) *sandbox.Sandbox {
 		n.t.Fatal(err)
 	}
 	return sb
+}
+
+// A PID 1 that starts but whose agent never answers fails the create
+// within ReadyTimeout as unavailable, and nothing of it keeps running.
+func TestCoreAgentNeverReady(t *testing.T) {
+	n := newFakeNode(t, fake.Options{Boot: func(context.Context, runtime.Spec, *runtime.Spec) (func(), error) {
+		return nil, nil // PID 1 runs, but no agent dials the channel
+	}})
+	n.d.Close()
+	n.cfg.ReadyTimeout = 50 * time.Millisecond
+	n.start()
+	ctx := context.Background()
+	_, err := n.d.Create(ctx, CreateRequest{Owner: "alice"})
+	if !errs.Is(err, errs.Unavailable) {
+		t.Fatalf("Create with a silent agent: %v, want unavailable", err)
+	}
+	list, _, _ := n.d.List(ctx, ListFilter{Owner: "alice"})
+	if len(list) != 1 || list[0].State != sandbox.Failed {
+		t.Fatalf("List = %+v, want one failed sandbox", list)
+	}
+	n.assertHalted(list[0].ID)
+	if _, err := os.Lstat(n.d.socketPath(list[0].ID)); err == nil {
+		t.Errorf("channel socket of the failed sandbox left listening")
+	}
+}
+
+// A sandbox recorded as deleted whose teardown did not finish (the daemon
+// died mid-delete) is removed for good by Reconcile.
+func TestCoreReconcileFinishesDelete(t *testing.T) {
+	n := newFakeNode(t, fake.Options{})
+	ctx := context.Background()
+	sb, err := n.d.Create(ctx, CreateRequest{Owner: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.d.Transition(ctx, sb.ID, sandbox.Deleted, "alice", "deleted", "", nil); err != nil {
+		t.Fatal(err)
+	}
+	n.crash()
+	if err := n.d.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.st.GetSandbox(ctx, sb.ID); !errs.Is(err, errs.NotFound) {
+		t.Errorf("deleted sandbox still stored: %v", err)
+	}
+	n.assertGone(sb.ID)
 }
