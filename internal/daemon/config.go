@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"log/slog"
 	"path/filepath"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/berth-dev/berth/internal/metering"
 	"github.com/berth-dev/berth/internal/quota"
 	"github.com/berth-dev/berth/internal/reaper"
+	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -40,7 +42,35 @@ type Config struct {
 	// NoUserNS runs new runc sandboxes without a user namespace (root inside
 	// is then root on the host, limited by capabilities and seccomp only).
 	NoUserNS bool
+
+	// Filesystem mounts sandboxes' root filesystems; nil: overlayfs over
+	// the template layers on a sized workspace image (internal/rootfs).
+	// Unit tests without root give a plain-directory one (runtime/fake.Dirs).
+	Filesystem Filesystem
 }
+
+// Filesystem is the lifecycle core's view of a sandbox's root filesystem
+// in its directory dir: a workspace made once (Prepare) and mounted again
+// over the same lowers on every boot (Remount), unmounted keeping the
+// workspace (Teardown, idempotent). internal/rootfs is the real one.
+type Filesystem interface {
+	Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, userNS *rootfs.IDMap) (root string, err error)
+	Remount(ctx context.Context, dir string, lowers []string, userNS *rootfs.IDMap) (root string, err error)
+	Teardown(ctx context.Context, dir string) error
+}
+
+// overlayFS is internal/rootfs as a Filesystem.
+type overlayFS struct{}
+
+func (overlayFS) Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, m *rootfs.IDMap) (string, error) {
+	return rootfs.Prepare(ctx, dir, lowers, diskMiB, m)
+}
+
+func (overlayFS) Remount(ctx context.Context, dir string, lowers []string, m *rootfs.IDMap) (string, error) {
+	return rootfs.Remount(ctx, dir, lowers, m)
+}
+
+func (overlayFS) Teardown(ctx context.Context, dir string) error { return rootfs.Teardown(ctx, dir) }
 
 // maxSocketPath is sun_path's limit (108) minus the NUL byte.
 const maxSocketPath = 107
@@ -116,5 +146,8 @@ func (c *Config) setDefaults() {
 	}
 	if c.CgroupRoot == "" {
 		c.CgroupRoot = "/sys/fs/cgroup"
+	}
+	if c.Filesystem == nil {
+		c.Filesystem = overlayFS{}
 	}
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
@@ -266,9 +265,9 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	go func() { netErr <- d.netUp(ctx, sb, "") }()
 	var root string
 	if statErr == nil {
-		root, err = rootfs.Remount(ctx, dir, lowers, d.userNSOf(sb))
+		root, err = d.cfg.Filesystem.Remount(ctx, dir, lowers, d.userNSOf(sb))
 	} else {
-		root, err = rootfs.Prepare(ctx, dir, lowers, sb.Resources.DiskMiB, d.userNSOf(sb))
+		root, err = d.cfg.Filesystem.Prepare(ctx, dir, lowers, sb.Resources.DiskMiB, d.userNSOf(sb))
 	}
 	t1 := time.Now()
 	nerr := <-netErr
@@ -279,7 +278,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if err != nil {
 		return errors.Join(errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "prepare filesystem"), nerr)
 	}
-	undo = append(undo, func(c context.Context) error { return rootfs.Teardown(c, dir) })
+	undo = append(undo, func(c context.Context) error { return d.cfg.Filesystem.Teardown(c, dir) })
 	if nerr != nil {
 		return nerr
 	}
@@ -356,7 +355,7 @@ func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := d.netDown(ctx, sb); err != nil {
 		errList = append(errList, err)
 	}
-	if err := rootfs.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
+	if err := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
 		errList = append(errList, err)
 	}
 	return errors.Join(errList...)

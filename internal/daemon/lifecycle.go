@@ -8,7 +8,6 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -137,7 +136,7 @@ func (d *Daemon) destroy(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := d.halt(ctx, sb); err != nil {
 		return err
 	}
-	if err := rootfs.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
+	if err := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
 		return err
 	}
 	return os.RemoveAll(d.SandboxDir(sb.ID))

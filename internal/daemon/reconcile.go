@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -55,7 +54,7 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 		}
 		dir := filepath.Join(d.cfg.DataDir, "sandboxes", e.Name())
 		d.log.Warn("removing orphan sandbox directory", "sandbox_id", e.Name())
-		if err := rootfs.Teardown(ctx, dir); err != nil {
+		if err := d.cfg.Filesystem.Teardown(ctx, dir); err != nil {
 			errList = append(errList, err)
 			continue
 		}

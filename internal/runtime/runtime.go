@@ -1,7 +1,9 @@
 // Package runtime runs sandboxes through an OCI runtime's CLI (runc or
 // gVisor's runsc) with a generated config.json. The daemon consumes the
-// Runtime interface; internal/runtime/oci implements it for both backends and
-// internal/runtime/runtimetest is the conformance suite every backend runs.
+// Runtime interface; internal/runtime/oci implements it for both backends,
+// internal/runtime/fake in-process for unit tests without root, and
+// internal/runtime/runtimetest is the conformance suite every backend runs
+// (the fake its contract part, which needs no kernel).
 package runtime
 
 import (

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -39,16 +40,14 @@ func (s *server) events(id string) []struct {
 
 // waitLimitEvent waits for an egress_limit event for limit on sandbox id.
 func (s *server) waitLimitEvent(id, limit string) bool {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	return testutil.Within(10*time.Second).Every(200*time.Millisecond).Until(func() error {
 		for _, ev := range s.events(id) {
 			if ev.Reason == "egress_limit" && ev.Data["limit"] == limit {
-				return true
+				return nil
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return false
+		return errors.New("no egress_limit event")
+	}) == nil
 }
 
 // TestEgressHoles attacks the egress policy from inside real sandboxes, as

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io/fs"
 	"math/big"
@@ -277,17 +278,20 @@ func (s *server) netLog(id string) []egressEntry {
 
 // waitLog waits for an entry (allowed connections are logged when they end).
 func (s *server) waitLog(id string, f func(egressEntry) bool) (egressEntry, bool) {
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	var found egressEntry
+	err := testutil.Within(5 * time.Second).Every(100 * time.Millisecond).Until(func() error {
 		for _, e := range s.netLog(id) {
 			if f(e) {
-				return e, true
+				found = e
+				return nil
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return egressEntry{}, false
+		return errNoEntry
+	})
+	return found, err == nil
 }
+
+var errNoEntry = errors.New("no matching egress log entry")
 
 func TestNetworkPolicy(t *testing.T) {
 	inet := newInternet(t)

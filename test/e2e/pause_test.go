@@ -45,16 +45,14 @@ func counter(s *server, id string) int {
 
 func waitCounter(t *testing.T, s *server, id string, atLeast int) int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if n := counter(s, id); n >= atLeast {
-			return n
+	n := -1
+	testutil.Eventually(t, testutil.Within(10*time.Second).Every(50*time.Millisecond), func() error {
+		if n = counter(s, id); n >= atLeast {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("counter in %s never reached %d", id, atLeast)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("counter in %s never reached %d (last read %d)", id, atLeast, n)
+	})
+	return n
 }
 
 func counterPid(s *server, id string) string {
@@ -374,15 +372,10 @@ func (s *server) apiList(key, method, path string) (int, string) {
 
 func waitState(t *testing.T, s *server, id, want string, limit time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		v := inspect(t, s, id)
-		if v.State == want {
-			return
+	testutil.Eventually(t, testutil.Within(limit).Every(200*time.Millisecond), func() error {
+		if v := inspect(t, s, id); v.State != want {
+			return fmt.Errorf("%s is %s after %s, want %s", id, v.State, limit, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s is %s after %s, want %s", id, v.State, limit, want)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 }

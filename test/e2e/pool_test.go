@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 type poolStatus struct {
@@ -43,17 +46,14 @@ func (s *server) pool(name string) poolStatus {
 
 func (s *server) waitPool(name string, ready int, fp string) poolStatus {
 	s.t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		p := s.pool(name)
-		if p.Ready == ready && p.Starting == 0 && (fp == "" || p.Fingerprint == fp) {
-			return p
+	var p poolStatus
+	testutil.Eventually(s.t, testutil.Within(90*time.Second).Every(100*time.Millisecond), func() error {
+		if p = s.pool(name); p.Ready == ready && p.Starting == 0 && (fp == "" || p.Fingerprint == fp) {
+			return nil
 		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("pool %s never reached %d ready (fingerprint %s): %+v", name, ready, fp, p)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("pool %s never reached %d ready (fingerprint %s): %+v", name, ready, fp, p)
+	})
+	return p
 }
 
 // createAndExec creates through REST and runs one command; it returns the
@@ -171,17 +171,12 @@ func TestWarmPool(t *testing.T) {
 
 	t.Run("template that cannot start backs off", func(t *testing.T) {
 		s.must("pool", "set", "nosuch", "--size", "1")
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			p := s.pool("nosuch")
-			if p.State == "waiting" && p.Error != "" {
-				break
+		testutil.Eventually(t, testutil.Within(15*time.Second).Every(100*time.Millisecond), func() error {
+			if p := s.pool("nosuch"); p.State != "waiting" || p.Error == "" {
+				return fmt.Errorf("pool of a missing template never backed off with a reason: %+v", p)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("pool of a missing template never backed off with a reason: %+v", p)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return nil
+		})
 		s.must("pool", "rm", "nosuch")
 		if code, body := s.api(s.key, "PUT", "/v1/pools/tiny", map[string]any{"size": 1000}); code != 400 || body["field"] != "size" {
 			t.Fatalf("size 1000: %d %v", code, body)
@@ -191,15 +186,11 @@ func TestWarmPool(t *testing.T) {
 	// Remove the pool and wait for its members to drain (the harness checks
 	// that nothing is left on the host).
 	s.must("pool", "rm", "tiny")
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testutil.Eventually(t, testutil.Within(60*time.Second).Every(100*time.Millisecond), func() error {
 		code, body := s.api(s.key, "GET", "/v1/sandboxes?owner=_pool", nil)
-		if list, _ := body["sandboxes"].([]any); code == 200 && len(list) == 0 {
-			break
+		if list, _ := body["sandboxes"].([]any); code != 200 || len(list) != 0 {
+			return fmt.Errorf("pool members not drained: %v", body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pool members not drained: %v", body)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }

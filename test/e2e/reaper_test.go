@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 // reaperConfig compresses the reaper's windows to seconds. The "fast"
@@ -82,14 +84,8 @@ func (s *server) rpEvents(id string) []rpEvent {
 // rpWaitFor polls cond every 250ms until it holds or the deadline passes.
 func rpWaitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", limit, what)
+	testutil.Eventually(t, testutil.Within(limit).Every(250*time.Millisecond),
+		testutil.True(cond, func() string { return "waiting for " + what }))
 }
 
 // TestReaperLadder: an abandoned sandbox is paused (freeze), then paused to

@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 // TestTemplateStartCommand: a template's CMD runs in the background on
@@ -24,16 +27,13 @@ func TestTemplateStartCommand(t *testing.T) {
 	id := s.must("create", "--template", "svc")
 	boots := func(want int) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		testutil.Eventually(t, testutil.Within(10*time.Second).Every(100*time.Millisecond), func() error {
 			out, _ := s.run("exec", id, "--", "cat", "/home/user/boots")
-			if n := strings.Count(out, "boot"); n == want {
-				return
-			} else if time.Now().After(deadline) {
-				t.Fatalf("start command ran %d times, want %d (%q)", n, want, out)
+			if n := strings.Count(out, "boot"); n != want {
+				return fmt.Errorf("start command ran %d times, want %d (%q)", n, want, out)
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	boots(1)
 	if out := s.must("exec", id, "--", "cat", "/home/user/where"); out != "/home/user" {

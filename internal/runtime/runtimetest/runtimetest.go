@@ -1,7 +1,18 @@
 // Package runtimetest is the conformance suite every runtime.Runtime backend
-// runs: real containers over a real overlay rootfs (rootfs.Prepare over a
-// busybox lower), with real cgroup limits. Each test's PID 1 is a busybox
-// shell script that reports through a bind-mounted host directory (/run/x).
+// runs. It has two parts:
+//
+//   - the contract (RunContract, contract.go): what the interface promises
+//     that needs no kernel — states and their transitions, List, Stats,
+//     errors of missing containers, failed starts that leave nothing,
+//     checkpoint/restore as forks that are independent of each other, and
+//     an honest refusal where a backend cannot checkpoint. It asserts only
+//     through the interface, so an in-process backend (internal/runtime/fake)
+//     runs it as an ordinary test without root.
+//   - the kernel part (Run runs both): real containers over a real overlay
+//     rootfs (rootfs.Prepare over a busybox lower), with real cgroup limits.
+//     Each test's PID 1 is a busybox shell script that reports through a
+//     bind-mounted host directory (/run/x): isolation, limits, the agent
+//     channel's unix socket, and memory that survives a checkpoint.
 package runtimetest
 
 import (
@@ -18,16 +29,19 @@ import (
 
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 // hostDir is where each sandbox's host report directory is mounted.
 const hostDir = "/run/x"
 
-// Run runs the conformance suite against the backend newRuntime returns.
+// Run runs the whole conformance suite (contract and kernel parts) against
+// the backend newRuntime returns; it needs root and a kernel.
 func Run(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime) {
 	RequireHost(t, "mkfs.ext4")
-	e := newEnv(t, newRuntime(t))
-	t.Run("Lifecycle", e.testLifecycle)
+	e := newEnv(t, newRuntime(t), true)
+	e.contract(t)
+	t.Run("PID1", e.testPID1)
 	t.Run("Isolation", e.testIsolation)
 	t.Run("UnixSocket", e.testUnixSocket)
 	t.Run("MemoryLimit", e.testMemoryLimit)
@@ -35,6 +49,14 @@ func Run(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime) {
 	t.Run("CPUQuota", e.testCPUQuota)
 	t.Run("DiskLimit", e.testDiskLimit)
 	t.Run("CheckpointRestore", e.testCheckpointRestore)
+}
+
+// RunContract runs the part of the suite that needs no kernel: every
+// sandbox's root filesystem is a plain directory and nothing is asserted
+// about what runs inside. Real backends run it as part of Run.
+func RunContract(t *testing.T, newRuntime func(t *testing.T) runtime.Runtime) {
+	e := newEnv(t, newRuntime(t), false)
+	e.contract(t)
 }
 
 // RequireHost fails under CI=true (a suite must not pass having run
@@ -60,26 +82,30 @@ func RequireHost(t testing.TB, tools ...string) {
 }
 
 type env struct {
-	rt    runtime.Runtime
-	base  string // short path: unix socket paths must fit in 108 bytes
-	lower string
+	rt     runtime.Runtime
+	kernel bool   // root filesystems are overlays (rootfs.Prepare), not plain directories
+	base   string // short path: unix socket paths must fit in 108 bytes
+	lower  string
 
 	helperOnce sync.Once
 	helper     string
 	helperErr  error
 }
 
-func newEnv(t *testing.T, rt runtime.Runtime) *env {
+func newEnv(t *testing.T, rt runtime.Runtime, kernel bool) *env {
 	base, err := os.MkdirTemp("", "brt")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	lower := filepath.Join(base, "lower")
-	if err := rootfs.BusyboxRootFS(lower); err != nil {
-		t.Fatal(err)
+	e := &env{rt: rt, kernel: kernel, base: base}
+	if kernel {
+		e.lower = filepath.Join(base, "lower")
+		if err := rootfs.BusyboxRootFS(e.lower); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return &env{rt: rt, base: base, lower: lower}
+	return e
 }
 
 // box is one sandbox under test.
@@ -118,13 +144,7 @@ func (e *env) prepare(t *testing.T, o boxOpts) *box {
 	if disk == 0 {
 		disk = 64
 	}
-	ctx := context.Background()
-	root, err := rootfs.Prepare(ctx, filepath.Join(dir, "fs"), []string{e.lower}, disk, nil)
-	t.Cleanup(func() {
-		if err := rootfs.Teardown(context.Background(), filepath.Join(dir, "fs")); err != nil {
-			t.Errorf("teardown rootfs of %s: %v", id, err)
-		}
-	})
+	root, err := e.rootFS(t, id, filepath.Join(dir, "fs"), disk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,6 +164,22 @@ func (e *env) prepare(t *testing.T, o boxOpts) *box {
 		LogPath:   filepath.Join(dir, "log"),
 	}}
 	return b
+}
+
+// rootFS makes a sandbox's root filesystem in fsDir: an overlay over the
+// busybox lower (kernel part), or a plain empty directory (contract part).
+func (e *env) rootFS(t *testing.T, id, fsDir string, diskMiB int64) (string, error) {
+	if !e.kernel {
+		root := filepath.Join(fsDir, "rootfs")
+		return root, os.MkdirAll(root, 0o755)
+	}
+	root, err := rootfs.Prepare(context.Background(), fsDir, []string{e.lower}, diskMiB, nil)
+	t.Cleanup(func() {
+		if err := rootfs.Teardown(context.Background(), fsDir); err != nil {
+			t.Errorf("teardown rootfs of %s: %v", id, err)
+		}
+	})
+	return root, err
 }
 
 // start prepares and runs a sandbox; it is deleted when the test ends.
@@ -195,13 +231,7 @@ func (b *box) waitFile(t *testing.T, name string, timeout time.Duration) string 
 
 func waitFor(t *testing.T, timeout time.Duration, cond func() bool, msg func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v: %s", timeout, msg())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(t, testutil.Within(timeout).Every(50*time.Millisecond), testutil.True(cond, msg))
 }
 
 func tail(s string, n int) string {

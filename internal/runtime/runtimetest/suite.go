@@ -8,85 +8,20 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 )
 
-const idle = `echo $$ > /run/x/pid; while true; do sleep 1; done`
-
-func (e *env) testLifecycle(t *testing.T) {
-	ctx := context.Background()
-	if _, err := e.rt.State(ctx, "rtmissing"); !errs.Is(err, errs.NotFound) {
-		t.Fatalf("State of a missing container: %v, want not_found", err)
-	}
+// testPID1: the spec's command is PID 1 in the sandbox's pid namespace.
+func (e *env) testPID1(t *testing.T) {
 	b := e.start(t, boxOpts{script: idle})
 	if pid := b.waitFile(t, "pid", 20*time.Second); pid != "1" {
 		t.Errorf("the script's shell is pid %s in the sandbox, want 1", pid)
-	}
-	st, err := e.rt.State(ctx, b.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.State != "running" || st.Pid <= 0 || st.ID != b.id || st.Created.IsZero() {
-		t.Fatalf("State = %+v, want running with a host pid", st)
-	}
-	list, err := e.rt.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !containsID(list, b.id) {
-		t.Fatalf("List = %+v does not contain %s", list, b.id)
-	}
-	stats, err := e.rt.Stats(ctx, b.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if stats.MemoryBytes == 0 || stats.Pids == 0 || stats.CPUUsageNanos == 0 || stats.MemoryPeak < stats.MemoryBytes {
-		t.Errorf("Stats = %+v, want nonzero memory, pids and cpu", stats)
-	}
-
-	if e.rt.Capabilities(ctx).Freeze {
-		if err := e.rt.Freeze(ctx, b.id); err != nil {
-			t.Fatal(err)
-		}
-		if st, err := e.rt.State(ctx, b.id); err != nil || st.State != "paused" {
-			t.Fatalf("after Freeze: %+v, %v; want paused", st, err)
-		}
-		if err := e.rt.Thaw(ctx, b.id); err != nil {
-			t.Fatal(err)
-		}
-		if st, err := e.rt.State(ctx, b.id); err != nil || st.State != "running" {
-			t.Fatalf("after Thaw: %+v, %v; want running", st, err)
-		}
-	}
-
-	if err := e.rt.Kill(ctx, b.id, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 20*time.Second, func() bool {
-		st, err := e.rt.State(ctx, b.id)
-		return err == nil && st.State == "stopped"
-	}, func() string {
-		st, err := e.rt.State(ctx, b.id)
-		return "never stopped: " + st.State + " " + errString(err)
-	})
-	for i := 0; i < 2; i++ {
-		if err := e.rt.Delete(ctx, b.id); err != nil {
-			t.Fatalf("Delete #%d: %v", i+1, err)
-		}
-	}
-	if _, err := e.rt.State(ctx, b.id); !errs.Is(err, errs.NotFound) {
-		t.Fatalf("State after Delete: %v, want not_found", err)
-	}
-	if err := e.rt.Kill(ctx, b.id, syscall.SIGTERM); err == nil {
-		t.Fatal("Kill of a deleted container succeeded")
 	}
 }
 
