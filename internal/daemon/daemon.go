@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -27,12 +28,12 @@ import (
 type Daemon struct {
 	cfg       Config
 	agent     agentInstall
-	tokenKey  []byte // HMAC key of envd access tokens (token.go)
 	log       *slog.Logger
 	store     store.Store
 	runtimes  map[string]runtime.Runtime
 	userNS    *rootfs.IDMap // runc sandboxes' id range (userns.go); nil: none
 	templates *template.Store
+	auth      *auth.Service // API keys and envd tokens
 
 	locksMu sync.Mutex
 	locks   map[string]*sync.Mutex
@@ -85,7 +86,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	if err != nil {
 		return nil, err
 	}
-	tokenKey, err := loadTokenKey(cfg.DataDir) // token.go
+	tokenKey, err := loadMasterKey(cfg.DataDir, auth.TokenKeyFile, auth.TokenKeySize)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +102,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Daemon{
-		cfg: cfg, agent: agent, tokenKey: tokenKey, log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
+		cfg: cfg, agent: agent, auth: auth.New(st, cfg.DataDir, cfg.Now, tokenKey), log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
 		locks: map[string]*sync.Mutex{}, chanKey: chanKey, chans: map[string]*agentapi.Channel{},
 		pauseCh: map[string]chan struct{}{},
 		wpools:  newWarmPools(),
@@ -121,6 +122,31 @@ func (d *Daemon) Close() {
 		delete(d.chans, id)
 	}
 	d.chansMu.Unlock()
+}
+
+// Auth is the API key and envd token service.
+func (d *Daemon) Auth() *auth.Service { return d.auth }
+
+// Principal is the caller an API key maps to (auth.Principal; the alias
+// keeps the handlers' signatures).
+type Principal = auth.Principal
+
+// envdTokenHash is what the store keeps for sandbox id owned by owner.
+func (d *Daemon) envdTokenHash(id, owner string) string { return d.auth.EnvdTokenHash(id, owner) }
+
+// Authenticate, EnvdToken and SandboxByToken serve the E2B surface's
+// Backend interface (e2b.Backend), which *Daemon satisfies; they are the
+// auth service's.
+func (d *Daemon) Authenticate(ctx context.Context, key string) (Principal, error) {
+	return d.auth.Authenticate(ctx, key)
+}
+
+func (d *Daemon) EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, error) {
+	return d.auth.EnvdToken(ctx, sb)
+}
+
+func (d *Daemon) SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error) {
+	return d.auth.SandboxByToken(ctx, token)
 }
 
 // Store exposes the store for read-only API handlers (events, templates, keys).

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/network"
@@ -123,7 +124,7 @@ func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := privateFiles(egressDir, "ca-key.pem", "secrets.key"); err != nil {
+	if err := auth.PrivateFiles(egressDir, "ca-key.pem", "secrets.key"); err != nil {
 		return err
 	}
 	ns := &netState{ca: ca, sealer: sealer, def: o.DefaultMode, owners: map[string]string{}}

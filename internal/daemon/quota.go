@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/quota"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -113,7 +114,7 @@ type QuotaInfo struct {
 
 // Quota reports owner's limits and use.
 func (d *Daemon) Quota(ctx context.Context, owner string) (QuotaInfo, error) {
-	if err := ValidOwner("owner", owner); err != nil {
+	if err := auth.ValidOwner("owner", owner); err != nil {
 		return QuotaInfo{}, err
 	}
 	l, src, err := d.limitsOf(ctx, owner)
@@ -154,7 +155,7 @@ func (d *Daemon) Quotas(ctx context.Context) ([]QuotaInfo, error) {
 // SetQuota stores owner's limits (admin). Existing sandboxes are never
 // evicted by a lower limit; it only refuses new ones.
 func (d *Daemon) SetQuota(ctx context.Context, owner string, l quota.Limits) (QuotaInfo, error) {
-	if err := ValidOwner("owner", owner); err != nil {
+	if err := auth.ValidOwner("owner", owner); err != nil {
 		return QuotaInfo{}, err
 	}
 	if err := l.Validate(""); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/metering"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -54,7 +55,7 @@ func line(u metering.Usage, p metering.Prices) UsageLine {
 // Usage reports metered usage of owner ("" = every owner, admin) since a time.
 func (d *Daemon) Usage(ctx context.Context, owner string, since time.Time, sandboxID string) (UsageReport, error) {
 	if owner != "" {
-		if err := ValidOwner("owner", owner); err != nil {
+		if err := auth.ValidOwner("owner", owner); err != nil {
 			return UsageReport{}, err
 		}
 	}

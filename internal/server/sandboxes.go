@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -98,7 +99,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 		if !p.Admin && req.Owner != p.Owner {
 			return errs.Field("owner", "only the admin key may create sandboxes for another owner")
 		}
-		if err := daemon.ValidOwner("owner", req.Owner); err != nil {
+		if err := auth.ValidOwner("owner", req.Owner); err != nil {
 			return err
 		}
 		own = req.Owner

@@ -114,7 +114,7 @@ func (s *Server) routes() {
 func (s *Server) handle(pattern string, h handler) {
 	client := clientRoute(pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		p, err := s.d.Authenticate(r.Context(), apiKey(r))
+		p, err := s.d.Auth().Authenticate(r.Context(), apiKey(r))
 		if err == nil {
 			if client {
 				// A client of the sandbox until the request ends (exec/attach
