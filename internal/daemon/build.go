@@ -456,7 +456,7 @@ func (d *Daemon) bootBuildSandbox(ctx context.Context, layers []string, network 
 	req := CreateRequest{Owner: BuildOwner, Network: network, Extra: map[string]string{extraLayers: strings.Join(layers, ",")}}
 	if network == "" {
 		req.Network = "allow-all" // builds install packages
-		if d.net == nil {
+		if !d.net.Enabled() {
 			req.Network = ""
 			progress(BuildProgress{Phase: "run", Step: step, Steps: n, Message: "networking is disabled on this server: RUN has no network"})
 		}

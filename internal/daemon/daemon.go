@@ -17,6 +17,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -51,8 +52,7 @@ type Daemon struct {
 	accounting *accounting // reaper signals, quota admission, metrics (accounting.go)
 	acctOnce   sync.Once
 
-	// net is sandbox networking (network.go); nil until StartNetwork.
-	net *netState
+	net *hostnet.Service // host networking (hostnet.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -101,13 +101,15 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		}
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	return &Daemon{
+	d := &Daemon{
 		cfg: cfg, agent: agent, auth: auth.New(st, cfg.DataDir, cfg.Now, tokenKey), log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
 		locks: map[string]*sync.Mutex{}, chanKey: chanKey, chans: map[string]*agentapi.Channel{},
 		pauseCh: map[string]chan struct{}{},
 		wpools:  newWarmPools(),
 		bg:      bg, cancel: cancel,
-	}, nil
+	}
+	d.net = hostnet.New(d, cfg.DataDir, d.auth, d)
+	return d, nil
 }
 
 // Close stops background loops. Sandboxes keep running: a daemon restart
@@ -115,7 +117,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 func (d *Daemon) Close() {
 	d.cancel()
 	d.wg.Wait()
-	d.releaseNetwork()
+	d.net.Release()
 	d.chansMu.Lock()
 	for id, c := range d.chans {
 		c.Close()

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/quota"
 	"github.com/berth-dev/berth/internal/reaper"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -47,6 +48,7 @@ func signalsDaemon(t *testing.T, st store.Store, clk *testClock) *Daemon {
 	d := &Daemon{cfg: cfg, log: cfg.Log, store: st, runtimes: map[string]runtime.Runtime{},
 		locks: map[string]*sync.Mutex{}, chans: map[string]*agentapi.Channel{}, pauseCh: map[string]chan struct{}{},
 		bg: bg, cancel: cancel}
+	d.net = hostnet.New(d, cfg.DataDir, nil, d)
 	t.Cleanup(d.Close)
 	return d
 }
