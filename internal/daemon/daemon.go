@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
@@ -49,8 +50,7 @@ type Daemon struct {
 	wpools  *warmPools   // pool.go
 	tplWork templateWork // pull.go: one download per image, GC vs imports
 
-	accounting *accounting // reaper signals, quota admission, metrics (accounting.go)
-	acctOnce   sync.Once
+	adm *admission.Service // quota admission, signals, metering, metrics (admission.go)
 
 	net *hostnet.Service // host networking (hostnet.go)
 
@@ -108,7 +108,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		wpools:  newWarmPools(),
 		bg:      bg, cancel: cancel,
 	}
-	d.net = hostnet.New(d, cfg.DataDir, d.auth, d)
+	d.adm = admission.New(d, cfg.admissionConfig())
+	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
 	return d, nil
 }
 

@@ -121,7 +121,7 @@ func (s *Server) handle(pattern string, h handler) {
 				// streams, file transfers): the reaper leaves it be.
 				// Only once the caller may see it: another tenant's
 				// refused requests must not keep it awake.
-				defer s.d.OpenClientStream(r.Context(), owner(r, p), r.PathValue("id"))()
+				defer s.d.Admission().OpenClientStream(r.Context(), owner(r, p), r.PathValue("id"))()
 			}
 			err = h(w, r, p)
 		}
