@@ -208,9 +208,9 @@ func TestParsePortAndInfos(t *testing.T) {
 		}
 	}
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	b, _ := json.Marshal(map[string]portEntry{"8080": {CreatedAt: at}, "22": {TokenHash: "h", CreatedAt: at}, "junk": {}})
+	b, _ := json.Marshal(map[string]portEntry{"8080": {CreatedAt: at}, "22": {TokenHash: "h", CreatedAt: at}})
 	got := portInfos(&sandbox.Sandbox{Extra: map[string]string{extraPorts: string(b)}})
-	want := []PortInfo{{Port: 0}, {Port: 22, Token: true, CreatedAt: at}, {Port: 8080, CreatedAt: at}}
+	want := []PortInfo{{Port: 22, Token: true, CreatedAt: at}, {Port: 8080, CreatedAt: at}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("portInfos (-want +got):\n%s", diff)
 	}
