@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/server"
 )
 
@@ -47,7 +47,7 @@ func runNetSet(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var info daemon.NetworkInfo
+	var info hostnet.Info
 	req := server.NetworkRequest{Mode: *mode, Allow: *allow, Deny: *deny}
 	if err := c.call(e.ctx, "PUT", sbPath(id, "net"), nil, req, &info); err != nil {
 		return err
@@ -65,7 +65,7 @@ func runNetShow(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var info daemon.NetworkInfo
+	var info hostnet.Info
 	if err := c.call(e.ctx, "GET", sbPath(id, "net"), nil, nil, &info); err != nil {
 		return err
 	}
@@ -75,7 +75,7 @@ func runNetShow(e *env, args []string) error {
 	return printNetwork(e.stdout, &info)
 }
 
-func printNetwork(w io.Writer, info *daemon.NetworkInfo) error {
+func printNetwork(w io.Writer, info *hostnet.Info) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "sandbox\t%s\n", info.SandboxID)
 	fmt.Fprintf(tw, "mode\t%s\n", info.Policy.Mode)
@@ -194,7 +194,7 @@ func runSecret(e *env, args []string) error {
 			return err
 		}
 		val = bytes.TrimRight(val, "\r\n")
-		var info daemon.SecretInfo
+		var info hostnet.SecretInfo
 		req := server.SecretRequest{Host: *host, Header: *header, Value: string(val)}
 		if err := c.call(e.ctx, "PUT", "/v1/secrets/"+url.PathEscape(name), q, req, &info); err != nil {
 			return err
@@ -206,7 +206,7 @@ func runSecret(e *env, args []string) error {
 		return nil
 	case "ls":
 		var out struct {
-			Secrets []daemon.SecretInfo `json:"secrets"`
+			Secrets []hostnet.SecretInfo `json:"secrets"`
 		}
 		if err := c.call(e.ctx, "GET", "/v1/secrets", q, nil, &out); err != nil {
 			return err

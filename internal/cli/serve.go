@@ -246,7 +246,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		return err
 	}
 	defer d.Close()
-	if _, err := d.EnsureAdminKey(ctx); err != nil {
+	if _, err := d.Auth().EnsureAdminKey(ctx); err != nil {
 		return err
 	}
 	if err := startNetwork(ctx, d, cfg.NetworkServeConfig); err != nil {

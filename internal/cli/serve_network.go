@@ -15,6 +15,7 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/network"
 )
 
@@ -163,7 +164,7 @@ func startNetwork(ctx context.Context, d *daemon.Daemon, c NetworkServeConfig) e
 	if c.Subnet != "" {
 		ncfg.Subnet = netip.MustParsePrefix(c.Subnet)
 	}
-	o := daemon.NetworkOptions{Network: ncfg, UpstreamCA: c.UpstreamCA, HostsFile: c.EgressHosts,
+	o := hostnet.Options{Network: ncfg, UpstreamCA: c.UpstreamCA, HostsFile: c.EgressHosts,
 		DefaultMode: egress.Mode(c.DefaultNetwork),
 		Limits:      egress.Limits{MaxConns: c.EgressMaxConns, MaxDNSInFlight: c.EgressMaxDNSInFlight, DNSQPS: c.EgressDNSQPS}}
 	for _, v := range c.AllowPrivateEgress {
@@ -172,7 +173,7 @@ func startNetwork(ctx context.Context, d *daemon.Daemon, c NetworkServeConfig) e
 	if c.EgressResolver != "" {
 		o.UpstreamDNS = netip.MustParseAddrPort(c.EgressResolver)
 	}
-	return d.StartNetwork(ctx, o)
+	return d.Net().Start(ctx, o)
 }
 
 // privateRange reports whether p lies inside one private or link-local range.

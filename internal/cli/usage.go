@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/quota"
 )
 
@@ -36,7 +36,7 @@ func runUsage(e *env, args []string) error {
 			q.Set(k, v)
 		}
 	}
-	var rep daemon.UsageReport
+	var rep admission.UsageReport
 	if err := c.call(e.ctx, "GET", "/v1/usage", q, nil, &rep); err != nil {
 		return err
 	}
@@ -85,7 +85,7 @@ func runReport(e *env, args []string) error {
 	if *own != "" {
 		q.Set("owner", *own)
 	}
-	var rep daemon.OrphanReport
+	var rep admission.OrphanReport
 	if err := c.call(e.ctx, "GET", "/v1/reports/orphans", q, nil, &rep); err != nil {
 		return err
 	}
@@ -123,14 +123,14 @@ func runQuota(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var out []daemon.QuotaInfo
+	var out []admission.QuotaInfo
 	switch {
 	case pos[0] == "ls" && len(pos) == 1:
 		if err := c.call(e.ctx, "GET", "/v1/quotas", nil, nil, &out); err != nil {
 			return err
 		}
 	case pos[0] == "get" && len(pos) == 2, pos[0] == "set" && len(pos) == 2:
-		var qi daemon.QuotaInfo
+		var qi admission.QuotaInfo
 		method, body := "GET", any(nil)
 		if pos[0] == "set" {
 			method, body = "PUT", l
@@ -138,7 +138,7 @@ func runQuota(e *env, args []string) error {
 		if err := c.call(e.ctx, method, "/v1/quotas/"+url.PathEscape(pos[1]), nil, body, &qi); err != nil {
 			return err
 		}
-		out = []daemon.QuotaInfo{qi}
+		out = []admission.QuotaInfo{qi}
 	case pos[0] == "rm" && len(pos) == 2:
 		return c.call(e.ctx, "DELETE", "/v1/quotas/"+url.PathEscape(pos[1]), nil, nil, nil)
 	default:

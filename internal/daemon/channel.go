@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
@@ -64,7 +65,7 @@ func loadMasterKey(dataDir, name string, size int) ([]byte, error) {
 	if err != nil || len(key) != size {
 		return nil, errs.E(errs.FailedPrecondition, "%s must hold %d bytes", p, size)
 	}
-	return key, privateFiles(dataDir, name)
+	return key, auth.PrivateFiles(dataDir, name)
 }
 
 func (d *Daemon) agentKey(id string) []byte { return agentapi.DeriveKey(d.chanKey, id) }

@@ -178,7 +178,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		d.fail(ctx, sb, "create_failed", err)
 		return nil, err
 	}
-	d.acct().observeCreate(d.cfg.Now().Sub(now))
+	d.observeCreate(d.cfg.Now().Sub(now))
 	d.log.Info("sandbox created", "sandbox_id", sb.ID, "owner", sb.Owner, "template", sb.Template,
 		"runtime", sb.Runtime, "ms", time.Since(start).Milliseconds())
 	return out, nil

@@ -14,9 +14,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/pool"
+	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -28,12 +31,12 @@ import (
 type Daemon struct {
 	cfg       Config
 	agent     agentInstall
-	tokenKey  []byte // HMAC key of envd access tokens (token.go)
 	log       *slog.Logger
 	store     store.Store
 	runtimes  map[string]runtime.Runtime
 	userNS    *rootfs.IDMap // runc sandboxes' id range (userns.go); nil: none
 	templates *template.Store
+	auth      *auth.Service // API keys and envd tokens
 
 	locksMu sync.Mutex
 	locks   map[string]*sync.Mutex
@@ -48,11 +51,9 @@ type Daemon struct {
 	poolSvc *pool.Service     // warm pools (pool.go)
 	tplSvc  *template.Service // template import, pull, build, GC (templates.go)
 
-	accounting *accounting // reaper signals, quota admission, metrics (accounting.go)
-	acctOnce   sync.Once
+	adm *admission.Service // quota admission, signals, metering, metrics (admission.go)
 
-	// net is sandbox networking (network.go); nil until StartNetwork.
-	net *netState
+	net *hostnet.Service // host networking (hostnet.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -86,7 +87,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	if err != nil {
 		return nil, err
 	}
-	tokenKey, err := loadTokenKey(cfg.DataDir) // token.go
+	tokenKey, err := loadMasterKey(cfg.DataDir, auth.TokenKeyFile, auth.TokenKeySize)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +103,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	d := &Daemon{
-		cfg: cfg, agent: agent, tokenKey: tokenKey, log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
+		cfg: cfg, agent: agent, auth: auth.New(st, cfg.DataDir, cfg.Now, tokenKey), log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
 		locks: map[string]*sync.Mutex{}, chanKey: chanKey, chans: map[string]*agentapi.Channel{},
 		pauseCh: map[string]chan struct{}{},
 		bg:      bg, cancel: cancel,
@@ -114,6 +115,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.poolSvc = pool.New(pool.Config{DefaultRuntime: cfg.DefaultRuntime, Runtimes: rtNames,
 		DefaultResources: cfg.DefaultResources, MaxResources: cfg.MaxResources}, d)
 	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, d)
+	d.adm = admission.New(d, cfg.admissionConfig())
+	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
 	return d, nil
 }
 
@@ -122,7 +125,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 func (d *Daemon) Close() {
 	d.cancel()
 	d.wg.Wait()
-	d.releaseNetwork()
+	d.net.Release()
 	d.chansMu.Lock()
 	for id, c := range d.chans {
 		c.Close()

@@ -226,11 +226,3 @@ func LeaseUntil(sb *sandbox.Sandbox) time.Time {
 	}
 	return t
 }
-
-// SandboxByToken finds the running-or-paused sandbox with this envd access token.
-func (d *Daemon) SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error) {
-	if token == "" {
-		return nil, errs.E(errs.NotFound, "no sandbox for an empty token")
-	}
-	return d.store.SandboxByTokenHash(ctx, tokenHash(token))
-}

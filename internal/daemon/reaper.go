@@ -2,313 +2,55 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/metering"
-	"github.com/berth-dev/berth/internal/reaper"
 	"github.com/berth-dev/berth/internal/sandbox"
-	"github.com/berth-dev/berth/internal/store"
 )
 
-// ExtraIdlePolicy is the sandbox Extra key naming its idle policy.
-const ExtraIdlePolicy = "idle_policy"
+// The reaper loop is the admission service's (admission.Reaper); this is
+// the core's side of it: the actions it takes and what it asks the core.
 
-// tracked is the reaper loop's per-sandbox memory: the metering cursor and
-// the signals that persist across daemon restarts (in the usage row).
-type tracked struct {
-	usage metering.Usage
-	sig   persistedSignals
-	since time.Time // floor for every "last busy" time (reaper.Sandbox.Since)
-	cpu   float64   // latest CPU use, fraction of the effective allocation
-	// agentStreams is the agent's count of open exec/attach/watch streams
-	// (covers the E2B surface, whose streams go straight to the agent).
-	agentStreams int
+// reaperLoop runs the reaper on the daemon's lifetime (Reconcile starts it).
+func (d *Daemon) reaperLoop(ctx context.Context) { d.adm.NewReaper(reaperCore{d}).Run(ctx) }
+
+// reaperCore gives the reaper loop the core's actions (admission.ReaperCore).
+type reaperCore struct{ d *Daemon }
+
+func (c reaperCore) Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string) {
+	c.d.Event(ctx, sb, actor, typ, reason, msg, data)
 }
 
-// persistedSignals is the JSON stored in usage.signals.
-type persistedSignals struct {
-	State       sandbox.State `json:"state,omitempty"`
-	LastClient  time.Time     `json:"client,omitzero"`
-	LastAPI     time.Time     `json:"api,omitzero"`
-	LastWrite   time.Time     `json:"write,omitzero"`
-	LastEgress  time.Time     `json:"egress,omitzero"`
-	LastCPU     time.Time     `json:"cpu,omitzero"`
-	SpinSince   time.Time     `json:"spin,omitzero"`
-	ThrottledAt time.Time     `json:"throttled,omitzero"`
+func (c reaperCore) Activity(ctx context.Context, id string) (agentapi.Activity, error) {
+	return c.d.AgentClient(id).Activity(ctx)
 }
 
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
+func (c reaperCore) Exempt(sb *sandbox.Sandbox) bool { return IsPoolMember(sb) }
+
+func (c reaperCore) LeaseUntil(sb *sandbox.Sandbox) time.Time { return LeaseUntil(sb) }
+
+func (c reaperCore) Pause(ctx context.Context, sb *sandbox.Sandbox, mode sandbox.PauseMode, reason string) error {
+	if mode == "" {
+		mode = c.d.defaultPauseMode(sb)
 	}
-	return a
+	_, err := c.d.pause(ctx, "", sb.ID, mode, "reaper", reason)
+	return err
 }
 
-func (p persistedSignals) lastActive() time.Time {
-	t := p.LastClient
-	for _, x := range []time.Time{p.LastAPI, p.LastWrite, p.LastEgress, p.LastCPU} {
-		t = later(t, x)
-	}
-	return t
+func (c reaperCore) DemoteToDisk(ctx context.Context, id, reason string) error {
+	return c.d.demoteToDisk(ctx, id, reason)
 }
 
-// reaperLoop samples every sandbox each interval: cgroup accounting and disk
-// for metering, activity for the reaper, then applies reaper.Decide.
-func (d *Daemon) reaperLoop(ctx context.Context) {
-	state := map[string]*tracked{}
-	if err := d.loadTracked(ctx, state); err != nil {
-		d.log.Error("reaper: load persisted signals", "err", err)
-	}
-	t := time.NewTicker(d.cfg.Reaper.Interval.D())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		d.reapRound(ctx, state)
-	}
+func (c reaperCore) Stop(ctx context.Context, id, reason string) error {
+	_, err := c.d.Stop(ctx, "", id, "reaper", reason)
+	return err
 }
 
-// loadTracked re-derives the loop's memory after a restart from the usage
-// rows: signals as they were at the last round before the daemon stopped.
-func (d *Daemon) loadTracked(ctx context.Context, state map[string]*tracked) error {
-	list, err := d.store.ListUsage(ctx, store.UsageFilter{})
-	if err != nil {
-		return err
-	}
-	for _, u := range list {
-		if u.State == sandbox.Deleted {
-			continue
-		}
-		// Idleness is re-derived from the persisted signals, but floored at
-		// this start: nobody could reach the sandbox while the daemon was down.
-		tr := &tracked{usage: u, since: later(u.CreatedAt, d.acct().started)}
-		if u.Signals != "" {
-			_ = json.Unmarshal([]byte(u.Signals), &tr.sig)
-		}
-		// Hour buckets are summed per query; the in-memory row only keeps the cursor.
-		tr.usage.CPUSeconds, tr.usage.MemGiBSeconds, tr.usage.DiskGiBHours = 0, 0, 0
-		tr.usage.RunningSeconds, tr.usage.FrozenSeconds, tr.usage.PausedSeconds, tr.usage.StoppedSeconds = 0, 0, 0, 0
-		state[u.SandboxID] = tr
-	}
-	return nil
-}
-
-func (d *Daemon) reapRound(ctx context.Context, state map[string]*tracked) {
-	now := d.cfg.Now()
-	list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
-	if err != nil {
-		d.log.Error("reaper: list sandboxes", "err", err)
-		return
-	}
-	seen := map[string]bool{}
-	var recs []store.UsageRecord
-	for _, sb := range list {
-		if sb.State == sandbox.Deleted {
-			continue
-		}
-		seen[sb.ID] = true
-		tr, ok := state[sb.ID]
-		if !ok {
-			// First sight: a new sandbox, or one from before metering existed
-			// (then its idleness starts now, not at its creation).
-			tr = &tracked{since: sb.CreatedAt}
-			tr.since = later(sb.CreatedAt, d.acct().started)
-			tr.usage = metering.Usage{SandboxID: sb.ID, CreatedAt: sb.CreatedAt}
-			state[sb.ID] = tr
-		}
-		rec := d.sampleOne(ctx, sb, tr, now)
-		recs = append(recs, rec)
-		d.reapOne(ctx, sb, tr, now)
-	}
-	for id, tr := range state {
-		if seen[id] {
-			continue
-		}
-		// Deleted since the last round: close its usage row.
-		tr.usage.State = sandbox.Deleted
-		recs = append(recs, store.UsageRecord{Usage: tr.usage})
-		delete(state, id)
-	}
-	d.acct().prune(func(id string) bool { return seen[id] })
-	if len(recs) > 0 {
-		if err := d.store.RecordUsage(context.WithoutCancel(ctx), recs); err != nil {
-			d.log.Error("metering: record usage", "err", err)
-		}
-	}
-}
-
-// sampleOne takes one metering sample and refreshes the sandbox's signals.
-func (d *Daemon) sampleOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, now time.Time) store.UsageRecord {
-	pol := d.policyOf(sb)
-	s := metering.Sample{At: now, Bucket: metering.BucketOf(sb.State, sb.PauseActual), DiskBytes: d.diskBytes(sb.ID)}
-	hasCgroup := sb.State == sandbox.Running || (sb.State == sandbox.Paused && sb.PauseActual == sandbox.PauseFreeze)
-	if rt, err := d.RuntimeFor(sb); err == nil && hasCgroup {
-		if st, err := rt.Stats(ctx, sb.ID); err == nil {
-			s.HasCgroup, s.CPUNanos, s.MemBytes, s.MemPeak = true, st.CPUUsageNanos, st.MemoryBytes, st.MemoryPeak
-		}
-	}
-	prev := tr.usage
-	// CPU use over the interval, as a fraction of the effective allocation.
-	tr.cpu = 0
-	if s.HasCgroup && !prev.LastSampleAt.IsZero() && now.After(prev.LastSampleAt) && s.CPUNanos >= prev.LastCPUNanos && prev.LastCPUNanos > 0 {
-		cores := float64(sb.Resources.CPUMillis) / 1000
-		if !tr.sig.ThrottledAt.IsZero() {
-			cores = pol.ThrottleCPU
-		}
-		if cores > 0 {
-			tr.cpu = float64(s.CPUNanos-prev.LastCPUNanos) / float64(now.Sub(prev.LastSampleAt).Nanoseconds()) / cores
-		}
-	}
-	next := metering.Add(prev, s)
-	inc := metering.Usage{
-		CPUSeconds: next.CPUSeconds - prev.CPUSeconds, MemGiBSeconds: next.MemGiBSeconds - prev.MemGiBSeconds,
-		MemPeakBytes:   max(s.MemPeak, s.MemBytes),
-		RunningSeconds: next.RunningSeconds - prev.RunningSeconds, FrozenSeconds: next.FrozenSeconds - prev.FrozenSeconds,
-		PausedSeconds: next.PausedSeconds - prev.PausedSeconds, StoppedSeconds: next.StoppedSeconds - prev.StoppedSeconds,
-		DiskGiBHours: next.DiskGiBHours - prev.DiskGiBHours,
-	}
-	// The workspace's allocated blocks changed: something wrote to it.
-	if !prev.LastSampleAt.IsZero() && s.DiskBytes != prev.DiskBytes && sb.State == sandbox.Running {
-		tr.sig.LastWrite = now
-	}
-	d.refreshSignals(ctx, sb, tr, pol, now)
-
-	next.Owner, next.Template, next.State, next.Reserved = sb.Owner, sb.Template, sb.State, sb.Resources
-	next.CreatedAt = sb.CreatedAt
-	next.LastActiveAt = tr.sig.lastActive()
-	if b, err := json.Marshal(tr.sig); err == nil {
-		next.Signals = string(b)
-	}
-	tr.usage = next
-	return store.UsageRecord{Usage: next, Hour: now, Inc: inc}
-}
-
-// refreshSignals folds live signals, agent activity and CPU into tr.sig.
-func (d *Daemon) refreshSignals(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, pol reaper.Policy, now time.Time) {
-	sig := &tr.sig
-	if sig.State != sb.State {
-		// Started, resumed or created since the last round: that was somebody's doing.
-		if sb.State == sandbox.Running && sig.State != "" {
-			sig.LastAPI = later(sig.LastAPI, now)
-		}
-		if sb.State != sandbox.Running {
-			// A boot resets the cgroup to the sandbox's own quota.
-			sig.ThrottledAt, sig.SpinSince = time.Time{}, time.Time{}
-		}
-		sig.State = sb.State
-	}
-	live := d.acct().liveOf(sb.ID)
-	sig.LastAPI = later(sig.LastAPI, live.lastAPI)
-	sig.LastClient = later(sig.LastClient, live.lastClient)
-	sig.LastEgress = later(sig.LastEgress, live.lastEgress)
-	if live.streams > 0 {
-		sig.LastClient = now
-	}
-	if live.egress > 0 {
-		sig.LastEgress = now
-	}
-	if sb.State == sandbox.Running {
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		act, err := d.AgentClient(sb.ID).Activity(actx)
-		cancel()
-		tr.agentStreams = 0
-		if err == nil {
-			tr.agentStreams = act.OpenStreams
-			if act.OpenStreams > 0 {
-				sig.LastClient = now
-			}
-			sig.LastWrite = later(sig.LastWrite, act.LastFileWrite)
-		}
-		if tr.cpu >= pol.CPUThreshold {
-			sig.LastCPU = now
-		}
-		if tr.cpu >= pol.SpinThreshold {
-			if sig.SpinSince.IsZero() {
-				sig.SpinSince = tr.usage.LastSampleAt
-				if sig.SpinSince.IsZero() {
-					sig.SpinSince = now
-				}
-			}
-		} else {
-			sig.SpinSince = time.Time{}
-		}
-	}
-}
-
-// signalsOf builds reaper.Signals for Decide.
-func (d *Daemon) signalsOf(sb *sandbox.Sandbox, tr *tracked, now time.Time) reaper.Signals {
-	live := d.acct().liveOf(sb.ID)
-	sig := tr.sig
-	out := reaper.Signals{
-		Clients: live.streams + tr.agentStreams, LeaseUntil: LeaseUntil(sb), Egress: live.egress,
-		LastClient: sig.LastClient, LastAPI: sig.LastAPI, LastWrite: sig.LastWrite, LastEgress: sig.LastEgress,
-		LastCPU: sig.LastCPU, CPU: tr.cpu, SpinSince: sig.SpinSince, ThrottledAt: sig.ThrottledAt,
-	}
-	return out
-}
-
-// policyOf resolves a sandbox's idle policy: its own, its template's, the server's.
-func (d *Daemon) policyOf(sb *sandbox.Sandbox) reaper.Policy {
-	return d.cfg.Reaper.Resolve(sb.Extra[ExtraIdlePolicy], sb.Template)
-}
-
-// reapOne decides and acts on one sandbox. Every action is an event
-// carrying the signals that led to it.
-func (d *Daemon) reapOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, now time.Time) {
-	if IsPoolMember(sb) { // idle by design until claimed (pool.go)
-		return
-	}
-	if IsPoolMember(sb) {
-		return // warm pool members idle by design; the pool sizes itself
-	}
-	pol := d.policyOf(sb)
-	sig := d.signalsOf(sb, tr, now)
-	dec := reaper.Decide(now, reaper.Sandbox{State: sb.State, PauseActual: sb.PauseActual,
-		ExpiryAction: sb.ExpiryAction, Since: tr.since}, sig, pol)
-	if dec.Action == reaper.None {
-		return
-	}
-	data := sig.Data(now)
-	data["policy"], data["action"], data["idle_for"] = pol.Name, string(dec.Action), dec.IdleFor.Round(time.Millisecond).String()
-	if dec.Mode != "" {
-		data["mode"] = string(dec.Mode)
-	}
-	d.Event(ctx, sb, "reaper", "reaper", dec.Reason, "reaper: "+string(dec.Action), data)
-	d.acct().observeAction(string(dec.Action), dec.Reason)
-	d.log.Info("reaper action", "sandbox_id", sb.ID, "owner", sb.Owner, "action", dec.Action, "reason", dec.Reason, "policy", pol.Name)
-	var err error
-	switch dec.Action {
-	case reaper.Pause:
-		mode := dec.Mode
-		if mode == "" {
-			mode = d.defaultPauseMode(sb)
-		}
-		_, err = d.pause(ctx, "", sb.ID, mode, "reaper", dec.Reason)
-	case reaper.PauseDisk:
-		err = d.demoteToDisk(ctx, sb.ID, dec.Reason)
-	case reaper.Stop:
-		_, err = d.Stop(ctx, "", sb.ID, "reaper", dec.Reason)
-	case reaper.Delete:
-		err = d.delete(ctx, "", sb.ID, "reaper", dec.Reason)
-	case reaper.Throttle:
-		tr.sig.ThrottledAt = now
-		err = d.setCPUQuota(sb.ID, int(pol.ThrottleCPU*1000))
-	case reaper.Unthrottle:
-		tr.sig.ThrottledAt, tr.sig.SpinSince = time.Time{}, time.Time{}
-		err = d.setCPUQuota(sb.ID, sb.Resources.CPUMillis)
-	}
-	if err != nil && !errs.Is(err, errs.NotFound) {
-		d.log.Warn("reaper action failed", "sandbox_id", sb.ID, "action", dec.Action, "err", err)
-		d.Event(ctx, sb, "reaper", "reaper_failed", dec.Reason, shortError(err), map[string]string{"action": string(dec.Action)})
-	}
+func (c reaperCore) Delete(ctx context.Context, id, reason string) error {
+	return c.d.delete(ctx, "", id, "reaper", reason)
 }
 
 // demoteToDisk turns a memory or freeze pause into a disk pause: the frozen
@@ -347,26 +89,4 @@ func (d *Daemon) demoteToDisk(ctx context.Context, id, reason string) error {
 	d.Event(tctx, out, "reaper", "pause_mode", reason, "paused to disk: processes ended, workspace kept",
 		map[string]string{"from": string(sb.PauseActual), "to": string(sandbox.PauseDisk)})
 	return nil
-}
-
-// diskBytes is what a sandbox holds on the host disk: the workspace image's
-// allocated blocks plus memory images.
-func (d *Daemon) diskBytes(id string) uint64 {
-	var n uint64
-	if st, err := os.Stat(filepath.Join(d.SandboxDir(id), "disk.img")); err == nil {
-		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
-			n += uint64(sys.Blocks) * 512
-		}
-	}
-	_ = filepath.WalkDir(d.memoryDir(id), func(_ string, e os.DirEntry, err error) error {
-		if err == nil && !e.IsDir() {
-			if info, err := e.Info(); err == nil {
-				if sys, ok := info.Sys().(*syscall.Stat_t); ok {
-					n += uint64(sys.Blocks) * 512
-				}
-			}
-		}
-		return nil
-	})
-	return n
 }

@@ -40,7 +40,7 @@ func (d *Daemon) StartBuildSandbox(ctx context.Context, layers []string, network
 	req := CreateRequest{Owner: BuildOwner, Network: network, Extra: map[string]string{extraLayers: strings.Join(layers, ",")}}
 	if network == "" {
 		req.Network = "allow-all" // builds install packages
-		if d.net == nil {
+		if !d.net.Enabled() {
 			req.Network = ""
 			note("networking is disabled on this server: RUN has no network")
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -93,9 +94,9 @@ func (s *Server) createRequest(owner string, body newSandboxJSON, v2 bool) (daem
 }
 
 // policyBuilder is the part of the daemon that says whether this server
-// can give a sandbox egress at all (daemon.Daemon.BuildPolicy).
+// can give a sandbox egress at all (hostnet.Service.BuildPolicy).
 type policyBuilder interface {
-	BuildPolicy(mode string, allow, deny []string) (egress.Policy, error)
+	Net() *hostnet.Service
 }
 
 // handleCreate serves POST /sandboxes (v1) and POST /v2/sandboxes.
@@ -115,7 +116,7 @@ func (s *Server) handleCreate(v2 bool) http.HandlerFunc {
 			return
 		}
 		if pb, ok := s.d.(policyBuilder); ok && req.Network == string(egress.AllowAll) {
-			if _, err := pb.BuildPolicy(req.Network, nil, nil); errs.Is(err, errs.FailedPrecondition) {
+			if _, err := pb.Net().BuildPolicy(req.Network, nil, nil); errs.Is(err, errs.FailedPrecondition) {
 				// The server forbids egress (networking disabled): the
 				// sandbox gets what every sandbox here gets, no network.
 				req.Network = ""

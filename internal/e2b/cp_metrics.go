@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/errs"
 )
 
@@ -49,7 +49,7 @@ type metricSeries struct {
 }
 
 // record adds a reading of sandbox id and returns its series (a copy).
-func (h *metricsHistory) record(id string, st daemon.SandboxStats) []metricJSON {
+func (h *metricsHistory) record(id string, st admission.SandboxStats) []metricJSON {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.byID == nil {

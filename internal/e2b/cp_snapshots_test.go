@@ -6,7 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -45,7 +45,7 @@ func TestSnapshotPage(t *testing.T) {
 func TestMetricsHistory(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var h metricsHistory
-	st := daemon.SandboxStats{StartedAt: t0, CPUMillis: 2000, MemLimit: 1 << 30, DiskLimit: 1 << 31}
+	st := admission.SandboxStats{StartedAt: t0, CPUMillis: 2000, MemLimit: 1 << 30, DiskLimit: 1 << 31}
 	read := func(at time.Duration, cpu time.Duration, mem uint64) []metricJSON {
 		st.At, st.CPUNanos, st.MemBytes = t0.Add(at), uint64(cpu), mem
 		return h.record("sb", st)

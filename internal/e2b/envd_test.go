@@ -23,6 +23,7 @@ import (
 	"github.com/berth-dev/berth/api/gen/filesystem/filesystemconnect"
 	"github.com/berth-dev/berth/api/gen/process"
 	"github.com/berth-dev/berth/api/gen/process/processconnect"
+	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
@@ -102,8 +103,8 @@ func (b *agentBackend) EnvdToken(context.Context, *sandbox.Sandbox) (string, err
 	return "", errControlPlaneUnused
 }
 
-func (b *agentBackend) SandboxStats(context.Context, string, string) (daemon.SandboxStats, error) {
-	return daemon.SandboxStats{}, errControlPlaneUnused
+func (b *agentBackend) SandboxStats(context.Context, string, string) (admission.SandboxStats, error) {
+	return admission.SandboxStats{}, errControlPlaneUnused
 }
 func (b *agentBackend) Snapshot(context.Context, daemon.SnapshotRequest) (store.Snapshot, error) {
 	return store.Snapshot{}, errControlPlaneUnused

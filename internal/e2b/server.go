@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -44,7 +45,7 @@ type Backend interface {
 	EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, error)
 	Authenticate(ctx context.Context, apiKey string) (daemon.Principal, error)
 	MemoryPauseSupported(runtimeName string) bool
-	SandboxStats(ctx context.Context, owner, id string) (daemon.SandboxStats, error)
+	SandboxStats(ctx context.Context, owner, id string) (admission.SandboxStats, error)
 
 	// Snapshots and fork (cp_snapshots.go).
 	Snapshot(ctx context.Context, req daemon.SnapshotRequest) (store.Snapshot, error)

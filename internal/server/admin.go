@@ -67,7 +67,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	key, err := s.d.CreateKey(r.Context(), req.Owner, false)
+	key, err := s.d.Auth().CreateKey(r.Context(), req.Owner, false)
 	if err != nil {
 		return err
 	}

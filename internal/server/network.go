@@ -12,6 +12,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/hostnet"
 )
 
 // NetworkRequest is the body of PUT /v1/sandboxes/{id}/net: the new policy.
@@ -22,7 +23,7 @@ type NetworkRequest struct {
 }
 
 func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
-	info, err := s.d.Network(r.Context(), owner(r, p), r.PathValue("id"))
+	info, err := s.d.Net().Info(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -35,11 +36,11 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	pol, err := s.d.BuildPolicy(req.Mode, req.Allow, req.Deny)
+	pol, err := s.d.Net().BuildPolicy(req.Mode, req.Allow, req.Deny)
 	if err != nil {
 		return err
 	}
-	info, err := s.d.SetNetworkPolicy(r.Context(), owner(r, p), r.PathValue("id"), p.Owner, pol)
+	info, err := s.d.Net().SetPolicy(r.Context(), owner(r, p), r.PathValue("id"), p.Owner, pol)
 	if err != nil {
 		return err
 	}
@@ -89,7 +90,7 @@ func (s *Server) egressLog(w http.ResponseWriter, r *http.Request, p daemon.Prin
 		}
 		limit = n
 	}
-	list, err := s.d.EgressLog(r.Context(), owner(r, p), r.PathValue("id"), after, limit)
+	list, err := s.d.Net().EgressLog(r.Context(), owner(r, p), r.PathValue("id"), after, limit)
 	if err != nil {
 		return err
 	}
@@ -112,7 +113,7 @@ type PortRequest struct {
 
 // PortResponse says where an exposed port is reachable.
 type PortResponse struct {
-	daemon.PortInfo
+	hostnet.PortInfo
 	URL         string `json:"url"`
 	AccessToken string `json:"access_token,omitempty"` // shown once
 }
@@ -131,7 +132,7 @@ func (s *Server) exposePort(w http.ResponseWriter, r *http.Request, p daemon.Pri
 		return err
 	}
 	id := r.PathValue("id")
-	info, tok, err := s.d.ExposePort(r.Context(), owner(r, p), id, req.Port, req.Token)
+	info, tok, err := s.d.Net().ExposePort(r.Context(), owner(r, p), id, req.Port, req.Token)
 	if err != nil {
 		return err
 	}
@@ -145,7 +146,7 @@ func (s *Server) exposePort(w http.ResponseWriter, r *http.Request, p daemon.Pri
 
 func (s *Server) listPorts(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	id := r.PathValue("id")
-	list, err := s.d.Ports(r.Context(), owner(r, p), id)
+	list, err := s.d.Net().Ports(r.Context(), owner(r, p), id)
 	if err != nil {
 		return err
 	}
@@ -162,7 +163,7 @@ func (s *Server) closePort(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	if err != nil {
 		return errs.Field("port", "must be 1-65535")
 	}
-	if err := s.d.ClosePort(r.Context(), owner(r, p), r.PathValue("id"), n); err != nil {
+	if err := s.d.Net().ClosePort(r.Context(), owner(r, p), r.PathValue("id"), n); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -182,7 +183,7 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 		token = r.Header.Get(portTokenHeader)
 	}
 	key := apiKey(r)
-	if err := s.d.AuthorizePort(r.Context(), key, token, id, port); err != nil {
+	if err := s.d.Net().AuthorizePort(r.Context(), key, token, id, port); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -206,7 +207,7 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 		},
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return s.d.DialPort(ctx, id, port)
+				return s.d.Net().DialPort(ctx, id, port)
 			},
 			DisableKeepAlives:     true,
 			ResponseHeaderTimeout: 5 * time.Minute,

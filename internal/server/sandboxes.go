@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/duration"
 	"github.com/berth-dev/berth/internal/errs"
@@ -54,7 +55,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 		if !p.Admin && req.Owner != p.Owner {
 			return errs.Field("owner", "only the admin key may create sandboxes for another owner")
 		}
-		if err := daemon.ValidOwner("owner", req.Owner); err != nil {
+		if err := auth.ValidOwner("owner", req.Owner); err != nil {
 			return err
 		}
 		own = req.Owner

@@ -35,7 +35,7 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	if err != nil {
 		return err
 	}
-	info, err := s.d.PutSecret(r.Context(), own, r.PathValue("name"), req.Host, req.Header, []byte(req.Value))
+	info, err := s.d.Net().PutSecret(r.Context(), own, r.PathValue("name"), req.Host, req.Header, []byte(req.Value))
 	if err != nil {
 		return err
 	}
@@ -48,7 +48,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, p daemon.Pr
 	if err != nil {
 		return err
 	}
-	list, err := s.d.ListSecrets(r.Context(), own)
+	list, err := s.d.Net().ListSecrets(r.Context(), own)
 	if err != nil {
 		return err
 	}
@@ -61,7 +61,7 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, p daemon.P
 	if err != nil {
 		return err
 	}
-	if err := s.d.DeleteSecret(r.Context(), own, r.PathValue("name")); err != nil {
+	if err := s.d.Net().DeleteSecret(r.Context(), own, r.PathValue("name")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

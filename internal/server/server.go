@@ -111,14 +111,14 @@ func (s *Server) routes() {
 func (s *Server) handle(pattern string, h handler) {
 	client := clientRoute(pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		p, err := s.d.Authenticate(r.Context(), apiKey(r))
+		p, err := s.d.Auth().Authenticate(r.Context(), apiKey(r))
 		if err == nil {
 			if client {
 				// A client of the sandbox until the request ends (exec/attach
 				// streams, file transfers): the reaper leaves it be.
 				// Only once the caller may see it: another tenant's
 				// refused requests must not keep it awake.
-				defer s.d.OpenClientStream(r.Context(), owner(r, p), r.PathValue("id"))()
+				defer s.d.Admission().OpenClientStream(r.Context(), owner(r, p), r.PathValue("id"))()
 			}
 			err = h(w, r, p)
 		}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/quota"
@@ -33,7 +34,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request, p daemon.Principa
 	if err != nil {
 		return err
 	}
-	rep, err := s.d.Usage(r.Context(), owner(r, p), since, q.Get("sandbox"))
+	rep, err := s.d.Admission().Usage(r.Context(), owner(r, p), since, q.Get("sandbox"))
 	if err != nil {
 		return err
 	}
@@ -51,7 +52,7 @@ func (s *Server) orphans(w http.ResponseWriter, r *http.Request, p daemon.Princi
 		}
 		days = n
 	}
-	rep, err := s.d.Orphans(r.Context(), owner(r, p), p.Admin, days)
+	rep, err := s.d.Admission().Orphans(r.Context(), owner(r, p), p.Admin, days)
 	if err != nil {
 		return err
 	}
@@ -62,14 +63,14 @@ func (s *Server) orphans(w http.ResponseWriter, r *http.Request, p daemon.Princi
 // listQuotas: the admin sees every owner with limits; others their own.
 func (s *Server) listQuotas(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
-		qi, err := s.d.Quota(r.Context(), p.Owner)
+		qi, err := s.d.Admission().Quota(r.Context(), p.Owner)
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, []daemon.QuotaInfo{qi})
+		writeJSON(w, http.StatusOK, []admission.QuotaInfo{qi})
 		return nil
 	}
-	list, err := s.d.Quotas(r.Context())
+	list, err := s.d.Admission().Quotas(r.Context())
 	if err != nil {
 		return err
 	}
@@ -82,7 +83,7 @@ func (s *Server) getQuota(w http.ResponseWriter, r *http.Request, p daemon.Princ
 	if !p.Admin && o != p.Owner {
 		return errs.E(errs.PermissionDenied, "only the admin key may read another owner's quota")
 	}
-	qi, err := s.d.Quota(r.Context(), o)
+	qi, err := s.d.Admission().Quota(r.Context(), o)
 	if err != nil {
 		return err
 	}
@@ -98,7 +99,7 @@ func (s *Server) putQuota(w http.ResponseWriter, r *http.Request, p daemon.Princ
 	if err := decode(r, &l); err != nil {
 		return err
 	}
-	qi, err := s.d.SetQuota(r.Context(), r.PathValue("owner"), l)
+	qi, err := s.d.Admission().SetQuota(r.Context(), r.PathValue("owner"), l)
 	if err != nil {
 		return err
 	}
@@ -110,7 +111,7 @@ func (s *Server) deleteQuota(w http.ResponseWriter, r *http.Request, p daemon.Pr
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may remove quotas")
 	}
-	if err := s.d.DeleteQuota(r.Context(), r.PathValue("owner")); err != nil {
+	if err := s.d.Admission().DeleteQuota(r.Context(), r.PathValue("owner")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

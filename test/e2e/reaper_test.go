@@ -92,7 +92,7 @@ func rpWaitFor(t *testing.T, limit time.Duration, what string, cond func() bool)
 // disk, then stopped (its expiry action), each step an event carrying the
 // signals; a sandbox with a lease and one with an open exec stream are
 // left alone throughout. (In-flight egress is covered in-process by
-// internal/daemon's TestReaperSignals through Daemon.NoteEgress: the egress
+// internal/admission's TestReaperRound through Service.NoteEgress: the egress
 // proxy does not feed the hook yet.)
 func TestReaperLadder(t *testing.T) {
 	s := startReaperServer(t)

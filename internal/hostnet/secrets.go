@@ -1,4 +1,4 @@
-package daemon
+package hostnet
 
 import (
 	"context"
@@ -34,8 +34,8 @@ func infoOf(s store.Secret) SecretInfo {
 
 // PutSecret stores (or replaces) owner's secret, sealed at rest. Running
 // sandboxes it is granted to use the new value from their next request.
-func (d *Daemon) PutSecret(ctx context.Context, owner, name, host, header string, value []byte) (SecretInfo, error) {
-	if d.net == nil {
+func (h *Service) PutSecret(ctx context.Context, owner, name, host, header string, value []byte) (SecretInfo, error) {
+	if h.net == nil {
 		return SecretInfo{}, errs.E(errs.FailedPrecondition, "networking is disabled on this server: secrets cannot be used")
 	}
 	if !secretNameRe.MatchString(name) {
@@ -55,22 +55,22 @@ func (d *Daemon) PutSecret(ctx context.Context, owner, name, host, header string
 	if r, err := egress.ParseRule(host); err != nil || r.Kind != egress.RuleHost || r.Port != 0 {
 		return SecretInfo{}, errs.Field("host", "must be a hostname without port or wildcard, got %q", host)
 	}
-	sealed, err := d.net.sealer.Seal(value, secretAAD(owner, name))
+	sealed, err := h.net.sealer.Seal(value, secretAAD(owner, name))
 	if err != nil {
 		return SecretInfo{}, err
 	}
-	stored, err := d.store.PutSecret(ctx, store.Secret{Owner: owner, Name: name, Host: host, Header: header,
-		Sealed: sealed, UpdatedAt: d.cfg.Now()})
+	stored, err := h.core.Store().PutSecret(ctx, store.Secret{Owner: owner, Name: name, Host: host, Header: header,
+		Sealed: sealed, UpdatedAt: h.core.Now()})
 	if err != nil {
 		return SecretInfo{}, err
 	}
-	d.refreshGrants(ctx, owner, name)
+	h.refreshGrants(ctx, owner, name)
 	return infoOf(stored), nil
 }
 
 // ListSecrets lists owner's secrets ("" = every owner).
-func (d *Daemon) ListSecrets(ctx context.Context, owner string) ([]SecretInfo, error) {
-	list, err := d.store.ListSecrets(ctx, owner)
+func (h *Service) ListSecrets(ctx context.Context, owner string) ([]SecretInfo, error) {
+	list, err := h.core.Store().ListSecrets(ctx, owner)
 	if err != nil {
 		return nil, err
 	}
@@ -83,28 +83,28 @@ func (d *Daemon) ListSecrets(ctx context.Context, owner string) ([]SecretInfo, e
 
 // DeleteSecret removes owner's secret; sandboxes it was granted to stop
 // getting it injected at once.
-func (d *Daemon) DeleteSecret(ctx context.Context, owner, name string) error {
-	if err := d.store.DeleteSecret(ctx, owner, name); err != nil {
+func (h *Service) DeleteSecret(ctx context.Context, owner, name string) error {
+	if err := h.core.Store().DeleteSecret(ctx, owner, name); err != nil {
 		return err
 	}
-	d.refreshGrants(ctx, owner, name)
+	h.refreshGrants(ctx, owner, name)
 	return nil
 }
 
 // grants opens the secrets granted to sb. A secret deleted since it was
 // granted is skipped: its placeholder then reaches the server unreplaced.
-func (d *Daemon) grants(ctx context.Context, sb *sandbox.Sandbox) ([]egress.Grant, error) {
+func (h *Service) grants(ctx context.Context, sb *sandbox.Sandbox) ([]egress.Grant, error) {
 	var out []egress.Grant
 	for _, ref := range grantRefs(sb) {
-		sec, err := d.store.GetSecret(ctx, sb.Owner, ref.Name)
+		sec, err := h.core.Store().GetSecret(ctx, sb.Owner, ref.Name)
 		if errs.Is(err, errs.NotFound) {
-			d.log.Warn("granted secret no longer exists", "sandbox_id", sb.ID, "secret", ref.Name)
+			h.core.Log().Warn("granted secret no longer exists", "sandbox_id", sb.ID, "secret", ref.Name)
 			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		val, err := d.net.sealer.Open(sec.Sealed, secretAAD(sec.Owner, sec.Name))
+		val, err := h.net.sealer.Open(sec.Sealed, secretAAD(sec.Owner, sec.Name))
 		if err != nil {
 			return nil, errs.Wrap(errs.Internal, err, "open secret %s", ref.Name)
 		}
@@ -116,30 +116,30 @@ func (d *Daemon) grants(ctx context.Context, sb *sandbox.Sandbox) ([]egress.Gran
 
 // applyGrants registers sb's grants with the proxy (after Attach, and again
 // after a daemon restart: grants live in memory only).
-func (d *Daemon) applyGrants(ctx context.Context, sb *sandbox.Sandbox) error {
-	gs, err := d.grants(ctx, sb)
+func (h *Service) applyGrants(ctx context.Context, sb *sandbox.Sandbox) error {
+	gs, err := h.grants(ctx, sb)
 	if err != nil {
 		return err
 	}
-	return d.net.px.SetGrants(sb.ID, gs)
+	return h.net.px.SetGrants(sb.ID, gs)
 }
 
 // refreshGrants re-registers the grants of owner's attached sandboxes that
 // were granted secret name.
-func (d *Daemon) refreshGrants(ctx context.Context, owner, name string) {
-	list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{Owner: owner})
+func (h *Service) refreshGrants(ctx context.Context, owner, name string) {
+	list, _, err := h.core.Store().ListSandboxes(ctx, store.SandboxFilter{Owner: owner})
 	if err != nil {
-		d.log.Error("refresh grants", "owner", owner, "err", err)
+		h.core.Log().Error("refresh grants", "owner", owner, "err", err)
 		return
 	}
 	for _, sb := range list {
-		if _, ok := d.net.mgr.Get(sb.ID); !ok {
+		if _, ok := h.net.mgr.Get(sb.ID); !ok {
 			continue
 		}
 		for _, ref := range grantRefs(sb) {
 			if ref.Name == name {
-				if err := d.applyGrants(ctx, sb); err != nil {
-					d.log.Error("refresh grants", "sandbox_id", sb.ID, "err", err)
+				if err := h.applyGrants(ctx, sb); err != nil {
+					h.core.Log().Error("refresh grants", "sandbox_id", sb.ID, "err", err)
 				}
 				break
 			}

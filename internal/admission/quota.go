@@ -1,47 +1,46 @@
-package daemon
+package admission
 
 import (
 	"context"
 	"sync"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/quota"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// admit validates a new sandbox's idle policy, checks its owner's quota and
+// Admit validates a new sandbox's idle policy, checks its owner's quota and
 // writes the creating intent, all under one lock: two concurrent creates
 // can never both fit under a limit that has room for one, and a refused
 // create leaves nothing behind (no row, no event, no directory).
-func (d *Daemon) admit(ctx context.Context, sb *sandbox.Sandbox) error {
+func (a *Service) Admit(ctx context.Context, sb *sandbox.Sandbox) error {
 	if p, ok := sb.Extra[ExtraIdlePolicy]; ok {
-		if err := d.cfg.Reaper.CheckName("idle_policy", p); err != nil {
+		if err := a.cfg.Reaper.CheckName("idle_policy", p); err != nil {
 			return err
 		}
 	}
-	a := d.acct()
 	a.admitMu.Lock()
 	defer a.admitMu.Unlock()
-	if err := d.checkQuotaLocked(ctx, sb.Owner, sb.Resources); err != nil {
+	if err := a.checkQuotaLocked(ctx, sb.Owner, sb.Resources); err != nil {
 		return err
 	}
-	return d.store.CreateSandbox(ctx, sb)
+	return a.core.Store().CreateSandbox(ctx, sb)
 }
 
-// admitClaim checks a create's quota before a warm pool claim and holds the
+// AdmitClaim checks a create's quota before a warm pool claim and holds the
 // admission lock until release, so the claim (an ownership transfer in one
 // store write) cannot race other creates past a limit. On a pool miss the
 // caller releases and admit checks again as usual.
-func (d *Daemon) admitClaim(ctx context.Context, req CreateRequest) (release func(), err error) {
-	if p, ok := req.Extra[ExtraIdlePolicy]; ok {
-		if err := d.cfg.Reaper.CheckName("idle_policy", p); err != nil {
+func (a *Service) AdmitClaim(ctx context.Context, owner string, r sandbox.Resources, extra map[string]string) (release func(), err error) {
+	if p, ok := extra[ExtraIdlePolicy]; ok {
+		if err := a.cfg.Reaper.CheckName("idle_policy", p); err != nil {
 			return nil, err
 		}
 	}
-	a := d.acct()
 	a.admitMu.Lock()
-	if err := d.checkQuotaLocked(ctx, req.Owner, req.Resources); err != nil {
+	if err := a.checkQuotaLocked(ctx, owner, r); err != nil {
 		a.admitMu.Unlock()
 		return nil, err
 	}
@@ -49,23 +48,23 @@ func (d *Daemon) admitClaim(ctx context.Context, req CreateRequest) (release fun
 }
 
 // checkQuotaLocked runs quota.Check for one more sandbox; admitMu is held.
-// Starts in progress (reserveStart) count as running.
-func (d *Daemon) checkQuotaLocked(ctx context.Context, owner string, r sandbox.Resources) error {
-	lim, _, err := d.limitsOf(ctx, owner)
+// Starts in progress (ReserveStart) count as running.
+func (a *Service) checkQuotaLocked(ctx context.Context, owner string, r sandbox.Resources) error {
+	lim, _, err := a.limitsOf(ctx, owner)
 	if err != nil || lim == (quota.Limits{}) {
 		return err
 	}
-	use, err := d.useOf(ctx, owner)
+	use, err := a.useOf(ctx, owner)
 	if err != nil {
 		return err
 	}
-	if p, ok := d.acct().startsPending[owner]; ok {
+	if p, ok := a.startsPending[owner]; ok {
 		use.Sandboxes += p.n
 		use.CPU += float64(p.cpuMillis) / 1000
 		use.MemoryMiB += p.memoryMiB
 	}
 	if err := quota.Check(owner, lim, use, r); err != nil {
-		d.acct().observeRejection(errs.FieldOf(err))
+		a.observeRejection(errs.FieldOf(err))
 		return err
 	}
 	return nil
@@ -73,15 +72,15 @@ func (d *Daemon) checkQuotaLocked(ctx context.Context, owner string, r sandbox.R
 
 // limitsOf returns owner's effective limits and where they come from:
 // "stored" (admin API), "config" or "none".
-func (d *Daemon) limitsOf(ctx context.Context, owner string) (quota.Limits, string, error) {
-	l, err := d.store.GetQuota(ctx, owner)
+func (a *Service) limitsOf(ctx context.Context, owner string) (quota.Limits, string, error) {
+	l, err := a.core.Store().GetQuota(ctx, owner)
 	switch {
 	case err == nil:
 		return l, "stored", nil
 	case !errs.Is(err, errs.NotFound):
 		return quota.Limits{}, "", err
 	}
-	l = d.cfg.Quotas.For(owner)
+	l = a.cfg.Quotas.For(owner)
 	if l == (quota.Limits{}) {
 		return l, "none", nil
 	}
@@ -89,13 +88,13 @@ func (d *Daemon) limitsOf(ctx context.Context, owner string) (quota.Limits, stri
 }
 
 // useOf tallies what owner holds now.
-func (d *Daemon) useOf(ctx context.Context, owner string) (quota.Use, error) {
-	list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{Owner: owner})
+func (a *Service) useOf(ctx context.Context, owner string) (quota.Use, error) {
+	list, _, err := a.core.Store().ListSandboxes(ctx, store.SandboxFilter{Owner: owner})
 	if err != nil {
 		return quota.Use{}, err
 	}
 	u := quota.Tally(list)
-	snaps, err := d.store.ListSnapshots(ctx, owner)
+	snaps, err := a.core.Store().ListSnapshots(ctx, owner)
 	if err != nil {
 		return quota.Use{}, err
 	}
@@ -112,15 +111,15 @@ type QuotaInfo struct {
 }
 
 // Quota reports owner's limits and use.
-func (d *Daemon) Quota(ctx context.Context, owner string) (QuotaInfo, error) {
-	if err := ValidOwner("owner", owner); err != nil {
+func (a *Service) Quota(ctx context.Context, owner string) (QuotaInfo, error) {
+	if err := auth.ValidOwner("owner", owner); err != nil {
 		return QuotaInfo{}, err
 	}
-	l, src, err := d.limitsOf(ctx, owner)
+	l, src, err := a.limitsOf(ctx, owner)
 	if err != nil {
 		return QuotaInfo{}, err
 	}
-	u, err := d.useOf(ctx, owner)
+	u, err := a.useOf(ctx, owner)
 	if err != nil {
 		return QuotaInfo{}, err
 	}
@@ -128,8 +127,8 @@ func (d *Daemon) Quota(ctx context.Context, owner string) (QuotaInfo, error) {
 }
 
 // Quotas lists every owner with stored or configured limits.
-func (d *Daemon) Quotas(ctx context.Context) ([]QuotaInfo, error) {
-	stored, err := d.store.ListQuotas(ctx)
+func (a *Service) Quotas(ctx context.Context) ([]QuotaInfo, error) {
+	stored, err := a.core.Store().ListQuotas(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -137,12 +136,12 @@ func (d *Daemon) Quotas(ctx context.Context) ([]QuotaInfo, error) {
 	for o := range stored {
 		owners[o] = true
 	}
-	for o := range d.cfg.Quotas.Owners {
+	for o := range a.cfg.Quotas.Owners {
 		owners[o] = true
 	}
 	out := []QuotaInfo{}
 	for _, o := range sortedKeys(owners) {
-		qi, err := d.Quota(ctx, o)
+		qi, err := a.Quota(ctx, o)
 		if err != nil {
 			return nil, err
 		}
@@ -153,22 +152,22 @@ func (d *Daemon) Quotas(ctx context.Context) ([]QuotaInfo, error) {
 
 // SetQuota stores owner's limits (admin). Existing sandboxes are never
 // evicted by a lower limit; it only refuses new ones.
-func (d *Daemon) SetQuota(ctx context.Context, owner string, l quota.Limits) (QuotaInfo, error) {
-	if err := ValidOwner("owner", owner); err != nil {
+func (a *Service) SetQuota(ctx context.Context, owner string, l quota.Limits) (QuotaInfo, error) {
+	if err := auth.ValidOwner("owner", owner); err != nil {
 		return QuotaInfo{}, err
 	}
 	if err := l.Validate(""); err != nil {
 		return QuotaInfo{}, err
 	}
-	if err := d.store.PutQuota(ctx, owner, l); err != nil {
+	if err := a.core.Store().PutQuota(ctx, owner, l); err != nil {
 		return QuotaInfo{}, err
 	}
-	return d.Quota(ctx, owner)
+	return a.Quota(ctx, owner)
 }
 
 // DeleteQuota removes owner's stored limits; configured ones apply again.
-func (d *Daemon) DeleteQuota(ctx context.Context, owner string) error {
-	return d.store.DeleteQuota(ctx, owner)
+func (a *Service) DeleteQuota(ctx context.Context, owner string) error {
+	return a.core.Store().DeleteQuota(ctx, owner)
 }
 
 // pendingStarts sums the starts of one owner that are admitted but not yet
@@ -178,18 +177,17 @@ type pendingStarts struct {
 	memoryMiB    int64
 }
 
-// reserveStart admits a stopped or failed sandbox going back to running: it
+// ReserveStart admits a stopped or failed sandbox going back to running: it
 // holds no CPU or memory while stopped (its disk is counted all along), so
 // `berth start` must fit the owner's sandbox, CPU and memory limits like a
 // create. The reservation counts until release, which the caller runs once
 // the sandbox's state says running (or the start failed).
-func (d *Daemon) reserveStart(ctx context.Context, sb *sandbox.Sandbox) (release func(), err error) {
-	a := d.acct()
+func (a *Service) ReserveStart(ctx context.Context, sb *sandbox.Sandbox) (release func(), err error) {
 	a.admitMu.Lock()
 	defer a.admitMu.Unlock()
 	r := sb.Resources
 	r.DiskMiB = 0 // already counted: a stopped sandbox keeps its disk
-	if err := d.checkQuotaLocked(ctx, sb.Owner, r); err != nil {
+	if err := a.checkQuotaLocked(ctx, sb.Owner, r); err != nil {
 		return nil, err
 	}
 	p := a.startsPending[sb.Owner]
@@ -214,28 +212,26 @@ func (d *Daemon) reserveStart(ctx context.Context, sb *sandbox.Sandbox) (release
 	}, nil
 }
 
-// checkAdmit says whether owner could have one more sandbox of size r now
+// CheckAdmit says whether owner could have one more sandbox of size r now
 // (a fork asks before it takes a snapshot for children that could not run).
-func (d *Daemon) checkAdmit(ctx context.Context, owner string, r sandbox.Resources) error {
-	a := d.acct()
+func (a *Service) CheckAdmit(ctx context.Context, owner string, r sandbox.Resources) error {
 	a.admitMu.Lock()
 	defer a.admitMu.Unlock()
-	return d.checkQuotaLocked(ctx, owner, r)
+	return a.checkQuotaLocked(ctx, owner, r)
 }
 
-// reserveSnapshot checks owner's snapshot limit counting stored snapshots
+// ReserveSnapshot checks owner's snapshot limit counting stored snapshots
 // and captures in progress, and reserves one until release: a capture takes
 // seconds, so it is counted rather than run under the admission lock.
-func (d *Daemon) reserveSnapshot(ctx context.Context, owner string) (release func(), err error) {
-	a := d.acct()
+func (a *Service) ReserveSnapshot(ctx context.Context, owner string) (release func(), err error) {
 	a.admitMu.Lock()
 	defer a.admitMu.Unlock()
-	l, _, err := d.limitsOf(ctx, owner)
+	l, _, err := a.limitsOf(ctx, owner)
 	if err != nil {
 		return nil, err
 	}
 	if l.Snapshots > 0 {
-		list, err := d.store.ListSnapshots(ctx, owner)
+		list, err := a.core.Store().ListSnapshots(ctx, owner)
 		if err != nil {
 			return nil, err
 		}

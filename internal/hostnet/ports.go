@@ -1,8 +1,8 @@
-package daemon
+package hostnet
 
 import (
 	"context"
-	"crypto/sha256"
+	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
@@ -44,9 +45,13 @@ func portInfos(sb *sandbox.Sandbox) []PortInfo {
 	return out
 }
 
-func tokenHash(tok string) string {
-	h := sha256.Sum256([]byte(tok))
-	return hex.EncodeToString(h[:])
+var tokenHash = auth.TokenHash
+
+// newToken is 24 random bytes in hex.
+func newToken() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func parsePort(port string) (int, error) {
@@ -60,23 +65,23 @@ func parsePort(port string) (int, error) {
 // ExposePort opens a sandbox port through berth's HTTP proxy. With
 // withToken a fresh per-port token (returned once, stored hashed) grants
 // access besides the owner's key; exposing again replaces the token.
-func (d *Daemon) ExposePort(ctx context.Context, owner, id string, port int, withToken bool) (PortInfo, string, error) {
-	if d.net == nil {
+func (h *Service) ExposePort(ctx context.Context, owner, id string, port int, withToken bool) (PortInfo, string, error) {
+	if h.net == nil {
 		return PortInfo{}, "", errs.E(errs.FailedPrecondition, "networking is disabled on this server: ports cannot be exposed")
 	}
 	if port < 1 || port > 65535 {
 		return PortInfo{}, "", errs.Field("port", "must be 1-65535, got %d", port)
 	}
-	if _, err := d.Visible(ctx, owner, id); err != nil {
+	if _, err := h.core.Visible(ctx, owner, id); err != nil {
 		return PortInfo{}, "", err
 	}
 	tok := ""
-	e := portEntry{CreatedAt: d.cfg.Now().UTC()}
+	e := portEntry{CreatedAt: h.core.Now().UTC()}
 	if withToken {
 		tok = "bpt_" + newToken()
 		e.TokenHash = tokenHash(tok)
 	}
-	sb, err := d.store.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
+	sb, err := h.core.Store().UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
 		m := portEntries(s)
 		m[strconv.Itoa(port)] = e
 		b, _ := json.Marshal(m)
@@ -89,20 +94,20 @@ func (d *Daemon) ExposePort(ctx context.Context, owner, id string, port int, wit
 	if err != nil {
 		return PortInfo{}, "", err
 	}
-	d.Event(ctx, sb, owner, "network", "port_exposed", "", map[string]string{"port": strconv.Itoa(port), "token": strconv.FormatBool(withToken)})
+	h.core.Event(ctx, sb, owner, "network", "port_exposed", "", map[string]string{"port": strconv.Itoa(port), "token": strconv.FormatBool(withToken)})
 	return PortInfo{Port: port, Token: withToken, CreatedAt: e.CreatedAt}, tok, nil
 }
 
 // ClosePort stops exposing a port (NotFound if it was not exposed).
-func (d *Daemon) ClosePort(ctx context.Context, owner, id string, port int) error {
-	sb, err := d.Visible(ctx, owner, id)
+func (h *Service) ClosePort(ctx context.Context, owner, id string, port int) error {
+	sb, err := h.core.Visible(ctx, owner, id)
 	if err != nil {
 		return err
 	}
 	if _, ok := portEntries(sb)[strconv.Itoa(port)]; !ok {
 		return errs.E(errs.NotFound, "port %d of sandbox %s is not exposed", port, id)
 	}
-	sb, err = d.store.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
+	sb, err = h.core.Store().UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
 		m := portEntries(s)
 		delete(m, strconv.Itoa(port))
 		b, _ := json.Marshal(m)
@@ -112,13 +117,13 @@ func (d *Daemon) ClosePort(ctx context.Context, owner, id string, port int) erro
 	if err != nil {
 		return err
 	}
-	d.Event(ctx, sb, owner, "network", "port_closed", "", map[string]string{"port": strconv.Itoa(port)})
+	h.core.Event(ctx, sb, owner, "network", "port_closed", "", map[string]string{"port": strconv.Itoa(port)})
 	return nil
 }
 
 // Ports lists a sandbox's exposed ports.
-func (d *Daemon) Ports(ctx context.Context, owner, id string) ([]PortInfo, error) {
-	sb, err := d.Visible(ctx, owner, id)
+func (h *Service) Ports(ctx context.Context, owner, id string) ([]PortInfo, error) {
+	sb, err := h.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -128,12 +133,12 @@ func (d *Daemon) Ports(ctx context.Context, owner, id string) ([]PortInfo, error
 // AuthorizePort decides whether a request may reach port of sandbox id:
 // the owner's (or the admin) API key, or the port's token. A port that is
 // not exposed, or a sandbox the caller cannot see, is NotFound.
-func (d *Daemon) AuthorizePort(ctx context.Context, apiKey, token, id, port string) error {
+func (h *Service) AuthorizePort(ctx context.Context, apiKey, token, id, port string) error {
 	n, err := parsePort(port)
 	if err != nil {
 		return err
 	}
-	sb, err := d.Visible(ctx, "", id)
+	sb, err := h.core.Visible(ctx, "", id)
 	if err != nil {
 		return err
 	}
@@ -142,13 +147,13 @@ func (d *Daemon) AuthorizePort(ctx context.Context, apiKey, token, id, port stri
 		return errs.E(errs.NotFound, "port %d of sandbox %s is not exposed", n, id)
 	}
 	if apiKey != "" {
-		if p, err := d.Authenticate(ctx, apiKey); err == nil && (p.Admin || p.Owner == sb.Owner) {
-			return d.portReady(sb)
+		if p, err := h.authn.Authenticate(ctx, apiKey); err == nil && (p.Admin || p.Owner == sb.Owner) {
+			return h.portReady(sb)
 		}
 	}
 	if token != "" && e.TokenHash != "" &&
 		subtle.ConstantTimeCompare([]byte(tokenHash(token)), []byte(e.TokenHash)) == 1 {
-		return d.portReady(sb)
+		return h.portReady(sb)
 	}
 	if apiKey == "" && token == "" {
 		return errs.E(errs.Unauthenticated, "port %d of sandbox %s needs the owner's API key or the port's token (?token=)", n, id)
@@ -156,7 +161,7 @@ func (d *Daemon) AuthorizePort(ctx context.Context, apiKey, token, id, port stri
 	return errs.E(errs.PermissionDenied, "this key or token does not grant port %d of sandbox %s", n, id)
 }
 
-func (d *Daemon) portReady(sb *sandbox.Sandbox) error {
+func (h *Service) portReady(sb *sandbox.Sandbox) error {
 	if sb.State != sandbox.Running {
 		return errs.E(errs.Unavailable, "sandbox %s is %s, not running", sb.ID, sb.State)
 	}
@@ -164,13 +169,13 @@ func (d *Daemon) portReady(sb *sandbox.Sandbox) error {
 }
 
 // DialPort connects to a sandbox port from the host (after AuthorizePort).
-func (d *Daemon) DialPort(ctx context.Context, id, port string) (net.Conn, error) {
+func (h *Service) DialPort(ctx context.Context, id, port string) (net.Conn, error) {
 	n, err := parsePort(port)
 	if err != nil {
 		return nil, err
 	}
-	if d.net == nil {
+	if h.net == nil {
 		return nil, errs.E(errs.FailedPrecondition, "networking is disabled on this server")
 	}
-	return d.net.mgr.DialSandbox(ctx, id, uint16(n))
+	return h.net.mgr.DialSandbox(ctx, id, uint16(n))
 }

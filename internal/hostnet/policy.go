@@ -1,4 +1,4 @@
-package daemon
+package hostnet
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// NetworkInfo is a sandbox's network as the API shows it.
-type NetworkInfo struct {
+// Info is a sandbox's network as the API shows it.
+type Info struct {
 	SandboxID string        `json:"sandbox_id"`
 	Policy    egress.Policy `json:"policy"`
 	Attached  bool          `json:"attached"`
@@ -30,7 +30,7 @@ type grantRef struct {
 
 // policyOf reads a sandbox's stored policy; none stored is deny-all.
 func policyOf(sb *sandbox.Sandbox) (egress.Policy, error) {
-	return egress.UnmarshalPolicy([]byte(sb.Extra[extraPolicy]))
+	return egress.UnmarshalPolicy([]byte(sb.Extra[ExtraPolicy]))
 }
 
 func grantRefs(sb *sandbox.Sandbox) []grantRef {
@@ -43,13 +43,33 @@ func grantRefs(sb *sandbox.Sandbox) []grantRef {
 // and `berth net set` take them. mode "" is the server default; deny-all
 // with rules means "deny by default, allow these" (mode rules). A malformed
 // rule is an InvalidArgument error naming it.
-func (d *Daemon) BuildPolicy(mode string, allow, deny []string) (egress.Policy, error) {
+func (h *Service) BuildPolicy(mode string, allow, deny []string) (egress.Policy, error) {
+	def := egress.DenyAll
+	if h.net != nil {
+		def = h.net.def
+	}
+	pol, err := PlanPolicy(def, h.net != nil, mode, allow, deny)
+	if err != nil {
+		return egress.Policy{}, err
+	}
+	if h.net != nil {
+		if err := h.net.px.CheckPolicy(pol); err != nil {
+			return egress.Policy{}, err
+		}
+	}
+	return pol, nil
+}
+
+// PlanPolicy is BuildPolicy's pure part: the policy a mode and rule strings
+// make on a server whose default mode is def, with networking enabled or
+// not (then only deny-all, possibly as rules allowing nothing, is possible).
+func PlanPolicy(def egress.Mode, enabled bool, mode string, allow, deny []string) (egress.Policy, error) {
 	m := egress.Mode(mode)
 	switch m {
 	case "":
-		m = egress.DenyAll
-		if d.net != nil {
-			m = d.net.def
+		m = def
+		if m == "" {
+			m = egress.DenyAll
 		}
 		if len(allow) > 0 || (m == egress.DenyAll && len(deny) > 0) {
 			m = egress.Rules
@@ -66,41 +86,49 @@ func (d *Daemon) BuildPolicy(mode string, allow, deny []string) (egress.Policy, 
 	if err != nil {
 		return egress.Policy{}, err
 	}
-	if d.net == nil && pol.Mode != egress.DenyAll && !(pol.Mode == egress.Rules && len(pol.Allow) == 0) {
+	if !enabled && pol.Mode != egress.DenyAll && !(pol.Mode == egress.Rules && len(pol.Allow) == 0) {
 		return egress.Policy{}, errs.E(errs.FailedPrecondition, "networking is disabled on this server: only deny-all is possible")
-	}
-	if d.net != nil {
-		if err := d.net.px.CheckPolicy(pol); err != nil {
-			return egress.Policy{}, err
-		}
 	}
 	return pol, nil
 }
 
-// prepareNetwork fills a create request's network part: the policy (from
+// Request is the network part of a create request, filled in by Prepare.
+type Request struct {
+	Owner string
+	// Network is the egress policy mode ("" = server default), Allow and
+	// Deny its rules, Secrets the secrets to grant.
+	Network              string
+	Allow, Deny, Secrets []string
+	// Env and Extra are the create's; Prepare adds the placeholders of
+	// granted secrets to Env and the policy and grants to Extra (either may
+	// be nil on entry).
+	Env, Extra map[string]string
+}
+
+// Prepare fills a create request's network part: the policy (from
 // Network/Allow/Deny, or the server default), the granted secrets (their
 // hosts allowed, placeholders in env), all persisted in Extra. A request
 // whose Extra already holds a policy (a fork) keeps it unless it names one.
-func (d *Daemon) prepareNetwork(ctx context.Context, req *CreateRequest) error {
+func (h *Service) Prepare(ctx context.Context, req *Request) error {
 	if req.Extra == nil {
 		req.Extra = map[string]string{}
 	}
 	var pol egress.Policy
 	var err error
-	if prev := req.Extra[extraPolicy]; prev != "" && req.Network == "" && len(req.Allow)+len(req.Deny) == 0 {
+	if prev := req.Extra[ExtraPolicy]; prev != "" && req.Network == "" && len(req.Allow)+len(req.Deny) == 0 {
 		if pol, err = egress.UnmarshalPolicy([]byte(prev)); err != nil {
 			return err
 		}
-	} else if pol, err = d.BuildPolicy(req.Network, req.Allow, req.Deny); err != nil {
+	} else if pol, err = h.BuildPolicy(req.Network, req.Allow, req.Deny); err != nil {
 		return err
 	}
 	refs := []grantRef{}
 	_ = json.Unmarshal([]byte(req.Extra[extraSecrets]), &refs)
 	for _, name := range req.Secrets {
-		if d.net == nil {
+		if h.net == nil {
 			return errs.E(errs.FailedPrecondition, "networking is disabled on this server: secrets cannot be granted")
 		}
-		sec, err := d.store.GetSecret(ctx, req.Owner, name)
+		sec, err := h.core.Store().GetSecret(ctx, req.Owner, name)
 		if errs.Is(err, errs.NotFound) {
 			return errs.Field("secret", "unknown secret %q (create it with `berth secret set %s --host HOST`)", name, name)
 		}
@@ -122,7 +150,7 @@ func (d *Daemon) prepareNetwork(ctx context.Context, req *CreateRequest) error {
 	if err != nil {
 		return err
 	}
-	req.Extra[extraPolicy] = string(b)
+	req.Extra[ExtraPolicy] = string(b)
 	if len(refs) > 0 {
 		rb, _ := json.Marshal(refs)
 		req.Extra[extraSecrets] = string(rb)
@@ -146,52 +174,52 @@ func allowHost(pol egress.Policy, host string) egress.Policy {
 	return pol
 }
 
-// SetNetworkPolicy replaces a sandbox's policy; a running sandbox gets it
+// SetPolicy replaces a sandbox's policy; a running sandbox gets it
 // at once (connections the new policy denies are closed).
-func (d *Daemon) SetNetworkPolicy(ctx context.Context, owner, id, actor string, pol egress.Policy) (*NetworkInfo, error) {
+func (h *Service) SetPolicy(ctx context.Context, owner, id, actor string, pol egress.Policy) (*Info, error) {
 	b, err := egress.MarshalPolicy(pol)
 	if err != nil {
 		return nil, err
 	}
-	if d.net == nil && pol.Mode != egress.DenyAll {
+	if h.net == nil && pol.Mode != egress.DenyAll {
 		return nil, errs.E(errs.FailedPrecondition, "networking is disabled on this server: only deny-all is possible")
 	}
-	if d.net != nil {
-		if err := d.net.px.CheckPolicy(pol); err != nil {
+	if h.net != nil {
+		if err := h.net.px.CheckPolicy(pol); err != nil {
 			return nil, err
 		}
 	}
-	unlock := d.Lock(id)
+	unlock := h.core.Lock(id)
 	defer unlock()
-	sb, err := d.Visible(ctx, owner, id)
+	sb, err := h.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
-	prev := sb.Extra[extraPolicy]
+	prev := sb.Extra[ExtraPolicy]
 	setPolicy := func(v string) func(*sandbox.Sandbox) error {
 		return func(s *sandbox.Sandbox) error {
 			if s.Extra == nil {
 				s.Extra = map[string]string{}
 			}
-			s.Extra[extraPolicy] = v
+			s.Extra[ExtraPolicy] = v
 			return nil
 		}
 	}
-	// Intent first: a crash after this is settled by reconcileNetwork.
-	if sb, err = d.store.UpdateSandbox(ctx, id, setPolicy(string(b))); err != nil {
+	// Intent first: a crash after this is settled by Reconcile.
+	if sb, err = h.core.Store().UpdateSandbox(ctx, id, setPolicy(string(b))); err != nil {
 		return nil, err
 	}
-	if d.net != nil {
-		if _, attached := d.net.mgr.Get(id); attached {
-			if err := d.net.mgr.UpdatePolicy(ctx, id, pol); err != nil {
-				_, _ = d.store.UpdateSandbox(context.WithoutCancel(ctx), id, setPolicy(prev))
+	if h.net != nil {
+		if _, attached := h.net.mgr.Get(id); attached {
+			if err := h.net.mgr.UpdatePolicy(ctx, id, pol); err != nil {
+				_, _ = h.core.Store().UpdateSandbox(context.WithoutCancel(ctx), id, setPolicy(prev))
 				return nil, err
 			}
 		}
 	}
-	d.Event(ctx, sb, actor, "network", "policy_updated", "", map[string]string{
+	h.core.Event(ctx, sb, actor, "network", "policy_updated", "", map[string]string{
 		"mode": string(pol.Mode), "allow": joinRules(pol.Allow), "deny": joinRules(pol.Deny)})
-	return d.networkInfo(ctx, sb)
+	return h.info(ctx, sb)
 }
 
 func joinRules(rs []egress.Rule) string {
@@ -202,23 +230,23 @@ func joinRules(rs []egress.Rule) string {
 	return strings.Join(s, ",")
 }
 
-// Network returns a sandbox's policy, address, granted secrets and ports.
-func (d *Daemon) Network(ctx context.Context, owner, id string) (*NetworkInfo, error) {
-	sb, err := d.Visible(ctx, owner, id)
+// Info returns a sandbox's policy, address, granted secrets and ports.
+func (h *Service) Info(ctx context.Context, owner, id string) (*Info, error) {
+	sb, err := h.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
-	return d.networkInfo(ctx, sb)
+	return h.info(ctx, sb)
 }
 
-func (d *Daemon) networkInfo(_ context.Context, sb *sandbox.Sandbox) (*NetworkInfo, error) {
+func (h *Service) info(_ context.Context, sb *sandbox.Sandbox) (*Info, error) {
 	pol, err := policyOf(sb)
 	if err != nil {
 		return nil, err
 	}
-	info := &NetworkInfo{SandboxID: sb.ID, Policy: pol, Ports: portInfos(sb)}
-	if d.net != nil {
-		if att, ok := d.net.mgr.Get(sb.ID); ok {
+	info := &Info{SandboxID: sb.ID, Policy: pol, Ports: portInfos(sb)}
+	if h.net != nil {
+		if att, ok := h.net.mgr.Get(sb.ID); ok {
 			info.Attached, info.IP = true, att.IP.String()
 		}
 	}
@@ -230,25 +258,25 @@ func (d *Daemon) networkInfo(_ context.Context, sb *sandbox.Sandbox) (*NetworkIn
 
 // EgressLog returns a sandbox's egress decisions after seq `after`, oldest
 // first. It is kept after the sandbox is deleted only in the store.
-func (d *Daemon) EgressLog(ctx context.Context, owner, id string, after int64, limit int) ([]store.EgressEntry, error) {
-	if _, err := d.Visible(ctx, owner, id); err != nil {
+func (h *Service) EgressLog(ctx context.Context, owner, id string, after int64, limit int) ([]store.EgressEntry, error) {
+	if _, err := h.core.Visible(ctx, owner, id); err != nil {
 		return nil, err
 	}
 	if after < 0 || limit < 0 {
 		return nil, errs.Field("after", "after and limit must not be negative")
 	}
-	if d.net != nil {
-		d.flushEgress(ctx)
+	if h.net != nil {
+		h.flushEgress(ctx)
 	}
-	return d.store.ListEgress(ctx, store.EgressFilter{SandboxID: id, AfterSeq: after, Limit: limit})
+	return h.core.Store().ListEgress(ctx, store.EgressFilter{SandboxID: id, AfterSeq: after, Limit: limit})
 }
 
-// networkExtra is what a fork inherits of its parent's network: the policy
+// Inherit is what a fork inherits of its parent's network: the policy
 // and the secret grants (whose placeholders are in the inherited env).
 // Exposed ports are not inherited.
-func networkExtra(parent *sandbox.Sandbox) map[string]string {
+func Inherit(parent *sandbox.Sandbox) map[string]string {
 	out := map[string]string{}
-	for _, k := range []string{extraPolicy, extraSecrets} {
+	for _, k := range []string{ExtraPolicy, extraSecrets} {
 		if v := parent.Extra[k]; v != "" {
 			out[k] = v
 		}

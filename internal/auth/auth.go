@@ -1,4 +1,9 @@
-package daemon
+// Package auth owns who a caller is: API keys (minted, stored as hashes,
+// mapped to a Principal) and the envd access tokens of sandboxes (derived
+// with an HMAC key, never stored, looked up by hash). Its state is the token
+// key and the store it reads keys from; it holds no lock of its own (the
+// store serialises writes).
+package auth
 
 import (
 	"context"
@@ -12,6 +17,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/store"
@@ -21,6 +27,24 @@ import (
 type Principal struct {
 	Owner string
 	Admin bool // may act for any owner (the local admin key)
+}
+
+// Service authenticates API keys and derives envd tokens.
+type Service struct {
+	store    store.Store
+	dataDir  string
+	now      func() time.Time
+	tokenKey []byte // HMAC key of envd access tokens
+}
+
+// New builds the service. tokenKey is the content of DATA_DIR/TokenKeyFile
+// (loaded by the caller with the daemon's master-key loader); dataDir holds
+// admin.key; now is the clock of key creation times.
+func New(st store.Store, dataDir string, now func() time.Time, tokenKey []byte) *Service {
+	if now == nil {
+		now = time.Now
+	}
+	return &Service{store: st, dataDir: dataDir, now: now, tokenKey: tokenKey}
 }
 
 var ownerRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
@@ -37,6 +61,10 @@ func hashKey(key string) []byte {
 	h := sha256.Sum256([]byte(key))
 	return h[:]
 }
+
+// BuildOwner owns the sandboxes template builds run in (the daemon's
+// daemon.BuildOwner has the same value; a daemon test keeps them equal).
+const BuildOwner = "berth-build"
 
 // reservedOwners are the names berth's own actors own sandboxes or act
 // under; a tenant key for one of them would see (or be mistaken for) what
@@ -63,7 +91,7 @@ func newKey() string {
 }
 
 // CreateKey mints an API key for owner; only the hash is stored.
-func (d *Daemon) CreateKey(ctx context.Context, owner string, admin bool) (string, error) {
+func (s *Service) CreateKey(ctx context.Context, owner string, admin bool) (string, error) {
 	if err := ValidOwner("owner", owner); err != nil {
 		return "", err
 	}
@@ -74,8 +102,8 @@ func (d *Daemon) CreateKey(ctx context.Context, owner string, admin bool) (strin
 	key := newKey()
 	var idb [6]byte
 	_, _ = rand.Read(idb[:])
-	err := d.store.CreateAPIKey(ctx, store.APIKey{
-		ID: hex.EncodeToString(idb[:]), Owner: owner, Hash: hashKey(key), Admin: admin, CreatedAt: d.cfg.Now(),
+	err := s.store.CreateAPIKey(ctx, store.APIKey{
+		ID: hex.EncodeToString(idb[:]), Owner: owner, Hash: hashKey(key), Admin: admin, CreatedAt: s.now(),
 	})
 	if err != nil {
 		return "", err
@@ -84,11 +112,11 @@ func (d *Daemon) CreateKey(ctx context.Context, owner string, admin bool) (strin
 }
 
 // Authenticate maps an API key to its principal.
-func (d *Daemon) Authenticate(ctx context.Context, key string) (Principal, error) {
+func (s *Service) Authenticate(ctx context.Context, key string) (Principal, error) {
 	if key == "" {
 		return Principal{}, errs.E(errs.Unauthenticated, "missing API key (X-API-Key header or Authorization: Bearer)")
 	}
-	k, err := d.store.LookupAPIKey(ctx, hashKey(key))
+	k, err := s.store.LookupAPIKey(ctx, hashKey(key))
 	if err != nil {
 		if errs.Is(err, errs.NotFound) {
 			return Principal{}, errs.E(errs.Unauthenticated, "invalid API key")
@@ -99,18 +127,18 @@ func (d *Daemon) Authenticate(ctx context.Context, key string) (Principal, error
 }
 
 // EnsureAdminKey writes DATA_DIR/admin.key on first start.
-func (d *Daemon) EnsureAdminKey(ctx context.Context) (string, error) {
-	p := filepath.Join(d.cfg.DataDir, "admin.key")
-	if err := privateFiles(d.cfg.DataDir, "admin.key"); err != nil {
+func (s *Service) EnsureAdminKey(ctx context.Context) (string, error) {
+	p := filepath.Join(s.dataDir, "admin.key")
+	if err := PrivateFiles(s.dataDir, "admin.key"); err != nil {
 		return "", err
 	}
 	if b, err := os.ReadFile(p); err == nil && len(b) > 0 {
 		key := string(trimSpace(b))
-		if _, err := d.Authenticate(ctx, key); err == nil {
+		if _, err := s.Authenticate(ctx, key); err == nil {
 			return key, nil
 		}
 	}
-	key, err := d.CreateKey(ctx, "admin", true)
+	key, err := s.CreateKey(ctx, "admin", true)
 	if err != nil {
 		return "", err
 	}
@@ -129,9 +157,9 @@ func trimSpace(b []byte) []byte {
 	return b
 }
 
-// privateFiles makes the named key files in dir 0600 where they exist (older
+// PrivateFiles makes the named key files in dir 0600 where they exist (older
 // versions, or a leftover temporary file, may have left them readable).
-func privateFiles(dir string, names ...string) error {
+func PrivateFiles(dir string, names ...string) error {
 	for _, n := range names {
 		p := filepath.Join(dir, n)
 		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -139,4 +167,10 @@ func privateFiles(dir string, names ...string) error {
 		}
 	}
 	return nil
+}
+
+// TokenHash is the hex SHA-256 a token (envd or port token) is stored as.
+func TokenHash(tok string) string {
+	h := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(h[:])
 }

@@ -1,14 +1,19 @@
-package daemon
+package admission
 
 import (
 	"context"
 	"time"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/metering"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
+
+// ExtraSnapshot is the sandbox.Extra key naming the snapshot a sandbox was
+// started from (the daemon's extraSnapshot; a daemon test keeps them equal).
+const ExtraSnapshot = "snapshot"
 
 // UsageLine is one sandbox's (or one owner's) metered usage with its cost
 // on both bases.
@@ -52,20 +57,20 @@ func line(u metering.Usage, p metering.Prices) UsageLine {
 }
 
 // Usage reports metered usage of owner ("" = every owner, admin) since a time.
-func (d *Daemon) Usage(ctx context.Context, owner string, since time.Time, sandboxID string) (UsageReport, error) {
+func (a *Service) Usage(ctx context.Context, owner string, since time.Time, sandboxID string) (UsageReport, error) {
 	if owner != "" {
-		if err := ValidOwner("owner", owner); err != nil {
+		if err := auth.ValidOwner("owner", owner); err != nil {
 			return UsageReport{}, err
 		}
 	}
-	list, err := d.store.ListUsage(ctx, store.UsageFilter{Owner: owner, Since: since, SandboxID: sandboxID})
+	list, err := a.core.Store().ListUsage(ctx, store.UsageFilter{Owner: owner, Since: since, SandboxID: sandboxID})
 	if err != nil {
 		return UsageReport{}, err
 	}
-	rep := UsageReport{Since: since, Prices: d.cfg.Prices, Owners: []UsageLine{}, Sandboxes: []UsageLine{}}
+	rep := UsageReport{Since: since, Prices: a.cfg.Prices, Owners: []UsageLine{}, Sandboxes: []UsageLine{}}
 	byOwner := map[string]UsageLine{}
 	for _, u := range list {
-		l := line(u, d.cfg.Prices)
+		l := line(u, a.cfg.Prices)
 		rep.Sandboxes = append(rep.Sandboxes, l)
 		o := byOwner[u.Owner]
 		o.Owner = u.Owner
@@ -118,18 +123,18 @@ type OrphanReport struct {
 // Orphans lists sandboxes (of owner; "" = all) and, for the admin, templates
 // nobody touched for days: no API call, client, write or CPU for sandboxes;
 // no sandbox started from a template.
-func (d *Daemon) Orphans(ctx context.Context, owner string, admin bool, days int) (OrphanReport, error) {
+func (a *Service) Orphans(ctx context.Context, owner string, admin bool, days int) (OrphanReport, error) {
 	if days < 0 || days > 3650 {
 		return OrphanReport{}, errs.Field("days", "must be between 0 and 3650")
 	}
-	now := d.cfg.Now()
+	now := a.core.Now()
 	cutoff := now.Add(-time.Duration(days) * 24 * time.Hour)
 	rep := OrphanReport{Days: days, Items: []Orphan{}}
-	list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{Owner: owner})
+	list, _, err := a.core.Store().ListSandboxes(ctx, store.SandboxFilter{Owner: owner})
 	if err != nil {
 		return rep, err
 	}
-	usage, err := d.store.ListUsage(ctx, store.UsageFilter{Owner: owner})
+	usage, err := a.core.Store().ListUsage(ctx, store.UsageFilter{Owner: owner})
 	if err != nil {
 		return rep, err
 	}
@@ -146,19 +151,19 @@ func (d *Daemon) Orphans(ctx context.Context, owner string, admin bool, days int
 			continue
 		}
 		u.Reserved = sb.Resources
-		c := metering.Price(u, d.cfg.Prices)
+		c := metering.Price(u, a.cfg.Prices)
 		rep.Items = append(rep.Items, Orphan{Kind: "sandbox", ID: sb.ID, Owner: sb.Owner, State: string(sb.State),
 			Template: sb.Template, CreatedAt: sb.CreatedAt, LastActiveAt: u.LastActiveAt,
 			AgeDays: days2(now.Sub(sb.CreatedAt)), IdleDays: days2(now.Sub(active)),
 			CostReserved: c.Reserved, CostActive: c.Active, Reserved: sb.Resources})
 	}
-	snaps, err := d.store.ListSnapshots(ctx, owner)
+	snaps, err := a.core.Store().ListSnapshots(ctx, owner)
 	if err != nil {
 		return rep, err
 	}
 	snapUse := map[string]time.Time{} // snapshot → latest activity of a sandbox started from it
 	for _, sb := range list {
-		if id := sb.Extra[extraSnapshot]; id != "" {
+		if id := sb.Extra[ExtraSnapshot]; id != "" {
 			snapUse[id] = later(snapUse[id], later(sb.CreatedAt, byID[sb.ID].LastActiveAt))
 		}
 	}
@@ -176,7 +181,7 @@ func (d *Daemon) Orphans(ctx context.Context, owner string, admin bool, days int
 			AgeDays: days2(now.Sub(sn.CreatedAt)), IdleDays: days2(now.Sub(active))})
 	}
 	if admin && owner == "" {
-		tpls, err := d.store.ListTemplates(ctx)
+		tpls, err := a.core.Store().ListTemplates(ctx)
 		if err != nil {
 			return rep, err
 		}

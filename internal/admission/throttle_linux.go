@@ -1,4 +1,4 @@
-package daemon
+package admission
 
 import (
 	"os"
@@ -9,12 +9,12 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 )
 
-// setCPUQuota rewrites a running sandbox's CFS quota (cgroup v1 cpu
+// SetCPUQuota rewrites a running sandbox's CFS quota (cgroup v1 cpu
 // controller, the cgroup the OCI runtime created at /berth/<id>). The
 // runtime interface has no update call; the cgroup is the contract both
 // runc and runsc honour, and the next boot writes the sandbox's own quota.
-func (d *Daemon) setCPUQuota(id string, millis int) error {
-	dir := filepath.Join(d.cfg.CgroupRoot, "cpu", "berth", id)
+func (a *Service) SetCPUQuota(id string, millis int) error {
+	dir := filepath.Join(a.cfg.CgroupRoot, "cpu", "berth", id)
 	period := int64(100000)
 	if b, err := os.ReadFile(filepath.Join(dir, "cpu.cfs_period_us")); err == nil {
 		if p, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && p > 0 {

@@ -1,9 +1,20 @@
-package daemon
+// Package hostnet is the host side of sandbox networking: it attaches
+// sandboxes to the bridge (network namespaces, reattachment after a
+// restart), holds their egress policies, seals and grants secrets, and
+// exposes sandbox ports. It owns the egress proxy, berth's CA and the egress
+// log buffer (netState, under its own mutex). It reaches the lifecycle core
+// only through Core.
+//
+// Locks: a sandbox's lifecycle lock (Core.Lock) may be held when
+// netState.mu is taken (Up and Down run inside lifecycle operations); mu is
+// never held while calling into the core, the store or the proxy.
+package hostnet
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/network"
@@ -20,12 +32,57 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// NetworkOptions configures sandbox networking (StartNetwork). Without
-// StartNetwork every sandbox gets an empty network namespace: deny-all is
+// Core is what the service needs of the lifecycle core (*daemon.Daemon).
+type Core interface {
+	Store() store.Store
+	// Lock serialises lifecycle operations on one sandbox.
+	Lock(id string) func()
+	// Visible loads a sandbox as owner may see it ("" = admin).
+	Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string)
+	GoBackground(name string, fn func(ctx context.Context))
+	SandboxDir(id string) string
+	Log() *slog.Logger
+	Now() time.Time
+}
+
+// Authenticator maps an API key to its principal (the auth service).
+type Authenticator interface {
+	Authenticate(ctx context.Context, key string) (auth.Principal, error)
+}
+
+// EgressFeed receives, once a second, the outbound connections each
+// attached sandbox has open (the reaper's egress signal).
+type EgressFeed interface {
+	NoteEgress(id string, inflight int)
+}
+
+// Service is sandbox networking on this host.
+type Service struct {
+	core    Core
+	authn   Authenticator
+	feed    EgressFeed
+	dataDir string
+
+	// net is set once by Start, before any sandbox is reconciled or
+	// served, and never changes after; nil: networking is disabled.
+	net *netState
+}
+
+// New builds the service; networking stays disabled until Start.
+func New(core Core, dataDir string, authn Authenticator, feed EgressFeed) *Service {
+	return &Service{core: core, authn: authn, feed: feed, dataDir: dataDir}
+}
+
+// Enabled reports whether Start set up networking.
+func (h *Service) Enabled() bool { return h.net != nil }
+
+// Options configures sandbox networking (Start). Without
+// Start every sandbox gets an empty network namespace: deny-all is
 // the only policy such a server can honour.
-type NetworkOptions struct {
+type Options struct {
 	// Network is the bridge/subnet/nftables layout; StateDir defaults to
-	// DATA_DIR/network. Egress is filled in by StartNetwork.
+	// DATA_DIR/network. Egress is filled in by Start.
 	Network network.Config
 	// UpstreamCA is a PEM bundle the proxy trusts for upstream TLS besides
 	// the host's trust store (berth serve --upstream-ca).
@@ -55,12 +112,12 @@ const (
 
 // Keys of sandbox.Extra owned by the network feature.
 const (
-	extraPolicy  = "network_policy" // egress.MarshalPolicy JSON
+	ExtraPolicy  = "network_policy" // egress.MarshalPolicy JSON
 	extraSecrets = "secrets"        // JSON []grantRef
 	extraPorts   = "ports"          // JSON map[port]portEntry
 )
 
-// netState is the daemon's network: namespaces, the egress proxy, berth's
+// netState is the host's network: namespaces, the egress proxy, berth's
 // CA and the sealer of secrets.
 type netState struct {
 	mgr    *network.Manager
@@ -77,16 +134,16 @@ type netState struct {
 
 const maxPendingEgress = 20000
 
-// releaseNetwork removes the bridge and ruleset at shutdown when no sandbox
+// Release removes the bridge and ruleset at shutdown when no sandbox
 // still has a network namespace on it (running, or frozen). Otherwise they
 // stay: sandboxes outlive the daemon, and the next start adopts them.
-func (d *Daemon) releaseNetwork() {
-	if d.net == nil || d.net.mgr == nil {
+func (h *Service) Release() {
+	if h.net == nil || h.net.mgr == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	live, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{
+	live, _, err := h.core.Store().ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{
 		sandbox.Creating, sandbox.Running, sandbox.Pausing, sandbox.Resuming, sandbox.Paused}})
 	if err != nil {
 		return
@@ -96,14 +153,14 @@ func (d *Daemon) releaseNetwork() {
 			return
 		}
 	}
-	if err := d.net.mgr.Teardown(ctx); err != nil {
-		d.log.Warn("network teardown at shutdown", "err", err)
+	if err := h.net.mgr.Teardown(ctx); err != nil {
+		h.core.Log().Warn("network teardown at shutdown", "err", err)
 	}
 }
 
-// StartNetwork sets up the bridge and ruleset, starts the egress proxy under
+// Start sets up the bridge and ruleset, starts the egress proxy under
 // supervision and the egress log writer. Call it before Reconcile.
-func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
+func (h *Service) Start(ctx context.Context, o Options) error {
 	switch o.DefaultMode {
 	case "":
 		o.DefaultMode = egress.DenyAll
@@ -112,9 +169,9 @@ func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
 		return errs.Field("default_network", "must be deny-all or allow-all, got %q", o.DefaultMode)
 	}
 	if o.Network.StateDir == "" {
-		o.Network.StateDir = filepath.Join(d.cfg.DataDir, "network")
+		o.Network.StateDir = filepath.Join(h.dataDir, "network")
 	}
-	egressDir := filepath.Join(d.cfg.DataDir, "egress")
+	egressDir := filepath.Join(h.dataDir, "egress")
 	ca, err := egress.LoadOrCreateCA(egressDir)
 	if err != nil {
 		return err
@@ -123,12 +180,12 @@ func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := privateFiles(egressDir, "ca-key.pem", "secrets.key"); err != nil {
+	if err := auth.PrivateFiles(egressDir, "ca-key.pem", "secrets.key"); err != nil {
 		return err
 	}
 	ns := &netState{ca: ca, sealer: sealer, def: o.DefaultMode, owners: map[string]string{}}
 	ncfg := o.Network
-	ncfg.Log = d.log
+	ncfg.Log = h.core.Log()
 	// The subnet must be final before the proxy is built (it is blocked there).
 	if !ncfg.Subnet.IsValid() {
 		ncfg.Subnet = netip.MustParsePrefix("10.88.0.0/16")
@@ -136,10 +193,10 @@ func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
 	eff := ncfg
 	px, err := egress.New(egress.Config{
 		ProxyAddr: eff.ProxyAddr(), DNSAddr: eff.DNSAddr(), CA: ca, ExtraCAFile: o.UpstreamCA,
-		HostsFile: o.HostsFile, Blocked: []netip.Prefix{eff.Subnet}, Sink: ns.sink, Log: d.log,
+		HostsFile: o.HostsFile, Blocked: []netip.Prefix{eff.Subnet}, Sink: ns.sink, Log: h.core.Log(),
 		AllowPrivate: o.AllowPrivate, UpstreamDNS: o.UpstreamDNS,
 		MaxConns: o.Limits.MaxConns, MaxDNSInFlight: o.Limits.MaxDNSInFlight, DNSQPS: o.Limits.DNSQPS,
-		OnLimit: d.egressLimitHit,
+		OnLimit: h.egressLimitHit,
 	})
 	if err != nil {
 		return err
@@ -153,16 +210,16 @@ func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
 		return err
 	}
 	ns.mgr, ns.px = mgr, px
-	d.net = ns
-	d.GoBackground("egress-proxy", d.superviseProxy)
-	d.GoBackground("egress-log", d.egressLogLoop)
-	d.GoBackground("egress-inflight", d.feedEgress)
+	h.net = ns
+	h.core.GoBackground("egress-proxy", h.superviseProxy)
+	h.core.GoBackground("egress-log", h.egressLogLoop)
+	h.core.GoBackground("egress-inflight", h.feedEgress)
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := px.WaitReady(rctx); err != nil {
-		d.log.Error("egress proxy not ready; sandboxes have no egress until it is", "err", err)
+		h.core.Log().Error("egress proxy not ready; sandboxes have no egress until it is", "err", err)
 	}
-	d.log.Info("network ready", "bridge", mgr.Config().BridgeName, "subnet", eff.Subnet.String(), "proxy", eff.ProxyAddr().String(),
+	h.core.Log().Info("network ready", "bridge", mgr.Config().BridgeName, "subnet", eff.Subnet.String(), "proxy", eff.ProxyAddr().String(),
 		"default_network", string(o.DefaultMode))
 	return nil
 }
@@ -170,18 +227,18 @@ func (d *Daemon) StartNetwork(ctx context.Context, o NetworkOptions) error {
 // superviseProxy keeps the egress proxy running. While it is down the
 // nftables rules still steer sandbox traffic to its port, where nothing
 // listens: connections are refused (fail closed).
-func (d *Daemon) superviseProxy(ctx context.Context) {
+func (h *Service) superviseProxy(ctx context.Context) {
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
-		err := runProxy(ctx, d.net.px)
+		err := runProxy(ctx, h.net.px)
 		if ctx.Err() != nil {
 			return
 		}
 		if time.Since(start) > 30*time.Second {
 			backoff = 100 * time.Millisecond
 		}
-		d.log.Error("egress proxy stopped; restarting", "err", err, "backoff", backoff.String())
+		h.core.Log().Error("egress proxy stopped; restarting", "err", err, "backoff", backoff.String())
 		select {
 		case <-ctx.Done():
 			return
@@ -211,15 +268,15 @@ func runProxy(ctx context.Context, px *egress.Proxy) (err error) {
 // egressLimitHit records that a sandbox hit a per-sandbox egress cap as an
 // event (the proxy calls it at most every egress.LimitReportEvery per
 // sandbox and cap); it must not block the proxy.
-func (d *Daemon) egressLimitHit(id, limit string, max int) {
-	d.GoBackground("egress-limit-event", func(ctx context.Context) {
+func (h *Service) egressLimitHit(id, limit string, max int) {
+	h.core.GoBackground("egress-limit-event", func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		sb, err := d.store.GetSandbox(ctx, id)
+		sb, err := h.core.Store().GetSandbox(ctx, id)
 		if err != nil {
 			return
 		}
-		d.Event(ctx, sb, "egress", "network", "egress_limit",
+		h.core.Event(ctx, sb, "egress", "network", "egress_limit",
 			fmt.Sprintf("egress cap reached: %s (max %d); further attempts are refused", limit, max),
 			map[string]string{"limit": limit, "max": fmt.Sprint(max)})
 	})
@@ -243,43 +300,43 @@ func (n *netState) sink(dec egress.Decision) {
 	n.pending = append(n.pending, e)
 }
 
-func (d *Daemon) egressLogLoop(ctx context.Context) {
+func (h *Service) egressLogLoop(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			d.flushEgress(fctx)
+			h.flushEgress(fctx)
 			cancel()
 			return
 		case <-t.C:
-			d.flushEgress(ctx)
+			h.flushEgress(ctx)
 		}
 	}
 }
 
 // flushEgress writes pending decisions to the store.
-func (d *Daemon) flushEgress(ctx context.Context) {
-	n := d.net
+func (h *Service) flushEgress(ctx context.Context) {
+	n := h.net
 	n.mu.Lock()
 	batch, dropped := n.pending, n.dropped
 	n.pending, n.dropped = nil, 0
 	n.mu.Unlock()
 	if dropped > 0 {
-		d.log.Warn("egress log overflow: decisions dropped", "count", dropped)
+		h.core.Log().Warn("egress log overflow: decisions dropped", "count", dropped)
 	}
 	if len(batch) == 0 {
 		return
 	}
-	if err := d.store.AppendEgress(ctx, batch); err != nil {
-		d.log.Error("persist egress log", "err", err, "entries", len(batch))
+	if err := h.core.Store().AppendEgress(ctx, batch); err != nil {
+		h.core.Log().Error("persist egress log", "err", err, "entries", len(batch))
 	}
 }
 
 // feedEgress tells the reaper, once a second, how many outbound
 // connections each attached sandbox has open (NoteEgress).
-func (d *Daemon) feedEgress(ctx context.Context) {
+func (h *Service) feedEgress(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -288,67 +345,67 @@ func (d *Daemon) feedEgress(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		d.net.mu.Lock()
-		ids := make([]string, 0, len(d.net.owners))
-		for id := range d.net.owners {
+		h.net.mu.Lock()
+		ids := make([]string, 0, len(h.net.owners))
+		for id := range h.net.owners {
 			ids = append(ids, id)
 		}
-		d.net.mu.Unlock()
+		h.net.mu.Unlock()
 		for _, id := range ids {
-			if _, ok := d.net.mgr.Get(id); ok {
-				d.NoteEgress(id, d.net.px.InFlight(id))
+			if _, ok := h.net.mgr.Get(id); ok {
+				h.feed.NoteEgress(id, h.net.px.InFlight(id))
 			} else {
-				d.NoteEgress(id, 0)
+				h.feed.NoteEgress(id, 0)
 			}
 		}
 	}
 }
 
-// netnsPath is the network namespace a sandbox's spec joins: its attachment,
+// NetNSPath is the network namespace a sandbox's spec joins: its attachment,
 // or none (the runtime then gives it an empty namespace).
-func (d *Daemon) netnsPath(sb *sandbox.Sandbox) string {
-	if d.net != nil {
-		if att, ok := d.net.mgr.Get(sb.ID); ok {
+func (h *Service) NetNSPath(sb *sandbox.Sandbox) string {
+	if h.net != nil {
+		if att, ok := h.net.mgr.Get(sb.ID); ok {
 			return att.NetNSPath
 		}
 	}
 	return sb.Extra["netns_path"]
 }
 
-func (d *Daemon) netDir(id string) string { return filepath.Join(d.SandboxDir(id), "net") }
+func (h *Service) netDir(id string) string { return filepath.Join(h.core.SandboxDir(id), "net") }
 
-// netMounts are the read-only files the network puts into an attached
+// Mounts are the read-only files the network puts into an attached
 // sandbox: its resolv.conf and berth's egress CA.
-func (d *Daemon) netMounts(sb *sandbox.Sandbox) []runtime.Mount {
-	if d.net == nil {
+func (h *Service) Mounts(sb *sandbox.Sandbox) []runtime.Mount {
+	if h.net == nil {
 		return nil
 	}
-	if _, ok := d.net.mgr.Get(sb.ID); !ok {
+	if _, ok := h.net.mgr.Get(sb.ID); !ok {
 		return nil
 	}
-	dir := d.netDir(sb.ID)
+	dir := h.netDir(sb.ID)
 	return []runtime.Mount{
 		{Source: filepath.Join(dir, "resolv.conf"), Target: resolvInSandbox, ReadOnly: true},
 		{Source: filepath.Join(dir, "berth-egress.crt"), Target: caInSandbox, ReadOnly: true},
 	}
 }
 
-// netUp attaches a sandbox to the network with its stored policy (or keeps
+// Up attaches a sandbox to the network with its stored policy (or keeps
 // an attachment that survived a memory pause), registers its credential
-// grants and prepares the files netMounts mounts. root is the sandbox's
+// grants and prepares the files Mounts mounts. root is the sandbox's
 // mounted root filesystem.
-func (d *Daemon) netUp(ctx context.Context, sb *sandbox.Sandbox, root string) error {
+func (h *Service) Up(ctx context.Context, sb *sandbox.Sandbox, root string) error {
 	pol, err := policyOf(sb)
 	if err != nil {
 		return err
 	}
-	if d.net == nil {
+	if h.net == nil {
 		if pol.Mode != egress.DenyAll {
 			return errs.E(errs.FailedPrecondition, "sandbox %s has network policy %s, but networking is disabled on this server", sb.ID, pol.Mode)
 		}
 		return nil
 	}
-	n := d.net
+	n := h.net
 	n.mu.Lock()
 	n.owners[sb.ID] = sb.Owner
 	n.mu.Unlock()
@@ -360,10 +417,10 @@ func (d *Daemon) netUp(ctx context.Context, sb *sandbox.Sandbox, root string) er
 	} else if att, err = n.mgr.Attach(ctx, sb.ID, pol); err != nil {
 		return err
 	}
-	if err := d.applyGrants(ctx, sb); err != nil {
+	if err := h.applyGrants(ctx, sb); err != nil {
 		return err
 	}
-	dir := d.netDir(sb.ID)
+	dir := h.netDir(sb.ID)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return errs.Wrap(errs.Internal, err, "create %s", dir)
 	}
@@ -374,32 +431,32 @@ func (d *Daemon) netUp(ctx context.Context, sb *sandbox.Sandbox, root string) er
 		return errs.Wrap(errs.Internal, err, "write egress CA")
 	}
 	if root != "" {
-		d.netTrust(sb, root)
+		h.Trust(sb, root)
 	}
 	return nil
 }
 
-// netTrust adds berth's egress CA to the trust bundle in the sandbox's
-// mounted root filesystem (the part of netUp that needs the filesystem).
-func (d *Daemon) netTrust(sb *sandbox.Sandbox, root string) {
-	if d.net == nil || d.net.ca == nil {
+// Trust adds berth's egress CA to the trust bundle in the sandbox's
+// mounted root filesystem (the part of Up that needs the filesystem).
+func (h *Service) Trust(sb *sandbox.Sandbox, root string) {
+	if h.net == nil || h.net.ca == nil {
 		return
 	}
-	if err := appendCA(root, caBundleInRoot, d.net.ca.PEM()); err != nil {
-		d.log.Warn("could not add the egress CA to the sandbox's trust bundle", "sandbox_id", sb.ID, "err", err)
+	if err := appendCA(root, caBundleInRoot, h.net.ca.PEM()); err != nil {
+		h.core.Log().Warn("could not add the egress CA to the sandbox's trust bundle", "sandbox_id", sb.ID, "err", err)
 	}
 }
 
-// netDown detaches a sandbox from the network (stop, disk pause, delete).
-func (d *Daemon) netDown(ctx context.Context, sb *sandbox.Sandbox) error {
-	if d.net == nil {
+// Down detaches a sandbox from the network (stop, disk pause, delete).
+func (h *Service) Down(ctx context.Context, sb *sandbox.Sandbox) error {
+	if h.net == nil {
 		return nil
 	}
-	d.net.mu.Lock()
-	delete(d.net.owners, sb.ID)
-	d.net.mu.Unlock()
-	d.NoteEgress(sb.ID, 0)
-	return d.net.mgr.Detach(ctx, sb.ID)
+	h.net.mu.Lock()
+	delete(h.net.owners, sb.ID)
+	h.net.mu.Unlock()
+	h.feed.NoteEgress(sb.ID, 0)
+	return h.net.mgr.Detach(ctx, sb.ID)
 }
 
 // appendCA adds pem to the trust bundle at rel inside root if the bundle
@@ -434,14 +491,14 @@ func appendCA(root, rel string, pem []byte) error {
 	return err
 }
 
-// reconcileNetwork runs after Reconcile settled every sandbox: attachments
+// Reconcile runs after Reconcile settled every sandbox: attachments
 // of sandboxes that no longer run are removed, and the policies and grants
 // of those that do are registered again (grants live in memory only).
-func (d *Daemon) reconcileNetwork(ctx context.Context) error {
-	if d.net == nil {
+func (h *Service) Reconcile(ctx context.Context) error {
+	if h.net == nil {
 		return nil
 	}
-	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
+	all, _, err := h.core.Store().ListSandboxes(ctx, store.SandboxFilter{})
 	if err != nil {
 		return err
 	}
@@ -453,15 +510,15 @@ func (d *Daemon) reconcileNetwork(ctx context.Context) error {
 			continue
 		}
 		active = append(active, sb)
-		if _, ok := d.net.mgr.Get(sb.ID); ok {
+		if _, ok := h.net.mgr.Get(sb.ID); ok {
 			live = append(live, sb.ID)
 			keep = append(keep, sb)
 		}
 	}
-	errList := []error{d.net.mgr.Reconcile(ctx, live)}
-	d.reportReattached(ctx, active)
+	errList := []error{h.net.mgr.Reconcile(ctx, live)}
+	h.reportReattached(ctx, active)
 	for _, sb := range keep {
-		if err := d.netUp(ctx, sb, ""); err != nil {
+		if err := h.Up(ctx, sb, ""); err != nil {
 			errList = append(errList, fmt.Errorf("sandbox %s: %w", sb.ID, err))
 		}
 	}
@@ -471,22 +528,22 @@ func (d *Daemon) reconcileNetwork(ctx context.Context) error {
 // reportReattached records what network Setup did to sandboxes whose
 // attachment did not fit the layout of this start: each one is an event, so
 // a changed address (or a lost network) is never silent.
-func (d *Daemon) reportReattached(ctx context.Context, all []*sandbox.Sandbox) {
-	moved, lost := d.net.mgr.Reattached()
+func (h *Service) reportReattached(ctx context.Context, all []*sandbox.Sandbox) {
+	moved, lost := h.net.mgr.Reattached()
 	for _, sb := range all {
 		if m, ok := moved[sb.ID]; ok {
 			if sb.Runtime == "runsc" {
 				// gVisor's netstack copied the namespace's interfaces when the
 				// sandbox booted; it does not see the new veth.
-				d.Event(ctx, sb, "berth", "network", "network_lost",
+				h.core.Event(ctx, sb, "berth", "network", "network_lost",
 					"the network layout changed across a daemon restart ("+m+"); gVisor configured the sandbox's network at boot, so it has none until it is restarted (stop, start)", nil)
 				continue
 			}
-			d.Event(ctx, sb, "berth", "network", "network_reattached",
+			h.core.Event(ctx, sb, "berth", "network", "network_reattached",
 				"the network layout changed across a daemon restart; the sandbox got a new address "+m, nil)
 		}
 		if why, ok := lost[sb.ID]; ok {
-			d.Event(ctx, sb, "berth", "network", "network_lost",
+			h.core.Event(ctx, sb, "berth", "network", "network_lost",
 				"the sandbox could not be reattached to the network layout of this start and has no network until it is restarted (stop, start): "+why, nil)
 		}
 	}

@@ -1,4 +1,4 @@
-package daemon
+package admission
 
 import (
 	"context"
@@ -24,15 +24,15 @@ type SandboxStats struct {
 }
 
 // SandboxStats reads a running sandbox's usage now (owner "" = admin).
-func (d *Daemon) SandboxStats(ctx context.Context, owner, id string) (SandboxStats, error) {
-	sb, err := d.Visible(ctx, owner, id)
+func (a *Service) SandboxStats(ctx context.Context, owner, id string) (SandboxStats, error) {
+	sb, err := a.core.Visible(ctx, owner, id)
 	if err != nil {
 		return SandboxStats{}, err
 	}
 	if sb.State != sandbox.Running {
 		return SandboxStats{}, errs.E(errs.FailedPrecondition, "sandbox %s is %s; usage is read from a running sandbox", id, sb.State)
 	}
-	rt, err := d.RuntimeFor(sb)
+	rt, err := a.core.RuntimeFor(sb)
 	if err != nil {
 		return SandboxStats{}, err
 	}
@@ -45,8 +45,8 @@ func (d *Daemon) SandboxStats(ctx context.Context, owner, id string) (SandboxSta
 		started = sb.CreatedAt
 	}
 	return SandboxStats{
-		At: d.cfg.Now(), StartedAt: started, CPUNanos: st.CPUUsageNanos, CPUMillis: sb.Resources.CPUMillis,
+		At: a.core.Now(), StartedAt: started, CPUNanos: st.CPUUsageNanos, CPUMillis: sb.Resources.CPUMillis,
 		MemBytes: st.MemoryBytes, MemLimit: uint64(max(sb.Resources.MemoryMiB, 0)) << 20,
-		DiskBytes: d.diskBytes(sb.ID), DiskLimit: uint64(max(sb.Resources.DiskMiB, 0)) << 20,
+		DiskBytes: a.DiskBytes(sb.ID), DiskLimit: uint64(max(sb.Resources.DiskMiB, 0)) << 20,
 	}, nil
 }

@@ -1,4 +1,4 @@
-package daemon
+package auth
 
 import (
 	"context"
@@ -16,40 +16,40 @@ import (
 // daemon derives it, HMAC(token.key, id, owner), instead of keeping it; a
 // pool claim changes the owner and with it the token.
 
-const tokenKeyFile = "token.key"
+// TokenKeyFile is the name of the token key in the data dir (0600), made
+// on first start.
+const TokenKeyFile = "token.key"
 
-// loadTokenKey reads DATA_DIR/token.key (0600), creating it on first start.
-func loadTokenKey(dataDir string) ([]byte, error) {
-	return loadMasterKey(dataDir, tokenKeyFile, 32)
-}
+// TokenKeySize is the token key's length in bytes.
+const TokenKeySize = 32
 
 // envdToken is the access token of sandbox id while owner owns it.
-func (d *Daemon) envdToken(id, owner string) string {
-	m := hmac.New(sha256.New, d.tokenKey)
+func (s *Service) envdToken(id, owner string) string {
+	m := hmac.New(sha256.New, s.tokenKey)
 	m.Write([]byte("berth envd token\x00" + id + "\x00" + owner))
 	return hex.EncodeToString(m.Sum(nil)[:24])
 }
 
-// envdTokenHash is what the store keeps for sandbox id owned by owner.
-func (d *Daemon) envdTokenHash(id, owner string) string {
-	return tokenHash(d.envdToken(id, owner))
+// EnvdTokenHash is what the store keeps for sandbox id owned by owner.
+func (s *Service) EnvdTokenHash(id, owner string) string {
+	return TokenHash(s.envdToken(id, owner))
 }
 
 // EnvdToken returns sb's access token for its owner (E2B create, connect,
 // detail). A sandbox made before tokens were derived holds the hash of a
 // random token nobody can recompute: its token is replaced by the derived
 // one here, once.
-func (d *Daemon) EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, error) {
-	tok := d.envdToken(sb.ID, sb.Owner)
-	want := tokenHash(tok)
+func (s *Service) EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, error) {
+	tok := s.envdToken(sb.ID, sb.Owner)
+	want := TokenHash(tok)
 	if sb.AccessTokenHash == want {
 		return tok, nil
 	}
-	_, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
-		if s.Owner != sb.Owner {
+	_, err := s.store.UpdateSandbox(ctx, sb.ID, func(x *sandbox.Sandbox) error {
+		if x.Owner != sb.Owner {
 			return errs.E(errs.Conflict, "sandbox %s changed owner", sb.ID)
 		}
-		s.AccessTokenHash = want
+		x.AccessTokenHash = want
 		return nil
 	})
 	if err != nil {
@@ -57,4 +57,12 @@ func (d *Daemon) EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, er
 	}
 	sb.AccessTokenHash = want
 	return tok, nil
+}
+
+// SandboxByToken finds the running-or-paused sandbox with this envd access token.
+func (s *Service) SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error) {
+	if token == "" {
+		return nil, errs.E(errs.NotFound, "no sandbox for an empty token")
+	}
+	return s.store.SandboxByTokenHash(ctx, TokenHash(token))
 }

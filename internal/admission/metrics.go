@@ -1,4 +1,4 @@
-package daemon
+package admission
 
 import (
 	"context"
@@ -12,17 +12,25 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
+// PoolMetric is one warm pool's counters for /metrics.
+type PoolMetric struct {
+	Template     string
+	Hits, Misses int64
+	Ready        int
+}
+
 // WriteMetrics writes the Prometheus text exposition format (version
 // 0.0.4): sandboxes by state and owner, creates and their latency, quota
 // rejections, reaper actions by reason and metered usage per owner. The
 // format is small enough that berth writes it itself rather than pulling
-// in client_golang.
-func (d *Daemon) WriteMetrics(ctx context.Context, w io.Writer) error {
-	list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
+// in client_golang. pools are the warm pools' counters (nil: the pool
+// families are left out, as when listing the pools failed).
+func (a *Service) WriteMetrics(ctx context.Context, w io.Writer, pools []PoolMetric) error {
+	list, _, err := a.core.Store().ListSandboxes(ctx, store.SandboxFilter{})
 	if err != nil {
 		return err
 	}
-	usage, err := d.store.ListUsage(ctx, store.UsageFilter{})
+	usage, err := a.core.Store().ListUsage(ctx, store.UsageFilter{})
 	if err != nil {
 		return err
 	}
@@ -56,7 +64,6 @@ func (d *Daemon) WriteMetrics(ctx context.Context, w io.Writer) error {
 		sample("berth_sandboxes", []string{"state", k[0], "owner", k[1]}, float64(counts[k]))
 	}
 
-	a := d.acct()
 	a.mMu.Lock()
 	family("berth_sandbox_create_seconds", "histogram", "Time from a create's intent to its agent answering.")
 	for i, bound := range createBounds {
@@ -77,7 +84,7 @@ func (d *Daemon) WriteMetrics(ctx context.Context, w io.Writer) error {
 	}
 	a.mMu.Unlock()
 
-	if pools, err := d.Pools().List(ctx); err == nil {
+	if pools != nil {
 		family("berth_pool_hits_total", "counter", "Creates served from a warm pool.")
 		for _, p := range pools {
 			sample("berth_pool_hits_total", []string{"template", p.Template}, float64(p.Hits))
