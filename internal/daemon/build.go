@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -453,7 +454,7 @@ func (d *Daemon) runStep(ctx context.Context, st *buildState, argv []string, net
 
 // bootBuildSandbox starts a sandbox on the given layers for one RUN step.
 func (d *Daemon) bootBuildSandbox(ctx context.Context, layers []string, network string, step, n int, progress func(BuildProgress)) (*sandbox.Sandbox, error) {
-	req := CreateRequest{Owner: BuildOwner, Network: network, Extra: map[string]string{extraLayers: strings.Join(layers, ",")}}
+	req := CreateRequest{Owner: BuildOwner, Network: network, Attrs: sandbox.Attrs{Layers: slices.Clone(layers)}}
 	if network == "" {
 		req.Network = "allow-all" // builds install packages
 		if d.net == nil {
@@ -470,7 +471,7 @@ func (d *Daemon) bootBuildSandbox(ctx context.Context, layers []string, network 
 		ID: sandbox.NewID(), Owner: BuildOwner, Template: "build", TemplateID: fingerprint(*tpl),
 		Runtime: d.cfg.DefaultRuntime, State: sandbox.Creating, Labels: map[string]string{"berth.build": "true"},
 		Resources: d.withDefaults(sandbox.Resources{}), CreatedAt: now, ExpiresAt: now.Add(time.Hour),
-		ExpiryAction: sandbox.ExpireDelete, Extra: req.Extra,
+		ExpiryAction: sandbox.ExpireDelete, Attrs: req.Attrs,
 	}
 	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if err := d.admit(ctx, sb); err != nil {

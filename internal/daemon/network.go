@@ -53,12 +53,9 @@ const (
 	resolvInSandbox = "/etc/resolv.conf"
 )
 
-// Keys of sandbox.Extra owned by the network feature.
-const (
-	extraPolicy  = "network_policy" // egress.MarshalPolicy JSON
-	extraSecrets = "secrets"        // JSON []grantRef
-	extraPorts   = "ports"          // JSON map[port]portEntry
-)
+// snapshotPolicyKey is the key of a snapshot's Extra holding the network
+// policy (egress.MarshalPolicy JSON) of the sandbox it was taken from.
+const snapshotPolicyKey = "network_policy"
 
 // netState is the daemon's network: namespaces, the egress proxy, berth's
 // CA and the sealer of secrets.
@@ -312,7 +309,7 @@ func (d *Daemon) netnsPath(sb *sandbox.Sandbox) string {
 			return att.NetNSPath
 		}
 	}
-	return sb.Extra["netns_path"]
+	return sb.Net.NetnsPath
 }
 
 func (d *Daemon) netDir(id string) string { return filepath.Join(d.SandboxDir(id), "net") }

@@ -19,12 +19,6 @@ import (
 // be a user's name (owner names start with a letter or digit).
 const PoolOwner = "_pool"
 
-// Keys in a pool member's Extra.
-const (
-	extraPool    = "pool"     // template name of the pool
-	extraPoolKey = "pool_key" // fingerprint + shape + runtime it was made for
-)
-
 const (
 	poolSetting        = "pools" // settings key: JSON map template → PoolSpec
 	poolMaxSize        = 100     // most members one pool may keep
@@ -144,9 +138,6 @@ func (d *Daemon) withDefaults(r sandbox.Resources) sandbox.Resources {
 func poolable(req CreateRequest) bool {
 	k := req
 	k.Owner, k.Actor, k.Labels, k.Env, k.TTL, k.ExpiryAction, k.AutoResume, k.Workstation = "", "", nil, nil, 0, "", false, false
-	if len(k.Extra) == 0 {
-		k.Extra = nil
-	}
 	return reflect.DeepEqual(k, CreateRequest{Template: req.Template, Runtime: req.Runtime, Resources: req.Resources})
 }
 
@@ -225,9 +216,7 @@ func (d *Daemon) claim(ctx context.Context, id string, req CreateRequest, tpl *s
 		}
 		s.CreatedAt, s.ExpiresAt, s.ExpiryAction = now, now.Add(req.TTL), req.ExpiryAction
 		s.AccessTokenHash = d.envdTokenHash(s.ID, s.Owner)
-		delete(s.Extra, extraPool)
-		delete(s.Extra, extraPoolKey)
-		s.Extra["claimed_from_pool"] = tpl.Name
+		s.Pool = sandbox.PoolState{ClaimedFrom: tpl.Name}
 		return nil
 	})
 	if err != nil {

@@ -40,7 +40,7 @@ func (d *Daemon) poolPass(ctx context.Context) {
 	p := d.pools()
 	byPool := map[string][]*sandbox.Sandbox{}
 	for _, m := range members {
-		byPool[m.Extra[extraPool]] = append(byPool[m.Extra[extraPool]], m)
+		byPool[m.Pool.Member] = append(byPool[m.Pool.Member], m)
 	}
 	p.mu.Lock()
 	names := make([]string, 0, len(p.pools))
@@ -95,7 +95,7 @@ func (d *Daemon) poolFill(ctx context.Context, name string, members []*sandbox.S
 	var stale []*sandbox.Sandbox
 	for _, m := range members {
 		switch {
-		case m.Extra[extraPoolKey] != key || m.TemplateID != tpl.Fingerprint:
+		case m.Pool.Key != key || m.TemplateID != tpl.Fingerprint:
 			stale = append(stale, m)
 		case m.State == sandbox.Running:
 			ready = append(ready, m.ID)
@@ -155,7 +155,7 @@ func (d *Daemon) startMember(ctx context.Context, wp *warmPool, spec PoolSpec, k
 	sb, err := d.Create(ctx, CreateRequest{
 		Owner: PoolOwner, Actor: "pool", Template: spec.Template, Runtime: spec.Runtime,
 		Resources: spec.Resources, TTL: d.cfg.MaxTTL,
-		Extra: map[string]string{extraPool: spec.Template, extraPoolKey: key},
+		Attrs: sandbox.Attrs{Pool: sandbox.PoolState{Member: spec.Template, Key: key}},
 	})
 	if err == nil {
 		// Members never expire; a claim sets the real expiry.
@@ -196,5 +196,5 @@ func (d *Daemon) drainMember(ctx context.Context, m *sandbox.Sandbox, why string
 		d.log.Debug("pool drain", "sandbox_id", m.ID, "why", why, "err", err)
 		return
 	}
-	d.log.Info("pool member drained", "sandbox_id", m.ID, "template", m.Extra[extraPool], "why", why)
+	d.log.Info("pool member drained", "sandbox_id", m.ID, "template", m.Pool.Member, "why", why)
 }

@@ -5,7 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
-	"encoding/json"
+	"maps"
 	"net"
 	"sort"
 	"strconv"
@@ -22,15 +22,15 @@ type PortInfo struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// portEntry is the persisted form (Extra["ports"]); only the token's hash.
-type portEntry struct {
-	TokenHash string    `json:"token_hash,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-}
+// portEntry is the persisted form (Attrs.Net.Ports); only the token's hash.
+type portEntry = sandbox.PortGrant
 
+// portEntries is a copy of sb's exposed ports, safe to modify.
 func portEntries(sb *sandbox.Sandbox) map[string]portEntry {
-	m := map[string]portEntry{}
-	_ = json.Unmarshal([]byte(sb.Extra[extraPorts]), &m)
+	m := maps.Clone(sb.Net.Ports)
+	if m == nil {
+		m = map[string]portEntry{}
+	}
 	return m
 }
 
@@ -79,11 +79,7 @@ func (d *Daemon) ExposePort(ctx context.Context, owner, id string, port int, wit
 	sb, err := d.store.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
 		m := portEntries(s)
 		m[strconv.Itoa(port)] = e
-		b, _ := json.Marshal(m)
-		if s.Extra == nil {
-			s.Extra = map[string]string{}
-		}
-		s.Extra[extraPorts] = string(b)
+		s.Net.Ports = m
 		return nil
 	})
 	if err != nil {
@@ -105,8 +101,7 @@ func (d *Daemon) ClosePort(ctx context.Context, owner, id string, port int) erro
 	sb, err = d.store.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
 		m := portEntries(s)
 		delete(m, strconv.Itoa(port))
-		b, _ := json.Marshal(m)
-		s.Extra[extraPorts] = string(b)
+		s.Net.Ports = m
 		return nil
 	})
 	if err != nil {

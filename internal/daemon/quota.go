@@ -15,7 +15,7 @@ import (
 // can never both fit under a limit that has room for one, and a refused
 // create leaves nothing behind (no row, no event, no directory).
 func (d *Daemon) admit(ctx context.Context, sb *sandbox.Sandbox) error {
-	if p, ok := sb.Extra[ExtraIdlePolicy]; ok {
+	if p := sb.IdlePolicy; p != "" {
 		if err := d.cfg.Reaper.CheckName("idle_policy", p); err != nil {
 			return err
 		}
@@ -34,7 +34,7 @@ func (d *Daemon) admit(ctx context.Context, sb *sandbox.Sandbox) error {
 // store write) cannot race other creates past a limit. On a pool miss the
 // caller releases and admit checks again as usual.
 func (d *Daemon) admitClaim(ctx context.Context, req CreateRequest) (release func(), err error) {
-	if p, ok := req.Extra[ExtraIdlePolicy]; ok {
+	if p := req.Attrs.IdlePolicy; p != "" {
 		if err := d.cfg.Reaper.CheckName("idle_policy", p); err != nil {
 			return nil, err
 		}

@@ -15,9 +15,6 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// ExtraIdlePolicy is the sandbox Extra key naming its idle policy.
-const ExtraIdlePolicy = "idle_policy"
-
 // tracked is the reaper loop's per-sandbox memory: the metering cursor and
 // the signals that persist across daemon restarts (in the usage row).
 type tracked struct {
@@ -257,7 +254,7 @@ func (d *Daemon) signalsOf(sb *sandbox.Sandbox, tr *tracked, now time.Time) reap
 
 // policyOf resolves a sandbox's idle policy: its own, its template's, the server's.
 func (d *Daemon) policyOf(sb *sandbox.Sandbox) reaper.Policy {
-	return d.cfg.Reaper.Resolve(sb.Extra[ExtraIdlePolicy], sb.Template)
+	return d.cfg.Reaper.Resolve(sb.IdlePolicy, sb.Template)
 }
 
 // reapOne decides and acts on one sandbox. Every action is an event

@@ -87,7 +87,7 @@ func TestReaperSignals(t *testing.T) {
 		sb := &sandbox.Sandbox{ID: id, Owner: "alice", Template: "tiny", TemplateID: "sha256:x", Runtime: "runc",
 			State: sandbox.Running, CreatedAt: t0, StartedAt: t0, ExpiresAt: t0.Add(24 * time.Hour),
 			ExpiryAction: sandbox.ExpireStop, Resources: sandbox.Resources{CPUMillis: 1000, MemoryMiB: 64, DiskMiB: 64, Pids: 64},
-			Extra: extra}
+			Attrs: attrsOf(extra)}
 		if err := st.CreateSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +96,7 @@ func TestReaperSignals(t *testing.T) {
 	mk("leased", map[string]string{"lease_until": t0.Add(time.Hour).Format(time.RFC3339Nano)})
 	mk("stream", nil)
 	mk("egress", nil)
-	mk("never", map[string]string{ExtraIdlePolicy: reaper.PolicyNever})
+	mk("never", map[string]string{"idle_policy": reaper.PolicyNever})
 
 	state := map[string]*tracked{}
 	round := func(at time.Duration) {
@@ -251,4 +251,10 @@ func TestForeignClientKeepsNothingAwake(t *testing.T) {
 		}
 		done()
 	}
+}
+
+// attrsOf builds typed attrs from the legacy key/value form the tables use.
+func attrsOf(extra map[string]string) sandbox.Attrs {
+	a, _ := sandbox.AttrsFromExtra(extra)
+	return a
 }

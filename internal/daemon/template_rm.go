@@ -76,8 +76,8 @@ func (d *Daemon) CollectLayers(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	for _, sb := range all {
-		if x := sb.Extra[extraLayers]; x != "" && sb.State != sandbox.Deleted {
-			for _, l := range strings.Split(x, ",") {
+		if sb.State != sandbox.Deleted {
+			for _, l := range sb.Layers {
 				used[l] = true
 			}
 		}

@@ -158,7 +158,7 @@ func (d *Daemon) Orphans(ctx context.Context, owner string, admin bool, days int
 	}
 	snapUse := map[string]time.Time{} // snapshot → latest activity of a sandbox started from it
 	for _, sb := range list {
-		if id := sb.Extra[extraSnapshot]; id != "" {
+		if id := sb.Lineage.Snapshot; id != "" {
 			snapUse[id] = later(snapUse[id], later(sb.CreatedAt, byID[sb.ID].LastActiveAt))
 		}
 	}
