@@ -61,8 +61,7 @@ func (c *testCore) Activity(context.Context, string) (agentapi.Activity, error) 
 }
 func (c *testCore) Exempt(sb *sandbox.Sandbox) bool { return sb.Owner == "pool" }
 func (c *testCore) LeaseUntil(sb *sandbox.Sandbox) time.Time {
-	t, _ := time.Parse(time.RFC3339Nano, sb.Extra["lease_until"])
-	return t
+	return sb.LeaseUntil
 }
 func (c *testCore) record(ctx context.Context, action, id string, mode sandbox.PauseMode, reason string, to sandbox.State) error {
 	c.mu.Lock()
@@ -126,11 +125,11 @@ func newTest(t *testing.T, cfg Config) (*Service, *testCore) {
 	return New(c, cfg), c
 }
 
-func mk(t *testing.T, c *testCore, id, owner string, state sandbox.State, r sandbox.Resources, extra map[string]string) *sandbox.Sandbox {
+func mk(t *testing.T, c *testCore, id, owner string, state sandbox.State, r sandbox.Resources, attrs sandbox.Attrs) *sandbox.Sandbox {
 	t.Helper()
 	sb := &sandbox.Sandbox{ID: id, Owner: owner, Template: "tiny", TemplateID: "sha256:x", Runtime: "runc",
 		State: state, CreatedAt: t0, StartedAt: t0, ExpiresAt: t0.Add(24 * time.Hour),
-		ExpiryAction: sandbox.ExpireStop, Resources: r, Extra: extra}
+		ExpiryAction: sandbox.ExpireStop, Resources: r, Attrs: attrs}
 	if err := c.st.CreateSandbox(t.Context(), sb); err != nil {
 		t.Fatal(err)
 	}
@@ -164,12 +163,12 @@ func reaperActions(t *testing.T, st store.Store, id string) []string {
 func TestReaperRound(t *testing.T) {
 	a, c := newTest(t, fastConfig())
 	ctx := t.Context()
-	mk(t, c, "idle", "alice", sandbox.Running, small, nil)
-	mk(t, c, "leased", "alice", sandbox.Running, small, map[string]string{"lease_until": t0.Add(time.Hour).Format(time.RFC3339Nano)})
-	mk(t, c, "stream", "alice", sandbox.Running, small, nil)
-	mk(t, c, "egress", "alice", sandbox.Running, small, nil)
-	mk(t, c, "never", "alice", sandbox.Running, small, map[string]string{ExtraIdlePolicy: reaper.PolicyNever})
-	mk(t, c, "member", "pool", sandbox.Running, small, nil)
+	mk(t, c, "idle", "alice", sandbox.Running, small, sandbox.Attrs{})
+	mk(t, c, "leased", "alice", sandbox.Running, small, sandbox.Attrs{LeaseUntil: t0.Add(time.Hour)})
+	mk(t, c, "stream", "alice", sandbox.Running, small, sandbox.Attrs{})
+	mk(t, c, "egress", "alice", sandbox.Running, small, sandbox.Attrs{})
+	mk(t, c, "never", "alice", sandbox.Running, small, sandbox.Attrs{IdlePolicy: reaper.PolicyNever})
+	mk(t, c, "member", "pool", sandbox.Running, small, sandbox.Attrs{})
 
 	r := a.NewReaper(c)
 	round := func(at time.Duration) {
@@ -212,7 +211,7 @@ func TestReaperRound(t *testing.T) {
 	// Restart (a new service on the same store) while "leased2" had
 	// in-flight egress: the count is gone with the old process, so it is not
 	// busy forever, but its idleness is floored at the restart, never the epoch.
-	mk(t, c, "leased2", "alice", sandbox.Running, small, nil)
+	mk(t, c, "leased2", "alice", sandbox.Running, small, sandbox.Attrs{})
 	a.NoteEgress("leased2", 1)
 	round(4 * time.Minute)
 	c.set(t0.Add(10 * time.Minute))
@@ -264,7 +263,7 @@ func TestReaperRound(t *testing.T) {
 func TestUsageAccumulates(t *testing.T) {
 	a, c := newTest(t, fastConfig())
 	ctx := t.Context()
-	never := map[string]string{ExtraIdlePolicy: reaper.PolicyNever}
+	never := sandbox.Attrs{IdlePolicy: reaper.PolicyNever}
 	mk(t, c, "run", "alice", sandbox.Running, small, never)
 	mk(t, c, "stop", "alice", sandbox.Stopped, small, never)
 	mk(t, c, "other", "bob", sandbox.Running, small, never)
@@ -373,8 +372,8 @@ func TestAdmissionDecisions(t *testing.T) {
 	if err != nil || qi.Source != "config" || qi.Limits.Sandboxes != 2 {
 		t.Errorf("Quota(alice) = %+v, %v", qi, err)
 	}
-	mk(t, c, "a1", "alice", sandbox.Running, small, nil)
-	mk(t, c, "a2", "alice", sandbox.Stopped, small, nil)
+	mk(t, c, "a1", "alice", sandbox.Running, small, sandbox.Attrs{})
+	mk(t, c, "a2", "alice", sandbox.Stopped, small, sandbox.Attrs{})
 	check("third sandbox fits (a stopped one is not running)", a.CheckAdmit(ctx, "alice", small), 0)
 	rel, err := a.ReserveStart(ctx, &sandbox.Sandbox{ID: "a2", Owner: "alice", Resources: small})
 	check("start of a2", err, 0)
@@ -383,10 +382,10 @@ func TestAdmissionDecisions(t *testing.T) {
 	rel() // release is idempotent
 	check("released", a.CheckAdmit(ctx, "alice", small), 0)
 	check("cpu limit", a.CheckAdmit(ctx, "alice", sandbox.Resources{CPUMillis: 1500}), errs.ResourceExhausted)
-	release, err := a.AdmitClaim(ctx, "alice", small, nil)
+	release, err := a.AdmitClaim(ctx, "alice", small, "")
 	check("claim", err, 0)
 	release()
-	_, err = a.AdmitClaim(ctx, "alice", small, map[string]string{ExtraIdlePolicy: "no-such-policy"})
+	_, err = a.AdmitClaim(ctx, "alice", small, "no-such-policy")
 	check("claim with an unknown idle policy", err, errs.InvalidArgument)
 
 	// Stored limits win over the config; deleting them restores the config's.
@@ -418,7 +417,7 @@ func TestAdmissionDecisions(t *testing.T) {
 	relSnap2()
 
 	// Disk of stopped sandboxes counts; starting one adds no disk.
-	mk(t, c, "c1", "carol", sandbox.Stopped, sandbox.Resources{CPUMillis: 500, DiskMiB: 80}, nil)
+	mk(t, c, "c1", "carol", sandbox.Stopped, sandbox.Resources{CPUMillis: 500, DiskMiB: 80}, sandbox.Attrs{})
 	check("disk over the limit", a.CheckAdmit(ctx, "carol", sandbox.Resources{DiskMiB: 40}), errs.ResourceExhausted)
 	rel, err = a.ReserveStart(ctx, &sandbox.Sandbox{ID: "c1", Owner: "carol", Resources: sandbox.Resources{CPUMillis: 500, DiskMiB: 80}})
 	check("start of a stopped sandbox whose disk is counted", err, 0)
@@ -436,7 +435,7 @@ func TestAdmissionDecisions(t *testing.T) {
 func TestForeignClientKeepsNothingAwake(t *testing.T) {
 	a, c := newTest(t, fastConfig())
 	ctx := t.Context()
-	mk(t, c, "mine", "alice", sandbox.Running, small, nil)
+	mk(t, c, "mine", "alice", sandbox.Running, small, sandbox.Attrs{})
 	c.set(t0.Add(time.Minute))
 	done := a.OpenClientStream(ctx, "bob", "mine")
 	if l := a.Live("mine"); l.Streams != 0 || !l.LastClient.IsZero() || !l.LastAPI.IsZero() {

@@ -16,7 +16,7 @@ import (
 // can never both fit under a limit that has room for one, and a refused
 // create leaves nothing behind (no row, no event, no directory).
 func (a *Service) Admit(ctx context.Context, sb *sandbox.Sandbox) error {
-	if p, ok := sb.Extra[ExtraIdlePolicy]; ok {
+	if p := sb.IdlePolicy; p != "" {
 		if err := a.cfg.Reaper.CheckName("idle_policy", p); err != nil {
 			return err
 		}
@@ -33,8 +33,8 @@ func (a *Service) Admit(ctx context.Context, sb *sandbox.Sandbox) error {
 // admission lock until release, so the claim (an ownership transfer in one
 // store write) cannot race other creates past a limit. On a pool miss the
 // caller releases and admit checks again as usual.
-func (a *Service) AdmitClaim(ctx context.Context, owner string, r sandbox.Resources, extra map[string]string) (release func(), err error) {
-	if p, ok := extra[ExtraIdlePolicy]; ok {
+func (a *Service) AdmitClaim(ctx context.Context, owner string, r sandbox.Resources, idlePolicy string) (release func(), err error) {
+	if p := idlePolicy; p != "" {
 		if err := a.cfg.Reaper.CheckName("idle_policy", p); err != nil {
 			return nil, err
 		}

@@ -17,9 +17,6 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// ExtraIdlePolicy is the sandbox Extra key naming its idle policy.
-const ExtraIdlePolicy = "idle_policy"
-
 // tracked is the reaper loop's per-sandbox memory: the metering cursor and
 // the signals that persist across daemon restarts (in the usage row).
 type tracked struct {
@@ -295,7 +292,7 @@ func (r *Reaper) signalsOf(sb *sandbox.Sandbox, tr *tracked, now time.Time) reap
 
 // policyOf resolves a sandbox's idle policy: its own, its template's, the server's.
 func (r *Reaper) policyOf(sb *sandbox.Sandbox) reaper.Policy {
-	return r.a.cfg.Reaper.Resolve(sb.Extra[ExtraIdlePolicy], sb.Template)
+	return r.a.cfg.Reaper.Resolve(sb.IdlePolicy, sb.Template)
 }
 
 // reapOne decides and acts on one sandbox. Every action is an event

@@ -11,10 +11,6 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// ExtraSnapshot is the sandbox.Extra key naming the snapshot a sandbox was
-// started from (the daemon's extraSnapshot; a daemon test keeps them equal).
-const ExtraSnapshot = "snapshot"
-
 // UsageLine is one sandbox's (or one owner's) metered usage with its cost
 // on both bases.
 type UsageLine struct {
@@ -163,7 +159,7 @@ func (a *Service) Orphans(ctx context.Context, owner string, admin bool, days in
 	}
 	snapUse := map[string]time.Time{} // snapshot → latest activity of a sandbox started from it
 	for _, sb := range list {
-		if id := sb.Extra[ExtraSnapshot]; id != "" {
+		if id := sb.Lineage.Snapshot; id != "" {
 			snapUse[id] = later(snapUse[id], later(sb.CreatedAt, byID[sb.ID].LastActiveAt))
 		}
 	}

@@ -105,7 +105,7 @@ func (r *Runner) warmSample(ctx context.Context, rt string) (d, bd time.Duration
 		return 0, 0, err, nil
 	}
 	d = time.Since(start)
-	if sb.Extra["claimed_from_pool"] == "" {
+	if sb.Pool.ClaimedFrom == "" {
 		return 0, 0, fmt.Errorf("pool miss: %s was not claimed from the pool (no extra.claimed_from_pool)", sb.ID), nil
 	}
 	start = time.Now()
@@ -161,7 +161,7 @@ func (r *Runner) fork(ctx context.Context, rt string) []Metric {
 		case i >= r.o.Warmups:
 			m.Samples = append(m.Samples, ms(d))
 			for _, c := range fr.Sandboxes {
-				modes[cmp.Or(c.Extra["fork_mode"], fr.Mode)]++
+				modes[cmp.Or(c.Lineage.ForkMode, fr.Mode)]++
 			}
 		}
 		if len(m.Errors) > 3 && len(m.Samples) == 0 {

@@ -115,7 +115,7 @@ func (wp *warmPool) restore(ctx context.Context) {
 		}
 		left := 0
 		for _, sb := range page.Sandboxes {
-			if sb.Extra["pool"] == wp.tpl {
+			if sb.Pool.Member == wp.tpl {
 				left++
 			}
 		}

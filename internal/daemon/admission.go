@@ -16,9 +16,6 @@ import (
 // Admission is the quota, usage and metrics service.
 func (d *Daemon) Admission() *admission.Service { return d.adm }
 
-// ExtraIdlePolicy is the sandbox Extra key naming its idle policy.
-const ExtraIdlePolicy = admission.ExtraIdlePolicy
-
 func (c *Config) admissionConfig() admission.Config {
 	return admission.Config{Reaper: c.Reaper, Quotas: c.Quotas, Prices: c.Prices, CgroupRoot: c.CgroupRoot}
 }
@@ -29,7 +26,7 @@ func (c *Config) validateAccounting() error { return c.admissionConfig().Validat
 func (d *Daemon) admit(ctx context.Context, sb *sandbox.Sandbox) error { return d.adm.Admit(ctx, sb) }
 
 func (d *Daemon) admitClaim(ctx context.Context, req CreateRequest) (release func(), err error) {
-	return d.adm.AdmitClaim(ctx, req.Owner, req.Resources, req.Extra)
+	return d.adm.AdmitClaim(ctx, req.Owner, req.Resources, req.Attrs.IdlePolicy)
 }
 
 func (d *Daemon) reserveStart(ctx context.Context, sb *sandbox.Sandbox) (release func(), err error) {

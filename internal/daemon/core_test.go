@@ -348,7 +348,7 @@ func (n *fakeNode) intent(owner string) *sandbox.Sandbox {
 	sb := &sandbox.Sandbox{ID: sandbox.NewID(), Owner: owner, Template: tpl.Name, TemplateID: tpl.Fingerprint,
 		Runtime: req.Runtime, State: sandbox.Creating, Labels: map[string]string{}, Resources: req.Resources,
 		CreatedAt: now, ExpiresAt: now.Add(req.TTL), ExpiryAction: req.ExpiryAction,
-		Extra: withPinnedLayers(nil, tpl)}
+		Attrs: withPinnedLayers(sandbox.Attrs{}, tpl)}
 	n.d.presetUserNS(sb)
 	if err := n.d.admit(ctx, sb); err != nil {
 		n.t.Fatal(err)

@@ -146,7 +146,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		Runtime: req.Runtime, State: sandbox.Creating, Labels: req.Labels, Env: withTemplateEnv(tpl, req.Env),
 		Resources: req.Resources, CreatedAt: now, ExpiresAt: now.Add(req.TTL),
 		ExpiryAction: req.ExpiryAction, AutoResume: req.AutoResume,
-		Extra: withPinnedLayers(req.Extra, tpl), // pin.go: the layers are the sandbox's for life
+		Attrs: withPinnedLayers(req.Attrs, tpl), // pin.go: the layers are the sandbox's for life
 	}
 	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,7 +85,7 @@ func (d *Daemon) Fork(ctx context.Context, owner, id, actor string, count int) (
 		return ForkResult{}, err
 	}
 	gen := 1
-	if g, err := strconv.Atoi(parent.Extra[extraGeneration]); err == nil {
+	if g := parent.Lineage.Generation; g > 0 {
 		gen = g + 1
 	}
 	res := ForkResult{Parent: parent.ID, Snapshot: sn.ID, Mode: mode, Reason: reason, Sandboxes: make([]*sandbox.Sandbox, count)}
@@ -284,7 +285,7 @@ func (d *Daemon) restoreParent(ctx context.Context, sb *sandbox.Sandbox, img str
 
 func (d *Daemon) lowersForID(ctx context.Context, sb *sandbox.Sandbox) ([]string, error) {
 	tpl, err := d.store.GetTemplate(ctx, sb.Template)
-	if err != nil && sb.Extra[extraLayers] == "" {
+	if err != nil && len(sb.Layers) == 0 {
 		return nil, err
 	}
 	return d.lowersFor(sb, &tpl)
@@ -347,10 +348,10 @@ func (d *Daemon) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers []
 
 // forkChild makes one child of parent from snapshot sn.
 func (d *Daemon) forkChild(ctx context.Context, parent *sandbox.Sandbox, sn store.Snapshot, mode, actor string, gen int) (*sandbox.Sandbox, error) {
-	lineage := map[string]string{
-		extraParent: parent.ID, extraGeneration: strconv.Itoa(gen), extraForkMode: mode,
+	lineage := sandbox.Attrs{
+		Lineage: sandbox.Lineage{Parent: parent.ID, Generation: gen, ForkMode: mode},
+		Net:     inheritedNet(parent), // children keep the parent's policy and grants
 	}
-	maps.Copy(lineage, networkExtra(parent)) // children keep the parent's policy and grants
 	if mode == ForkDisk {
 		ttl := parent.ExpiresAt.Sub(d.cfg.Now())
 		if ttl < time.Minute {
@@ -359,7 +360,7 @@ func (d *Daemon) forkChild(ctx context.Context, parent *sandbox.Sandbox, sn stor
 		sb, err := d.Create(ctx, CreateRequest{
 			Owner: parent.Owner, Actor: actor, Runtime: parent.Runtime, TTL: ttl, ExpiryAction: parent.ExpiryAction,
 			Resources: parent.Resources, Labels: maps.Clone(parent.Labels), Env: maps.Clone(parent.Env),
-			AutoResume: parent.AutoResume, FromSnapshot: sn.ID, Extra: lineage,
+			AutoResume: parent.AutoResume, FromSnapshot: sn.ID, Attrs: lineage,
 		})
 		if err != nil {
 			return nil, err
@@ -372,22 +373,21 @@ func (d *Daemon) forkChild(ctx context.Context, parent *sandbox.Sandbox, sn stor
 
 // forkRestore makes a child from the snapshot's memory image; a child whose
 // restore fails boots from the snapshot's files instead (fork_mode disk).
-func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn store.Snapshot, lineage map[string]string, actor string) (*sandbox.Sandbox, error) {
+func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn store.Snapshot, attrs sandbox.Attrs, actor string) (*sandbox.Sandbox, error) {
 	now := d.cfg.Now()
-	extra := maps.Clone(lineage)
-	extra[extraLayers] = strings.Join(sn.Layers, ",")
-	extra[extraSnapshot] = sn.ID
+	attrs.Layers = slices.Clone(sn.Layers)
+	attrs.Lineage.Snapshot = sn.ID
 	// The memory image was dumped in the parent's user namespace (or none):
 	// the child's workspace must be made for the same.
-	extra[extraUserNS] = userNSNone
+	attrs.UserNS = sandbox.UserNSNone
 	if m := d.userNSOf(parent); m != nil {
-		extra[extraUserNS] = m.String()
+		attrs.UserNS = m.String()
 	}
 	sb := &sandbox.Sandbox{
 		ID: sandbox.NewID(), Owner: parent.Owner, Template: parent.Template, TemplateID: parent.TemplateID,
 		Runtime: parent.Runtime, State: sandbox.Creating, Labels: maps.Clone(parent.Labels), Env: maps.Clone(parent.Env),
 		Resources: parent.Resources, CreatedAt: now, ExpiresAt: parent.ExpiresAt, ExpiryAction: parent.ExpiryAction,
-		AutoResume: parent.AutoResume, Extra: extra,
+		AutoResume: parent.AutoResume, Attrs: attrs,
 	}
 	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {
@@ -429,7 +429,7 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 	out, err := d.Transition(tctx, sb.ID, sandbox.Running, actor, "forked", why, func(s *sandbox.Sandbox) error {
 		s.StartedAt = d.cfg.Now()
 		if why != "" {
-			s.Extra[extraForkMode] = ForkDisk
+			s.Lineage.ForkMode = ForkDisk
 		} else {
 			s.RestoreCount = 1
 		}
@@ -439,7 +439,7 @@ func (d *Daemon) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn st
 		d.fail(tctx, sb, "create_failed", err)
 		return nil, err
 	}
-	d.personalizeChild(tctx, out, parent, sn, out.Extra[extraForkMode], actor, why)
+	d.personalizeChild(tctx, out, parent, sn, out.Lineage.ForkMode, actor, why)
 	return out, nil
 }
 
@@ -453,5 +453,5 @@ func (d *Daemon) personalizeChild(ctx context.Context, sb, parent *sandbox.Sandb
 		d.log.Warn("fork: write machine-id", "sandbox_id", sb.ID, "err", err)
 	}
 	d.Event(ctx, sb, actor, "fork", "forked", why, map[string]string{
-		"parent": parent.ID, "snapshot": sn.ID, "fork_mode": mode, "generation": sb.Extra[extraGeneration]})
+		"parent": parent.ID, "snapshot": sn.ID, "fork_mode": mode, "generation": strconv.Itoa(sb.Lineage.Generation)})
 }

@@ -15,8 +15,8 @@ import (
 // Net is the host networking service (netns, policy, secrets, ports).
 func (d *Daemon) Net() *hostnet.Service { return d.net }
 
-// extraPolicy is the sandbox.Extra key of the network policy.
-const extraPolicy = hostnet.ExtraPolicy
+// snapshotPolicyKey is the key of a snapshot's Extra holding the policy.
+const snapshotPolicyKey = hostnet.SnapshotPolicyKey
 
 func (d *Daemon) netUp(ctx context.Context, sb *sandbox.Sandbox, root string) error {
 	return d.net.Up(ctx, sb, root)
@@ -32,16 +32,16 @@ func (d *Daemon) netnsPath(sb *sandbox.Sandbox) string { return d.net.NetNSPath(
 
 func (d *Daemon) reconcileNetwork(ctx context.Context) error { return d.net.Reconcile(ctx) }
 
-// networkExtra is what a fork inherits of its parent's network.
-func networkExtra(parent *sandbox.Sandbox) map[string]string { return hostnet.Inherit(parent) }
+// inheritedNet is what a fork inherits of its parent's network.
+func inheritedNet(parent *sandbox.Sandbox) sandbox.NetState { return hostnet.Inherit(parent) }
 
 // prepareNetwork fills a create request's network part (hostnet.Prepare).
 func (d *Daemon) prepareNetwork(ctx context.Context, req *CreateRequest) error {
 	r := hostnet.Request{Owner: req.Owner, Network: req.Network, Allow: req.Allow, Deny: req.Deny,
-		Secrets: req.Secrets, Env: req.Env, Extra: req.Extra}
+		Secrets: req.Secrets, Env: req.Env, Net: req.Attrs.Net}
 	if err := d.net.Prepare(ctx, &r); err != nil {
 		return err
 	}
-	req.Env, req.Extra = r.Env, r.Extra
+	req.Env, req.Attrs.Net = r.Env, r.Net
 	return nil
 }

@@ -197,13 +197,9 @@ func (d *Daemon) Lease(ctx context.Context, owner, id string, dur time.Duration)
 	}
 	until := d.cfg.Now().Add(dur)
 	out, err := d.store.UpdateSandbox(ctx, id, func(sb *sandbox.Sandbox) error {
-		if sb.Extra == nil {
-			sb.Extra = map[string]string{}
-		}
-		if dur == 0 {
-			delete(sb.Extra, "lease_until")
-		} else {
-			sb.Extra["lease_until"] = until.UTC().Format(time.RFC3339Nano)
+		sb.LeaseUntil = time.Time{}
+		if dur > 0 {
+			sb.LeaseUntil = until.UTC()
 		}
 		return nil
 	})
@@ -220,9 +216,5 @@ func (d *Daemon) Lease(ctx context.Context, owner, id string, dur time.Duration)
 
 // LeaseUntil returns the active lease's end, or the zero time.
 func LeaseUntil(sb *sandbox.Sandbox) time.Time {
-	t, err := time.Parse(time.RFC3339Nano, sb.Extra["lease_until"])
-	if err != nil {
-		return time.Time{}
-	}
-	return t
+	return sb.LeaseUntil
 }

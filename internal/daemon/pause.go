@@ -105,10 +105,7 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	}
 	out, err := d.Transition(tctx, id, sandbox.Paused, actor, reason, why, func(s *sandbox.Sandbox) error {
 		s.PauseActual = actual
-		if s.Extra == nil {
-			s.Extra = map[string]string{}
-		}
-		s.Extra["pause_ms"] = strconv.FormatInt(time.Since(start).Milliseconds(), 10)
+		s.PauseMillis = time.Since(start).Milliseconds()
 		return nil
 	})
 	if release != nil {

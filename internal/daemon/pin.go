@@ -2,9 +2,9 @@ package daemon
 
 import (
 	"context"
-	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -13,7 +13,7 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// A sandbox pins the layers it boots on by digest (Extra[extraLayers]) for
+// A sandbox pins the layers it boots on by digest (Attrs.Layers) for
 // its whole life: a rebuilt template does not move it to other layers at its
 // next start or disk resume, snapshots and forks of it use the pinned
 // layers, and layer GC (CollectLayers) keeps them while the sandbox exists.
@@ -25,27 +25,20 @@ import (
 // says so in an event, and its next boot moves it to the template's current
 // layers, recorded as an event too.
 
-// extraPinReason marks a legacy sandbox whose layers could not be pinned.
-const extraPinReason = "layers_unpinned"
-
-// withPinnedLayers returns extra with the template's layers pinned unless
+// withPinnedLayers returns a with the template's layers pinned unless
 // the request already names its own (a snapshot's, a build step's).
-func withPinnedLayers(extra map[string]string, tpl *store.Template) map[string]string {
-	if extra[extraLayers] != "" || tpl == nil || len(tpl.Layers) == 0 {
-		return extra
+func withPinnedLayers(a sandbox.Attrs, tpl *store.Template) sandbox.Attrs {
+	if len(a.Layers) > 0 || tpl == nil || len(tpl.Layers) == 0 {
+		return a
 	}
-	out := maps.Clone(extra)
-	if out == nil {
-		out = map[string]string{}
-	}
-	out[extraLayers] = strings.Join(tpl.Layers, ",")
-	return out
+	a.Layers = slices.Clone(tpl.Layers)
+	return a
 }
 
 // pinLegacy pins the layers of a sandbox created before pins existed, at
 // daemon start (Reconcile), when its template still matches.
 func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
-	if sb.State == sandbox.Deleted || sb.Extra[extraLayers] != "" || sb.Extra[extraPinReason] != "" {
+	if sb.State == sandbox.Deleted || len(sb.Layers) > 0 || sb.LayersUnpinned != "" {
 		return nil
 	}
 	tpl, err := d.store.GetTemplate(ctx, sb.Template)
@@ -70,13 +63,10 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 		}
 	}
 	out, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
-		if s.Extra == nil {
-			s.Extra = map[string]string{}
-		}
 		if reason != "" {
-			s.Extra[extraPinReason] = reason
+			s.LayersUnpinned = reason
 		} else {
-			s.Extra[extraLayers] = strings.Join(layers, ",")
+			s.Layers = slices.Clone(layers)
 		}
 		return nil
 	})
@@ -97,23 +87,19 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 // legacy sandbox that could not be pinned moves to the template's current
 // layers here, explicitly: its pin, its TemplateID and an event say so.
 func (d *Daemon) pinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) error {
-	if sb.Extra[extraLayers] != "" || tpl == nil || len(tpl.Layers) == 0 {
+	if len(sb.Layers) > 0 || tpl == nil || len(tpl.Layers) == 0 {
 		return nil
 	}
 	from := sb.TemplateID
 	out, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
-		if s.Extra == nil {
-			s.Extra = map[string]string{}
-		}
-		s.Extra[extraLayers] = strings.Join(tpl.Layers, ",")
-		delete(s.Extra, extraPinReason)
+		s.Layers, s.LayersUnpinned = slices.Clone(tpl.Layers), ""
 		s.TemplateID = tpl.Fingerprint
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	sb.Extra, sb.TemplateID = out.Extra, out.TemplateID
+	sb.Attrs, sb.TemplateID = out.Attrs, out.TemplateID
 	if from != tpl.Fingerprint {
 		d.Event(ctx, sb, "berth", "layers", "layers_rebased",
 			"booting on the current layers of template "+tpl.Name+": this sandbox predates layer pins and its template was rebuilt",

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,27 +17,24 @@ import (
 func TestWithPinnedLayers(t *testing.T) {
 	tpl := &store.Template{Name: "t", Layers: []string{"top", "base"}}
 	for _, c := range []struct {
-		name  string
-		extra map[string]string
-		tpl   *store.Template
-		want  map[string]string
+		name string
+		in   sandbox.Attrs
+		tpl  *store.Template
+		want sandbox.Attrs
 	}{
-		{"template layers pinned", nil, tpl, map[string]string{extraLayers: "top,base"}},
-		{"other keys kept", map[string]string{"k": "v"}, tpl, map[string]string{"k": "v", extraLayers: "top,base"}},
-		{"a snapshot's layers win", map[string]string{extraLayers: "snap,base"}, tpl, map[string]string{extraLayers: "snap,base"}},
-		{"no template", nil, nil, nil},
+		{"template layers pinned", sandbox.Attrs{}, tpl, sandbox.Attrs{Layers: []string{"top", "base"}}},
+		{"other attrs kept", sandbox.Attrs{IdlePolicy: "v"}, tpl, sandbox.Attrs{IdlePolicy: "v", Layers: []string{"top", "base"}}},
+		{"a snapshot's layers win", sandbox.Attrs{Layers: []string{"snap", "base"}}, tpl, sandbox.Attrs{Layers: []string{"snap", "base"}}},
+		{"no template", sandbox.Attrs{}, nil, sandbox.Attrs{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			in := map[string]string{}
-			for k, v := range c.extra {
-				in[k] = v
-			}
-			got := withPinnedLayers(c.extra, c.tpl)
+			got := withPinnedLayers(c.in, c.tpl)
 			if diff := cmp.Diff(c.want, got); diff != "" {
 				t.Errorf("(-want +got)\n%s", diff)
 			}
-			if len(c.extra) > 0 && !cmp.Equal(in, c.extra) {
-				t.Errorf("the request's map was changed: %v", c.extra)
+			got.Layers = append(got.Layers[:0], "x") // must not alias the template's slice
+			if tpl.Layers[0] != "top" {
+				t.Errorf("the template's layers were changed: %v", tpl.Layers)
 			}
 		})
 	}
@@ -65,7 +63,7 @@ func TestPinLegacy(t *testing.T) {
 	mk := func(id, fp string, extra map[string]string) *sandbox.Sandbox {
 		sb := &sandbox.Sandbox{ID: id, Owner: "alice", Template: "t", TemplateID: fp, Runtime: "runc",
 			State: sandbox.Stopped, CreatedAt: t0, ExpiresAt: t0.Add(time.Hour), ExpiryAction: sandbox.ExpireStop,
-			Resources: sandbox.Resources{CPUMillis: 1000, MemoryMiB: 64, DiskMiB: 64, Pids: 64}, Extra: extra}
+			Resources: sandbox.Resources{CPUMillis: 1000, MemoryMiB: 64, DiskMiB: 64, Pids: 64}, Attrs: attrsOf(extra)}
 		if err := st.CreateSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
@@ -73,7 +71,7 @@ func TestPinLegacy(t *testing.T) {
 	}
 	same := mk("same", "fp2", nil)
 	rebuilt := mk("rebuilt", "fp1", nil)
-	pinned := mk("pinned", "fp1", map[string]string{extraLayers: "old,base"})
+	pinned := mk("pinned", "fp1", map[string]string{"layers": "old,base"})
 	reasons := func(id string) []string {
 		evs, err := st.ListEvents(ctx, store.EventFilter{SandboxID: id})
 		if err != nil {
@@ -101,15 +99,15 @@ func TestPinLegacy(t *testing.T) {
 			}
 		}
 	}
-	if got := get("same").Extra[extraLayers]; got != "new,base" {
+	if got := strings.Join(get("same").Layers, ","); got != "new,base" {
 		t.Errorf("same: pinned %q, want the template's current layers", got)
 	}
-	if got := get("pinned").Extra[extraLayers]; got != "old,base" {
+	if got := strings.Join(get("pinned").Layers, ","); got != "old,base" {
 		t.Errorf("pinned: %q, want its own pin kept", got)
 	}
 	r := get("rebuilt")
-	if r.Extra[extraLayers] != "" || r.Extra[extraPinReason] == "" || r.TemplateID != "fp1" {
-		t.Errorf("rebuilt after pinLegacy: %+v", r.Extra)
+	if strings.Join(r.Layers, ",") != "" || r.LayersUnpinned == "" || r.TemplateID != "fp1" {
+		t.Errorf("rebuilt after pinLegacy: %+v", r.Attrs)
 	}
 	if diff := cmp.Diff([]string{"layers_unpinned"}, reasons("rebuilt")); diff != "" {
 		t.Errorf("rebuilt events (-want +got)\n%s", diff)
@@ -124,14 +122,14 @@ func TestPinLegacy(t *testing.T) {
 		}
 	}
 	r = get("rebuilt")
-	if r.Extra[extraLayers] != "new,base" || r.Extra[extraPinReason] != "" || r.TemplateID != "fp2" {
-		t.Errorf("rebuilt after its boot: template_id %s extra %v", r.TemplateID, r.Extra)
+	if strings.Join(r.Layers, ",") != "new,base" || r.LayersUnpinned != "" || r.TemplateID != "fp2" {
+		t.Errorf("rebuilt after its boot: template_id %s attrs %+v", r.TemplateID, r.Attrs)
 	}
 	if diff := cmp.Diff([]string{"layers_unpinned", "layers_rebased"}, reasons("rebuilt")); diff != "" {
 		t.Errorf("rebuilt events (-want +got)\n%s", diff)
 	}
-	if p := get("pinned"); p.Extra[extraLayers] != "old,base" || p.TemplateID != "fp1" {
-		t.Errorf("a pinned sandbox moved at boot: %s %v", p.TemplateID, p.Extra)
+	if p := get("pinned"); strings.Join(p.Layers, ",") != "old,base" || p.TemplateID != "fp1" {
+		t.Errorf("a pinned sandbox moved at boot: %s %+v", p.TemplateID, p.Attrs)
 	}
 }
 

@@ -36,9 +36,6 @@ func (d *Daemon) poolLoop(ctx context.Context) { d.poolSvc.Run(ctx) }
 func poolable(req CreateRequest) bool {
 	k := req
 	k.Owner, k.Actor, k.Labels, k.Env, k.TTL, k.ExpiryAction, k.AutoResume, k.Workstation = "", "", nil, nil, 0, "", false, false
-	if len(k.Extra) == 0 {
-		k.Extra = nil
-	}
 	return reflect.DeepEqual(k, CreateRequest{Template: req.Template, Runtime: req.Runtime, Resources: req.Resources})
 }
 
@@ -52,10 +49,10 @@ func (d *Daemon) claimFromPool(ctx context.Context, req CreateRequest, tpl *stor
 }
 
 // CreatePoolMember creates one warm pool member (pool.Core).
-func (d *Daemon) CreatePoolMember(ctx context.Context, spec pool.Spec, extra map[string]string) (*sandbox.Sandbox, error) {
+func (d *Daemon) CreatePoolMember(ctx context.Context, spec pool.Spec, m sandbox.PoolState) (*sandbox.Sandbox, error) {
 	return d.Create(ctx, CreateRequest{
 		Owner: PoolOwner, Actor: "pool", Template: spec.Template, Runtime: spec.Runtime,
-		Resources: spec.Resources, TTL: d.cfg.MaxTTL, Extra: extra,
+		Resources: spec.Resources, TTL: d.cfg.MaxTTL, Attrs: sandbox.Attrs{Pool: m},
 	})
 }
 

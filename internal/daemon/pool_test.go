@@ -18,10 +18,10 @@ func TestPoolable(t *testing.T) {
 		{"personalised", func(r *CreateRequest) {
 			r.Owner, r.Actor, r.TTL, r.ExpiryAction = "bob", "bob", time.Hour, sandbox.ExpireDelete
 			r.Labels, r.Env, r.AutoResume, r.Workstation = map[string]string{"a": "b"}, map[string]string{"K": "V"}, true, true
-			r.Extra = map[string]string{}
+			r.Attrs = sandbox.Attrs{}
 		}, true},
 		{"from snapshot", func(r *CreateRequest) { r.FromSnapshot = "s1" }, false},
-		{"extra (network policy, idle policy)", func(r *CreateRequest) { r.Extra = map[string]string{"idle_policy": "x"} }, false},
+		{"attrs (network policy, idle policy)", func(r *CreateRequest) { r.Attrs.IdlePolicy = "x" }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := base

@@ -15,15 +15,6 @@ import (
 	"github.com/berth-dev/berth/internal/template"
 )
 
-// Keys in Sandbox.Extra written by snapshots and forks.
-const (
-	extraLayers     = "layers"          // comma-joined layer digests (top first) the sandbox boots on, pinned for life (pin.go)
-	extraSnapshot   = "snapshot"        // snapshot the sandbox was started from
-	extraParent     = "fork_parent"     // sandbox it was forked from
-	extraGeneration = "fork_generation" // 0 = not a fork
-	extraForkMode   = "fork_mode"       // memory | disk
-)
-
 func (d *Daemon) snapshotDir(id string) string { return filepath.Join(d.cfg.DataDir, "snapshots", id) }
 
 // upperExporter is a runtime that keeps a container's rootfs writes to
@@ -35,8 +26,8 @@ type upperExporter interface {
 
 // layerDigests are the lower layers sb runs on, top first.
 func (d *Daemon) layerDigests(ctx context.Context, sb *sandbox.Sandbox) ([]string, error) {
-	if l := sb.Extra[extraLayers]; l != "" {
-		return strings.Split(l, ","), nil
+	if len(sb.Layers) > 0 {
+		return slices.Clone(sb.Layers), nil
 	}
 	tpl, err := d.store.GetTemplate(ctx, sb.Template)
 	if err != nil {
@@ -52,12 +43,11 @@ func (d *Daemon) layerDigests(ctx context.Context, sb *sandbox.Sandbox) ([]strin
 // lowersFor resolves the layers a sandbox boots on to host paths: the
 // snapshot's layers for a sandbox started from a snapshot, else the template's.
 func (d *Daemon) lowersFor(sb *sandbox.Sandbox, tpl *store.Template) ([]string, error) {
-	l := sb.Extra[extraLayers]
-	if l == "" {
+	if len(sb.Layers) == 0 {
 		return d.layersOf(tpl)
 	}
 	var out []string
-	for _, dg := range strings.Split(l, ",") {
+	for _, dg := range sb.Layers {
 		p := d.templates.LayerPath(dg)
 		if _, err := os.Stat(p); err != nil {
 			return nil, errs.Wrap(errs.FailedPrecondition, err, "layer %s of sandbox %s is missing", dg, sb.ID)
@@ -186,8 +176,8 @@ func (d *Daemon) recordSnapshot(ctx context.Context, id string, sb *sandbox.Sand
 		Extra: map[string]string{"layer_bytes": formatInt(layer.TarSize), "layer_entries": formatInt(layer.Entries),
 			"capture_ms": formatInt(took.Milliseconds())},
 	}
-	if p := sb.Extra[extraPolicy]; p != "" {
-		sn.Extra[extraPolicy] = p
+	if p := sb.Net.Policy; len(p) > 0 {
+		sn.Extra[snapshotPolicyKey] = string(p)
 	}
 	if err := d.store.CreateSnapshot(ctx, sn); err != nil {
 		if errs.Is(err, errs.AlreadyExists) {
@@ -227,7 +217,7 @@ func (d *Daemon) snapshotUsers(ctx context.Context, id string) ([]string, error)
 	}
 	var users []string
 	for _, sb := range all {
-		if sb.State != sandbox.Deleted && sb.Extra[extraSnapshot] == id {
+		if sb.State != sandbox.Deleted && sb.Lineage.Snapshot == id {
 			users = append(users, sb.ID)
 		}
 	}
@@ -285,7 +275,7 @@ func (d *Daemon) layerUsed(ctx context.Context, dg string) (bool, error) {
 		return true, err
 	}
 	for _, sb := range all {
-		if strings.Contains(sb.Extra[extraLayers], dg) {
+		if slices.Contains(sb.Layers, dg) {
 			return true, nil
 		}
 	}
@@ -329,15 +319,10 @@ func (d *Daemon) applySnapshot(ctx context.Context, req *CreateRequest) error {
 		return errs.Field("template", "snapshot %s was taken from template %s; leave template empty or use %s", sn.ID, sn.Template, sn.Template)
 	}
 	req.Template = sn.Template
-	extra := map[string]string{}
-	for k, v := range req.Extra {
-		extra[k] = v
+	req.Attrs.Layers = slices.Clone(sn.Layers)
+	req.Attrs.Lineage.Snapshot = sn.ID
+	if p := sn.Extra[snapshotPolicyKey]; p != "" && len(req.Attrs.Net.Policy) == 0 {
+		req.Attrs.Net.Policy = []byte(p) // the snapshot's network policy, unless the request names one
 	}
-	extra[extraLayers] = strings.Join(sn.Layers, ",")
-	extra[extraSnapshot] = sn.ID
-	if p := sn.Extra[extraPolicy]; p != "" && extra[extraPolicy] == "" {
-		extra[extraPolicy] = p // the snapshot's network policy, unless the request names one
-	}
-	req.Extra = extra
 	return nil
 }

@@ -2,7 +2,7 @@ package daemon
 
 import (
 	"context"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -37,7 +37,7 @@ func (d *Daemon) Templates() *template.Service { return d.tplSvc }
 // StartBuildSandbox starts a sandbox on the given layers for one RUN step
 // (template.Core).
 func (d *Daemon) StartBuildSandbox(ctx context.Context, layers []string, network string, note func(msg string)) (*sandbox.Sandbox, error) {
-	req := CreateRequest{Owner: BuildOwner, Network: network, Extra: map[string]string{extraLayers: strings.Join(layers, ",")}}
+	req := CreateRequest{Owner: BuildOwner, Network: network, Attrs: sandbox.Attrs{Layers: slices.Clone(layers)}}
 	if network == "" {
 		req.Network = "allow-all" // builds install packages
 		if !d.net.Enabled() {
@@ -54,7 +54,7 @@ func (d *Daemon) StartBuildSandbox(ctx context.Context, layers []string, network
 		ID: sandbox.NewID(), Owner: BuildOwner, Template: "build", TemplateID: fingerprint(*tpl),
 		Runtime: d.cfg.DefaultRuntime, State: sandbox.Creating, Labels: map[string]string{"berth.build": "true"},
 		Resources: d.cfg.DefaultResources, CreatedAt: now, ExpiresAt: now.Add(time.Hour),
-		ExpiryAction: sandbox.ExpireDelete, Extra: req.Extra,
+		ExpiryAction: sandbox.ExpireDelete, Attrs: req.Attrs,
 	}
 	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if err := d.admit(ctx, sb); err != nil {
@@ -116,8 +116,8 @@ func (d *Daemon) PinnedLayers(ctx context.Context) (map[string]bool, error) {
 		return nil, err
 	}
 	for _, sb := range all {
-		if x := sb.Extra[extraLayers]; x != "" && sb.State != sandbox.Deleted {
-			for _, l := range strings.Split(x, ",") {
+		if sb.State != sandbox.Deleted {
+			for _, l := range sb.Layers {
 				used[l] = true
 			}
 		}

@@ -50,10 +50,8 @@ func signalsDaemon(t *testing.T, st store.Store, clk *testClock) *Daemon {
 	return d
 }
 
-// TestSharedExtraKeys: the Extra keys the services read are the ones the
-// lifecycle writes.
-func TestSharedExtraKeys(t *testing.T) {
-	if extraSnapshot != admission.ExtraSnapshot {
-		t.Errorf("extraSnapshot %q != admission.ExtraSnapshot %q", extraSnapshot, admission.ExtraSnapshot)
-	}
+// attrsOf builds typed attrs from the legacy key/value form the tables use.
+func attrsOf(extra map[string]string) sandbox.Attrs {
+	a, _ := sandbox.AttrsFromExtra(extra)
+	return a
 }

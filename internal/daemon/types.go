@@ -20,8 +20,9 @@ type CreateRequest struct {
 	Env          map[string]string
 	AutoResume   bool
 	Workstation  bool // expiry action pause by default
-	// Extra is feature-specific persisted data (network policy, lineage ...).
-	Extra map[string]string
+	// Attrs are the typed feature state the sandbox starts with (lineage,
+	// pool membership, idle policy, an inherited network policy ...).
+	Attrs sandbox.Attrs
 	// Network is the egress policy mode ("" = server default), Allow and
 	// Deny its rules, Secrets the secrets to grant (netpolicy.go).
 	Network              string

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"maps"
 	"os"
 	"path/filepath"
 
@@ -27,14 +26,11 @@ var runcUserNS = rootfs.IDMap{HostID: 2000000000, Size: 65536}
 // off (Config.NoUserNS); runc's trial checkpoint runs in it too.
 func RuncUserNS() rootfs.IDMap { return runcUserNS }
 
-// extraUserNS records on a sandbox the id mapping its workspace was made
-// for ("HOST:SIZE"), or userNSNone. A sandbox without it predates user
-// namespaces: its workspace holds unshifted ids, and it keeps running
+// Attrs.UserNS records on a sandbox the id mapping its workspace was made
+// for ("HOST:SIZE"), or sandbox.UserNSNone. A sandbox without it predates
+// user namespaces: its workspace holds unshifted ids, and it keeps running
 // without one (shifting a workspace on start would cost a walk of it).
-const (
-	extraUserNS = "userns"
-	userNSNone  = "none"
-)
+const userNSNone = sandbox.UserNSNone
 
 // setupUserNS makes the data dir searchable for the mapped root, which
 // runc's init resolves the sandbox's root filesystem path as: the data dir
@@ -82,7 +78,7 @@ func shareDir(dir string, uid, gid uint32, mode os.FileMode) error {
 
 // userNSOf is the mapping sb's workspace was made for; nil: none.
 func (d *Daemon) userNSOf(sb *sandbox.Sandbox) *rootfs.IDMap {
-	v := sb.Extra[extraUserNS]
+	v := sb.UserNS
 	if v == "" || v == userNSNone {
 		return nil
 	}
@@ -105,37 +101,27 @@ func (d *Daemon) userNSChoice(runtime string) string {
 
 // presetUserNS records the choice on a sandbox not yet stored (Create).
 func (d *Daemon) presetUserNS(sb *sandbox.Sandbox) {
-	if _, ok := sb.Extra[extraUserNS]; ok {
+	if sb.UserNS != "" {
 		return
 	}
-	sb.Extra = maps.Clone(sb.Extra)
-	if sb.Extra == nil {
-		sb.Extra = map[string]string{}
-	}
-	sb.Extra[extraUserNS] = d.userNSChoice(sb.Runtime)
+	sb.UserNS = d.userNSChoice(sb.Runtime)
 }
 
 // pickUserNS decides, before a sandbox's workspace is made, whether it runs
 // in a user namespace (runc, unless disabled; a memory fork child already
 // carries its parent's choice), and records it before the workspace exists.
 func (d *Daemon) pickUserNS(ctx context.Context, sb *sandbox.Sandbox) error {
-	if _, ok := sb.Extra[extraUserNS]; ok {
+	if sb.UserNS != "" {
 		return nil
 	}
 	v := d.userNSChoice(sb.Runtime)
 	if _, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
-		if s.Extra == nil {
-			s.Extra = map[string]string{}
-		}
-		s.Extra[extraUserNS] = v
+		s.UserNS = v
 		return nil
 	}); err != nil {
 		return err
 	}
-	if sb.Extra == nil {
-		sb.Extra = map[string]string{}
-	}
-	sb.Extra[extraUserNS] = v
+	sb.UserNS = v
 	return nil
 }
 

@@ -36,7 +36,7 @@ func TestCreateRequest(t *testing.T) {
 			body: newSandboxJSON{TemplateID: "base", Timeout: i64(86400), EnvVars: map[string]string{"A": "1"},
 				AutoPause: true, AutoPauseMemory: &f, AutoResume: &autoResumeJSON{Enabled: true}},
 			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", TTL: time.Hour, Env: map[string]string{"A": "1"},
-				ExpiryAction: sandbox.ExpirePause, AutoResume: true, Extra: map[string]string{"e2b_auto_pause_memory": "false"}}},
+				ExpiryAction: sandbox.ExpirePause, AutoResume: true}},
 		{name: "negative timeout is zero", v2: true, body: newSandboxJSON{TemplateID: "base", Timeout: i64(-5)},
 			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", ExpiryAction: sandbox.ExpireDelete}},
 		{name: "no internet access", v2: true, body: newSandboxJSON{TemplateID: "py", AllowInternetAccess: &f},

@@ -73,9 +73,6 @@ func (s *Server) createRequest(owner string, body newSandboxJSON, v2 bool) (daem
 	}
 	if body.AutoPause {
 		req.ExpiryAction = sandbox.ExpirePause
-		if body.AutoPauseMemory != nil && !*body.AutoPauseMemory {
-			req.Extra = map[string]string{"e2b_auto_pause_memory": "false"}
-		}
 	}
 	if body.AutoResume != nil && body.AutoResume.Enabled {
 		req.AutoResume = true

@@ -110,12 +110,9 @@ const (
 	resolvInSandbox = "/etc/resolv.conf"
 )
 
-// Keys of sandbox.Extra owned by the network feature.
-const (
-	ExtraPolicy  = "network_policy" // egress.MarshalPolicy JSON
-	extraSecrets = "secrets"        // JSON []grantRef
-	extraPorts   = "ports"          // JSON map[port]portEntry
-)
+// SnapshotPolicyKey is the key of a snapshot's Extra holding the network
+// policy (egress.MarshalPolicy JSON) of the sandbox it was taken from.
+const SnapshotPolicyKey = "network_policy"
 
 // netState is the host's network: namespaces, the egress proxy, berth's
 // CA and the sealer of secrets.
@@ -369,7 +366,7 @@ func (h *Service) NetNSPath(sb *sandbox.Sandbox) string {
 			return att.NetNSPath
 		}
 	}
-	return sb.Extra["netns_path"]
+	return sb.Net.NetnsPath
 }
 
 func (h *Service) netDir(id string) string { return filepath.Join(h.core.SandboxDir(id), "net") }

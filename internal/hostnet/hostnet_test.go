@@ -3,6 +3,7 @@ package hostnet
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -183,18 +184,26 @@ func TestAllowHost(t *testing.T) {
 // or anything else.
 func TestInherit(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		extra map[string]string
-		want  map[string]string
+		name string
+		net  sandbox.NetState
+		want sandbox.NetState
 	}{
-		{"nothing", nil, map[string]string{}},
-		{"policy and grants", map[string]string{ExtraPolicy: `{"mode":"allow-all"}`, extraSecrets: `[{"name":"K"}]`,
-			extraPorts: `{"8080":{}}`, "userns": "none", "lease_until": "x"},
-			map[string]string{ExtraPolicy: `{"mode":"allow-all"}`, extraSecrets: `[{"name":"K"}]`}},
-		{"empty values dropped", map[string]string{ExtraPolicy: "", extraSecrets: ""}, map[string]string{}},
+		{"nothing", sandbox.NetState{}, sandbox.NetState{}},
+		{"policy and grants; not ports nor the namespace", sandbox.NetState{Policy: json.RawMessage(`{"mode":"allow-all"}`),
+			Secrets: []sandbox.SecretGrant{{Name: "K"}}, Ports: map[string]sandbox.PortGrant{"8080": {}}, NetnsPath: "/n"},
+			sandbox.NetState{Policy: json.RawMessage(`{"mode":"allow-all"}`), Secrets: []sandbox.SecretGrant{{Name: "K"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, Inherit(&sandbox.Sandbox{Extra: tc.extra})); diff != "" {
+			parent := &sandbox.Sandbox{Attrs: sandbox.Attrs{Net: tc.net, UserNS: "none"}}
+			got := Inherit(parent)
+			if len(got.Secrets) > 0 {
+				got.Secrets[0].Name = "changed" // the child's copy must not alias the parent's
+				if parent.Net.Secrets[0].Name != "K" {
+					t.Error("Inherit aliases the parent's grants")
+				}
+				got.Secrets[0].Name = "K"
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
@@ -208,17 +217,17 @@ func TestParsePortAndInfos(t *testing.T) {
 		}
 	}
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	b, _ := json.Marshal(map[string]portEntry{"8080": {CreatedAt: at}, "22": {TokenHash: "h", CreatedAt: at}})
-	got := portInfos(&sandbox.Sandbox{Extra: map[string]string{extraPorts: string(b)}})
+	got := portInfos(&sandbox.Sandbox{Attrs: sandbox.Attrs{Net: sandbox.NetState{
+		Ports: map[string]portEntry{"8080": {CreatedAt: at}, "22": {TokenHash: "h", CreatedAt: at}}}}})
 	want := []PortInfo{{Port: 22, Token: true, CreatedAt: at}, {Port: 8080, CreatedAt: at}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("portInfos (-want +got):\n%s", diff)
 	}
 }
 
-func mkSandbox(t *testing.T, c *testCore, id, owner string, state sandbox.State, extra map[string]string) *sandbox.Sandbox {
+func mkSandbox(t *testing.T, c *testCore, id, owner string, state sandbox.State, net sandbox.NetState) *sandbox.Sandbox {
 	t.Helper()
-	sb := &sandbox.Sandbox{ID: id, Owner: owner, Template: "default", State: state, CreatedAt: c.now, Extra: extra}
+	sb := &sandbox.Sandbox{ID: id, Owner: owner, Template: "default", State: state, CreatedAt: c.now, Attrs: sandbox.Attrs{Net: net}}
 	if err := c.st.CreateSandbox(t.Context(), sb); err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +246,7 @@ func TestDisabled(t *testing.T) {
 	if err := h.Prepare(ctx, &req); err != nil {
 		t.Fatal(err)
 	}
-	pol, err := egress.UnmarshalPolicy([]byte(req.Extra[ExtraPolicy]))
+	pol, err := egress.UnmarshalPolicy(req.Net.Policy)
 	if err != nil || pol.Mode != egress.DenyAll {
 		t.Errorf("default policy = %+v, %v; want deny-all", pol, err)
 	}
@@ -249,7 +258,7 @@ func TestDisabled(t *testing.T) {
 	if _, err := h.PutSecret(ctx, "alice", "K", "api.test", "", []byte("v")); !errs.Is(err, errs.FailedPrecondition) {
 		t.Errorf("PutSecret = %v, want FailedPrecondition", err)
 	}
-	mkSandbox(t, c, "sb1", "alice", sandbox.Running, nil)
+	mkSandbox(t, c, "sb1", "alice", sandbox.Running, sandbox.NetState{})
 	if _, _, err := h.ExposePort(ctx, "alice", "sb1", 8080, false); !errs.Is(err, errs.FailedPrecondition) {
 		t.Errorf("ExposePort = %v, want FailedPrecondition", err)
 	}
@@ -260,7 +269,7 @@ func TestDisabled(t *testing.T) {
 	if err != nil || info.Policy.Mode != egress.DenyAll || info.Attached {
 		t.Errorf("SetPolicy(deny-all) = %+v, %v", info, err)
 	}
-	if err := h.Up(ctx, &sandbox.Sandbox{ID: "x", Extra: map[string]string{ExtraPolicy: `{"mode":"allow-all"}`}}, ""); !errs.Is(err, errs.FailedPrecondition) {
+	if err := h.Up(ctx, &sandbox.Sandbox{ID: "x", Attrs: sandbox.Attrs{Net: sandbox.NetState{Policy: json.RawMessage(`{"mode":"allow-all"}`)}}}, ""); !errs.Is(err, errs.FailedPrecondition) {
 		t.Errorf("Up(allow-all) without networking = %v, want FailedPrecondition", err)
 	}
 	if h.Mounts(&sandbox.Sandbox{ID: "sb1"}) != nil || h.NetNSPath(&sandbox.Sandbox{ID: "sb1"}) != "" {
@@ -276,8 +285,8 @@ func TestPortsAuthorize(t *testing.T) {
 	h, c, a := newTest(t)
 	ctx := t.Context()
 	h.net = &netState{owners: map[string]string{}} // enough for the port book-keeping; no proxy
-	mkSandbox(t, c, "sb1", "alice", sandbox.Running, nil)
-	mkSandbox(t, c, "sb2", "alice", sandbox.Paused, nil)
+	mkSandbox(t, c, "sb1", "alice", sandbox.Running, sandbox.NetState{})
+	mkSandbox(t, c, "sb2", "alice", sandbox.Paused, sandbox.NetState{})
 	alice, _ := a.CreateKey(ctx, "alice", false)
 	bob, _ := a.CreateKey(ctx, "bob", false)
 	admin, _ := a.CreateKey(ctx, "admin", true)
@@ -292,7 +301,7 @@ func TestPortsAuthorize(t *testing.T) {
 	if err != nil || !pi.Token || !strings.HasPrefix(tok, "bpt_") {
 		t.Fatalf("ExposePort = %+v, %q, %v", pi, tok, err)
 	}
-	if sb, _ := c.st.GetSandbox(ctx, "sb1"); strings.Contains(sb.Extra[extraPorts], tok) {
+	if sb, _ := c.st.GetSandbox(ctx, "sb1"); strings.Contains(fmt.Sprint(sb.Net.Ports), tok) {
 		t.Error("the port token is stored in clear")
 	}
 	if _, _, err := h.ExposePort(ctx, "alice", "sb1", 9090, false); err != nil {
@@ -368,18 +377,18 @@ func TestSecretsGranted(t *testing.T) {
 		t.Fatalf("secret not sealed at rest: %v", err)
 	}
 	// Another owner's name space is separate.
-	r := Request{Owner: "bob", Secrets: []string{"API_KEY"}, Extra: map[string]string{ExtraPolicy: `{"mode":"deny-all"}`}}
+	r := Request{Owner: "bob", Secrets: []string{"API_KEY"}, Net: sandbox.NetState{Policy: json.RawMessage(`{"mode":"deny-all"}`)}}
 	if err := h.Prepare(ctx, &r); !errs.Is(err, errs.InvalidArgument) {
 		t.Errorf("bob is granted alice's secret: %v", err)
 	}
 	r = Request{Owner: "alice", Secrets: []string{"API_KEY"}, Env: map[string]string{"API_KEY": "x"},
-		Extra: map[string]string{ExtraPolicy: `{"mode":"deny-all"}`}}
+		Net: sandbox.NetState{Policy: json.RawMessage(`{"mode":"deny-all"}`)}}
 	if err := h.Prepare(ctx, &r); !errs.Is(err, errs.InvalidArgument) {
 		t.Errorf("env clash: %v, want InvalidArgument", err)
 	}
-	// A fork's request: the parent's policy in Extra, no mode named.
+	// A fork's request: the parent's policy in Net, no mode named.
 	r = Request{Owner: "alice", Secrets: []string{"API_KEY"},
-		Extra: map[string]string{ExtraPolicy: `{"mode":"rules","allow":["a.test"]}`}}
+		Net: sandbox.NetState{Policy: json.RawMessage(`{"mode":"rules","allow":["a.test"]}`)}}
 	if err := h.Prepare(ctx, &r); err != nil {
 		t.Fatal(err)
 	}
@@ -387,14 +396,14 @@ func TestSecretsGranted(t *testing.T) {
 	if ph == "" || strings.Contains(ph, "s3cret") {
 		t.Errorf("env carries %q, want a placeholder", ph)
 	}
-	pol, err := egress.UnmarshalPolicy([]byte(r.Extra[ExtraPolicy]))
+	pol, err := egress.UnmarshalPolicy(r.Net.Policy)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := polDiff(egress.Policy{Mode: egress.Rules, Allow: rules(t, "a.test", "api.test")}, pol); diff != "" {
 		t.Errorf("policy (-want +got):\n%s", diff)
 	}
-	sb := mkSandbox(t, c, "sb1", "alice", sandbox.Running, r.Extra)
+	sb := mkSandbox(t, c, "sb1", "alice", sandbox.Running, r.Net)
 	gs, err := h.grants(ctx, sb)
 	if err != nil || len(gs) != 1 || gs[0].Value != "s3cret-value" || gs[0].Placeholder != ph || gs[0].Host != "api.test" {
 		t.Errorf("grants = %+v, %v", gs, err)

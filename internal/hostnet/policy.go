@@ -2,7 +2,7 @@ package hostnet
 
 import (
 	"context"
-	"encoding/json"
+	"slices"
 	"strings"
 
 	"github.com/berth-dev/berth/internal/egress"
@@ -21,23 +21,12 @@ type Info struct {
 	Ports     []PortInfo    `json:"ports,omitempty"`
 }
 
-// grantRef is a secret granted to a sandbox: its name and the placeholder
-// the sandbox sees in env var Name. The value is looked up at boot.
-type grantRef struct {
-	Name        string `json:"name"`
-	Placeholder string `json:"placeholder"`
-}
-
 // policyOf reads a sandbox's stored policy; none stored is deny-all.
 func policyOf(sb *sandbox.Sandbox) (egress.Policy, error) {
-	return egress.UnmarshalPolicy([]byte(sb.Extra[ExtraPolicy]))
+	return egress.UnmarshalPolicy(sb.Net.Policy)
 }
 
-func grantRefs(sb *sandbox.Sandbox) []grantRef {
-	var refs []grantRef
-	_ = json.Unmarshal([]byte(sb.Extra[extraSecrets]), &refs)
-	return refs
-}
+func grantRefs(sb *sandbox.Sandbox) []sandbox.SecretGrant { return sb.Net.Secrets }
 
 // BuildPolicy turns a mode and rule strings into a policy, as `berth create`
 // and `berth net set` take them. mode "" is the server default; deny-all
@@ -99,31 +88,29 @@ type Request struct {
 	// Deny its rules, Secrets the secrets to grant.
 	Network              string
 	Allow, Deny, Secrets []string
-	// Env and Extra are the create's; Prepare adds the placeholders of
-	// granted secrets to Env and the policy and grants to Extra (either may
-	// be nil on entry).
-	Env, Extra map[string]string
+	// Env and Net are the create's; Prepare adds the placeholders of
+	// granted secrets to Env and the policy and grants to Net (Env may be
+	// nil on entry; a Net that holds a policy is a fork's, kept).
+	Env map[string]string
+	Net sandbox.NetState
 }
 
 // Prepare fills a create request's network part: the policy (from
 // Network/Allow/Deny, or the server default), the granted secrets (their
-// hosts allowed, placeholders in env), all persisted in Extra. A request
-// whose Extra already holds a policy (a fork) keeps it unless it names one.
+// hosts allowed, placeholders in env), all persisted in the sandbox's
+// Attrs.Net. A request whose Net already holds a policy (a fork) keeps it
+// unless it names one.
 func (h *Service) Prepare(ctx context.Context, req *Request) error {
-	if req.Extra == nil {
-		req.Extra = map[string]string{}
-	}
 	var pol egress.Policy
 	var err error
-	if prev := req.Extra[ExtraPolicy]; prev != "" && req.Network == "" && len(req.Allow)+len(req.Deny) == 0 {
-		if pol, err = egress.UnmarshalPolicy([]byte(prev)); err != nil {
+	if prev := req.Net.Policy; len(prev) > 0 && req.Network == "" && len(req.Allow)+len(req.Deny) == 0 {
+		if pol, err = egress.UnmarshalPolicy(prev); err != nil {
 			return err
 		}
 	} else if pol, err = h.BuildPolicy(req.Network, req.Allow, req.Deny); err != nil {
 		return err
 	}
-	refs := []grantRef{}
-	_ = json.Unmarshal([]byte(req.Extra[extraSecrets]), &refs)
+	refs := slices.Clone(req.Net.Secrets)
 	for _, name := range req.Secrets {
 		if h.net == nil {
 			return errs.E(errs.FailedPrecondition, "networking is disabled on this server: secrets cannot be granted")
@@ -143,18 +130,14 @@ func (h *Service) Prepare(ctx context.Context, req *Request) error {
 		}
 		ph := egress.NewPlaceholder(name)
 		req.Env[name] = ph
-		refs = append(refs, grantRef{Name: name, Placeholder: ph})
+		refs = append(refs, sandbox.SecretGrant{Name: name, Placeholder: ph})
 		pol = allowHost(pol, sec.Host)
 	}
 	b, err := egress.MarshalPolicy(pol)
 	if err != nil {
 		return err
 	}
-	req.Extra[ExtraPolicy] = string(b)
-	if len(refs) > 0 {
-		rb, _ := json.Marshal(refs)
-		req.Extra[extraSecrets] = string(rb)
-	}
+	req.Net.Policy, req.Net.Secrets = b, refs
 	return nil
 }
 
@@ -195,18 +178,15 @@ func (h *Service) SetPolicy(ctx context.Context, owner, id, actor string, pol eg
 	if err != nil {
 		return nil, err
 	}
-	prev := sb.Extra[ExtraPolicy]
-	setPolicy := func(v string) func(*sandbox.Sandbox) error {
+	prev := sb.Net.Policy
+	setPolicy := func(v []byte) func(*sandbox.Sandbox) error {
 		return func(s *sandbox.Sandbox) error {
-			if s.Extra == nil {
-				s.Extra = map[string]string{}
-			}
-			s.Extra[ExtraPolicy] = v
+			s.Net.Policy = v
 			return nil
 		}
 	}
 	// Intent first: a crash after this is settled by Reconcile.
-	if sb, err = h.core.Store().UpdateSandbox(ctx, id, setPolicy(string(b))); err != nil {
+	if sb, err = h.core.Store().UpdateSandbox(ctx, id, setPolicy(b)); err != nil {
 		return nil, err
 	}
 	if h.net != nil {
@@ -273,13 +253,7 @@ func (h *Service) EgressLog(ctx context.Context, owner, id string, after int64, 
 
 // Inherit is what a fork inherits of its parent's network: the policy
 // and the secret grants (whose placeholders are in the inherited env).
-// Exposed ports are not inherited.
-func Inherit(parent *sandbox.Sandbox) map[string]string {
-	out := map[string]string{}
-	for _, k := range []string{ExtraPolicy, extraSecrets} {
-		if v := parent.Extra[k]; v != "" {
-			out[k] = v
-		}
-	}
-	return out
+// Exposed ports and the namespace are not inherited.
+func Inherit(parent *sandbox.Sandbox) sandbox.NetState {
+	return sandbox.NetState{Policy: slices.Clone(parent.Net.Policy), Secrets: slices.Clone(parent.Net.Secrets)}
 }

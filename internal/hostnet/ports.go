@@ -5,7 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
-	"encoding/json"
+	"maps"
 	"net"
 	"sort"
 	"strconv"
@@ -23,15 +23,15 @@ type PortInfo struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// portEntry is the persisted form (Extra["ports"]); only the token's hash.
-type portEntry struct {
-	TokenHash string    `json:"token_hash,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-}
+// portEntry is the persisted form (Attrs.Net.Ports); only the token's hash.
+type portEntry = sandbox.PortGrant
 
+// portEntries is a copy of sb's exposed ports, safe to modify.
 func portEntries(sb *sandbox.Sandbox) map[string]portEntry {
-	m := map[string]portEntry{}
-	_ = json.Unmarshal([]byte(sb.Extra[extraPorts]), &m)
+	m := maps.Clone(sb.Net.Ports)
+	if m == nil {
+		m = map[string]portEntry{}
+	}
 	return m
 }
 
@@ -84,11 +84,7 @@ func (h *Service) ExposePort(ctx context.Context, owner, id string, port int, wi
 	sb, err := h.core.Store().UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
 		m := portEntries(s)
 		m[strconv.Itoa(port)] = e
-		b, _ := json.Marshal(m)
-		if s.Extra == nil {
-			s.Extra = map[string]string{}
-		}
-		s.Extra[extraPorts] = string(b)
+		s.Net.Ports = m
 		return nil
 	})
 	if err != nil {
@@ -110,8 +106,7 @@ func (h *Service) ClosePort(ctx context.Context, owner, id string, port int) err
 	sb, err = h.core.Store().UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
 		m := portEntries(s)
 		delete(m, strconv.Itoa(port))
-		b, _ := json.Marshal(m)
-		s.Extra[extraPorts] = string(b)
+		s.Net.Ports = m
 		return nil
 	})
 	if err != nil {

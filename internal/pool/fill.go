@@ -39,7 +39,7 @@ func (s *Service) Pass(ctx context.Context) {
 	}
 	byPool := map[string][]*sandbox.Sandbox{}
 	for _, m := range members {
-		byPool[m.Extra[ExtraPool]] = append(byPool[m.Extra[ExtraPool]], m)
+		byPool[m.Pool.Member] = append(byPool[m.Pool.Member], m)
 	}
 	s.mu.Lock()
 	names := make([]string, 0, len(s.pools))
@@ -84,7 +84,7 @@ func (s *Service) fill(ctx context.Context, name string, members []*sandbox.Sand
 	}
 	ms := make([]Member, len(members))
 	for i, m := range members {
-		ms[i] = Member{ID: m.ID, Key: m.Extra[ExtraPoolKey], TemplateID: m.TemplateID, State: m.State}
+		ms[i] = Member{ID: m.ID, Key: m.Pool.Key, TemplateID: m.TemplateID, State: m.State}
 	}
 	now := s.now()
 	a := Plan(now, spec, State{Key: wp.key, Target: wp.target, Starting: wp.starting, RetryAt: wp.retryAt,
@@ -122,7 +122,7 @@ func (s *Service) fill(ctx context.Context, name string, members []*sandbox.Sand
 
 // startMember creates one member for wp.
 func (s *Service) startMember(ctx context.Context, wp *warmPool, spec Spec, key string) {
-	sb, err := s.core.CreatePoolMember(ctx, spec, map[string]string{ExtraPool: spec.Template, ExtraPoolKey: key})
+	sb, err := s.core.CreatePoolMember(ctx, spec, sandbox.PoolState{Member: spec.Template, Key: key})
 	if err == nil {
 		// Members never expire; a claim sets the real expiry.
 		_, err = s.core.Store().UpdateSandbox(ctx, sb.ID, func(m *sandbox.Sandbox) error {

@@ -25,11 +25,6 @@ import (
 // a user's name (owner names start with a letter or digit).
 const Owner = "_pool"
 
-// Keys in a pool member's Extra.
-const (
-	ExtraPool    = "pool"     // template name of the pool
-	ExtraPoolKey = "pool_key" // fingerprint + shape + runtime it was made for
-)
 
 const (
 	setting        = "pools" // settings key: JSON map template → Spec
@@ -133,7 +128,7 @@ type Template struct {
 // Member is one pool member as the store has it.
 type Member struct {
 	ID         string
-	Key        string // the key it was made for (its ExtraPoolKey)
+	Key        string // the key it was made for (its Attrs.Pool.Key)
 	TemplateID string
 	State      sandbox.State
 }

@@ -27,9 +27,9 @@ type Core interface {
 	Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string)
 
 	// CreatePoolMember creates a sandbox owned by Owner for spec, with
-	// extra in its Extra, and returns once it is ready (or failed: sb may
-	// then be non-nil and is drained).
-	CreatePoolMember(ctx context.Context, spec Spec, extra map[string]string) (*sandbox.Sandbox, error)
+	// membership m in its Attrs.Pool, and returns once it is ready (or
+	// failed: sb may then be non-nil and is drained).
+	CreatePoolMember(ctx context.Context, spec Spec, m sandbox.PoolState) (*sandbox.Sandbox, error)
 	// DrainPoolMember deletes an unclaimed member; one claimed meanwhile
 	// is left alone (the delete, as Owner, no longer sees it).
 	DrainPoolMember(ctx context.Context, id string) error
@@ -194,9 +194,7 @@ func (s *Service) claim(ctx context.Context, id string, req ClaimRequest, tpl *s
 		}
 		sb.CreatedAt, sb.ExpiresAt, sb.ExpiryAction = now, now.Add(req.TTL), req.ExpiryAction
 		sb.AccessTokenHash = s.core.EnvdTokenHash(sb.ID, sb.Owner)
-		delete(sb.Extra, ExtraPool)
-		delete(sb.Extra, ExtraPoolKey)
-		sb.Extra["claimed_from_pool"] = tpl.Name
+		sb.Pool = sandbox.PoolState{ClaimedFrom: tpl.Name}
 		return nil
 	})
 	if err != nil {

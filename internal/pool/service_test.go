@@ -95,7 +95,7 @@ func (c *core) Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reaso
 	c.mu.Unlock()
 }
 
-func (c *core) CreatePoolMember(ctx context.Context, spec Spec, extra map[string]string) (*sandbox.Sandbox, error) {
+func (c *core) CreatePoolMember(ctx context.Context, spec Spec, m sandbox.PoolState) (*sandbox.Sandbox, error) {
 	c.mu.Lock()
 	err := c.createErr
 	c.mu.Unlock()
@@ -109,7 +109,7 @@ func (c *core) CreatePoolMember(ctx context.Context, spec Spec, extra map[string
 	now := c.Now()
 	sb := &sandbox.Sandbox{ID: sandbox.NewID(), Owner: Owner, Template: spec.Template, TemplateID: tpl.Fingerprint,
 		Runtime: spec.Runtime, State: sandbox.Running, Labels: map[string]string{}, Resources: spec.Resources,
-		CreatedAt: now, ExpiresAt: now.Add(time.Hour), ExpiryAction: sandbox.ExpireDelete, Extra: extra}
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour), ExpiryAction: sandbox.ExpireDelete, Attrs: sandbox.Attrs{Pool: m}}
 	if err := c.st.CreateSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
@@ -260,8 +260,8 @@ func TestFillStartsWithBoundedConcurrencyAndAdopts(t *testing.T) {
 		if m.ExpiresAt.Before(m.CreatedAt.AddDate(99, 0, 0)) {
 			t.Errorf("member %s expires at %v: members must never expire", m.ID, m.ExpiresAt)
 		}
-		if m.Extra[ExtraPool] != "t" || m.Extra[ExtraPoolKey] != s.key("fp1", "runc", defRes) {
-			t.Errorf("member %s extra = %v", m.ID, m.Extra)
+		if m.Pool.Member != "t" || m.Pool.Key != s.key("fp1", "runc", defRes) {
+			t.Errorf("member %s pool = %+v", m.ID, m.Pool)
 		}
 	}
 	// A restarted service adopts the members instead of starting new ones.
@@ -323,8 +323,8 @@ func TestClaim(t *testing.T) {
 		got.AccessTokenHash != "hash:"+sb.ID+":alice" {
 		t.Errorf("claimed sandbox not personalised: %+v", got)
 	}
-	if _, ok := got.Extra[ExtraPool]; ok || got.Extra[ExtraPoolKey] != "" || got.Extra["claimed_from_pool"] != "t" {
-		t.Errorf("claimed sandbox extra = %v", got.Extra)
+	if got.Pool != (sandbox.PoolState{ClaimedFrom: "t"}) {
+		t.Errorf("claimed sandbox pool = %+v", got.Pool)
 	}
 	if len(c.published) != 1 || c.published[0] != sb.ID {
 		t.Errorf("env published for %v, want [%s]", c.published, sb.ID)

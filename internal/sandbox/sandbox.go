@@ -63,9 +63,9 @@ type Sandbox struct {
 	ResumedFrom    PauseMode `json:"resumed_from,omitempty"`
 	RestoreCount   int       `json:"restore_count,omitempty"`
 	AutoResume     bool      `json:"auto_resume,omitempty"`
-	// Extra holds feature-specific JSON (network policy, lineage, ...) so
-	// later features do not need a schema migration per field.
-	Extra map[string]string `json:"extra,omitempty"`
+	// Attrs are the features' typed state (lineage, layers, pool, network...).
+	// In JSON they appear as the legacy "extra" map (MarshalJSON).
+	Attrs `json:"-"`
 	// Version increases on every write (optimistic concurrency in the store).
 	Version int64 `json:"-"`
 }

@@ -74,7 +74,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 			DiskMiB: req.DiskMiB, Pids: req.Pids},
 		Labels: req.Labels, Env: req.Env, AutoResume: req.AutoResume, Workstation: req.Workstation,
 		Network: req.Network, Allow: req.Allow, Deny: req.Deny, Secrets: req.Secrets,
-		FromSnapshot: req.FromSnapshot, Extra: withIdlePolicy(nil, req.IdlePolicy),
+		FromSnapshot: req.FromSnapshot, Attrs: sandbox.Attrs{IdlePolicy: req.IdlePolicy},
 	})
 	if err != nil {
 		return err

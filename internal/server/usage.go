@@ -129,18 +129,6 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request, p daemon.Princi
 	return s.d.WriteMetrics(r.Context(), w)
 }
 
-// withIdlePolicy records a create's idle policy in the sandbox's Extra.
-func withIdlePolicy(extra map[string]string, policy string) map[string]string {
-	if policy == "" {
-		return extra
-	}
-	if extra == nil {
-		extra = map[string]string{}
-	}
-	extra[daemon.ExtraIdlePolicy] = policy
-	return extra
-}
-
 // clientRoute reports whether requests on a route make the caller a client
 // of the sandbox for the reaper: everything under /v1/sandboxes/{id}/ except
 // reading its events. Reading the sandbox's record does not count, so a

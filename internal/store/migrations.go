@@ -5,7 +5,12 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"time"
+
+	"github.com/berth-dev/berth/internal/sandbox"
 )
 
 // migrations is the schema history: migrations[i] takes the database from
@@ -198,12 +203,16 @@ CREATE TABLE secrets (
 	// 6: sandboxes.access_token holds the hex SHA-256 of the envd token, not
 	// the token (hashAccessTokens rewrites the rows of older versions).
 	`CREATE INDEX IF NOT EXISTS sandboxes_access_token ON sandboxes (access_token);`,
+	// 7: the schema-less extra map becomes attrs, the JSON of the typed
+	// sandbox.Attrs (typedAttrs converts every row, then extra is dropped).
+	`ALTER TABLE sandboxes ADD COLUMN attrs TEXT NOT NULL DEFAULT '{}';`,
 }
 
 // migrationHooks run in the transaction of the migration with the same
 // number, after its SQL: the steps SQL cannot express.
 var migrationHooks = map[int]func(context.Context, *sql.Tx) error{
 	6: hashAccessTokens,
+	7: typedAttrs,
 }
 
 // hashAccessTokens replaces every plain envd access token with its hex
@@ -232,4 +241,54 @@ func hashAccessTokens(ctx context.Context, tx *sql.Tx) error {
 		}
 	}
 	return nil
+}
+
+// typedAttrs converts each sandbox's extra map into sandbox.Attrs. A key
+// it cannot place (unknown, or a value that does not parse) is not lost: it
+// is kept in a "migrated" event of that sandbox, whose data holds it verbatim.
+func typedAttrs(ctx context.Context, tx *sql.Tx) error {
+	rows, err := tx.QueryContext(ctx, `SELECT id, owner, extra FROM sandboxes WHERE extra IS NOT NULL AND extra != ''`)
+	if err != nil {
+		return err
+	}
+	type row struct{ id, owner, extra string }
+	var all []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.id, &r.owner, &r.extra); err != nil {
+			rows.Close()
+			return err
+		}
+		all = append(all, r)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return err
+	}
+	now := toNanos(time.Now())
+	for _, r := range all {
+		var extra map[string]string
+		if err := json.Unmarshal([]byte(r.extra), &extra); err != nil {
+			return fmt.Errorf("sandbox %s: extra is not a JSON object of strings: %w", r.id, err)
+		}
+		a, left := sandbox.AttrsFromExtra(extra)
+		b, err := json.Marshal(a)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE sandboxes SET attrs = ? WHERE id = ?`, string(b), r.id); err != nil {
+			return err
+		}
+		if len(left) == 0 {
+			continue
+		}
+		data, _ := json.Marshal(left)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO events
+			(sandbox_id, owner, time, actor, type, from_state, to_state, reason, message, data)
+			VALUES (?, ?, ?, 'system', 'migrated', '', '', 'extra_keys_kept', ?, ?)`,
+			r.id, r.owner, now, "keys of the old extra map the typed model has no field for, kept here verbatim", string(data)); err != nil {
+			return err
+		}
+	}
+	_, err = tx.ExecContext(ctx, `ALTER TABLE sandboxes DROP COLUMN extra`)
+	return err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"maps"
 	"slices"
@@ -18,7 +19,7 @@ import (
 const sandboxCols = `id, owner, template, template_id, runtime, state, reason, message,
 	labels, env, cpu_millis, memory_mib, disk_mib, pids, created_at, started_at, expires_at,
 	expiry_action, access_token, pause_requested, pause_actual, resumed_from, restore_count,
-	auto_resume, extra, version`
+	auto_resume, attrs, version`
 
 // sandboxArgs returns sb's column values in sandboxCols order.
 func sandboxArgs(sb *sandbox.Sandbox) ([]any, error) {
@@ -30,7 +31,7 @@ func sandboxArgs(sb *sandbox.Sandbox) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	extra, err := mapJSON(sb.Extra)
+	attrs, err := json.Marshal(sb.Attrs)
 	if err != nil {
 		return nil, err
 	}
@@ -38,20 +39,21 @@ func sandboxArgs(sb *sandbox.Sandbox) ([]any, error) {
 		labels, env, sb.Resources.CPUMillis, sb.Resources.MemoryMiB, sb.Resources.DiskMiB, sb.Resources.Pids,
 		toNanos(sb.CreatedAt), toNanos(sb.StartedAt), toNanos(sb.ExpiresAt),
 		string(sb.ExpiryAction), sb.AccessTokenHash, string(sb.PauseRequested), string(sb.PauseActual),
-		string(sb.ResumedFrom), sb.RestoreCount, sb.AutoResume, extra, sb.Version}, nil
+		string(sb.ResumedFrom), sb.RestoreCount, sb.AutoResume, string(attrs), sb.Version}, nil
 }
 
 func scanSandbox(sc scanner) (*sandbox.Sandbox, error) {
 	var (
 		sb                                 sandbox.Sandbox
 		state, expiry, preq, pact, resumed string
-		labels, env, extra                 sql.NullString
+		labels, env                        sql.NullString
+		attrs                              string
 		created, started, expires          int64
 	)
 	err := sc.Scan(&sb.ID, &sb.Owner, &sb.Template, &sb.TemplateID, &sb.Runtime, &state, &sb.Reason, &sb.Message,
 		&labels, &env, &sb.Resources.CPUMillis, &sb.Resources.MemoryMiB, &sb.Resources.DiskMiB, &sb.Resources.Pids,
 		&created, &started, &expires, &expiry, &sb.AccessTokenHash, &preq, &pact, &resumed, &sb.RestoreCount,
-		&sb.AutoResume, &extra, &sb.Version)
+		&sb.AutoResume, &attrs, &sb.Version)
 	if err != nil {
 		return nil, err
 	}
@@ -62,10 +64,13 @@ func scanSandbox(sc scanner) (*sandbox.Sandbox, error) {
 	for _, c := range []struct {
 		col sql.NullString
 		dst *map[string]string
-	}{{labels, &sb.Labels}, {env, &sb.Env}, {extra, &sb.Extra}} {
+	}{{labels, &sb.Labels}, {env, &sb.Env}} {
 		if err := fromJSON(c.col, c.dst); err != nil {
 			return nil, err
 		}
+	}
+	if err := json.Unmarshal([]byte(attrs), &sb.Attrs); err != nil {
+		return nil, errs.Wrap(errs.Internal, err, "sandbox %s: attrs", sb.ID)
 	}
 	return &sb, nil
 }

@@ -153,7 +153,7 @@ func TestSQLiteReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := suiteSandbox("sb1", "alice", suiteEpoch)
-	sb.Env, sb.Extra, sb.AccessTokenHash = map[string]string{"A": "b"}, map[string]string{"n": "1"}, "secret"
+	sb.Env, sb.IdlePolicy, sb.AccessTokenHash = map[string]string{"A": "b"}, "never", "secret"
 	if err := s.CreateSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
@@ -305,16 +305,16 @@ func TestMigrationHashesAccessTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	const plain = "0123456789abcdef0123456789abcdef0123456789abcdef"
-	prev := &SQLite{w: old, r: old}
-	sb := suiteSandbox("sb1", "alice", suiteEpoch)
-	sb.AccessTokenHash = plain // what versions before 6 stored
-	if err := prev.CreateSandbox(ctx, sb); err != nil {
-		t.Fatal(err)
-	}
-	other := suiteSandbox("sb2", "bob", suiteEpoch)
-	other.AccessTokenHash = ""
-	if err := prev.CreateSandbox(ctx, other); err != nil {
-		t.Fatal(err)
+	// Rows as version 5 wrote them (its columns; the write path of today
+	// writes columns that schema does not have yet).
+	for _, r := range [][3]string{{"sb1", "alice", plain}, {"sb2", "bob", ""}} {
+		if _, err := old.ExecContext(ctx, `INSERT INTO sandboxes (id, owner, template, template_id, runtime, state,
+			reason, message, cpu_millis, memory_mib, disk_mib, pids, created_at, started_at, expires_at, expiry_action,
+			access_token, pause_requested, pause_actual, resumed_from, restore_count, auto_resume, version)
+			VALUES (?, ?, 'python', 'sha256:ff', 'runc', 'running', '', '', 1000, 512, 1024, 64, 1, 0, 2, 'delete', ?, '', '', '', 0, 0, 1)`,
+			r[0], r[1], r[2]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := old.Close(); err != nil {
 		t.Fatal(err)

@@ -90,7 +90,10 @@ func suiteSandboxCRUD(t *testing.T, s Store) {
 		ExpiryAction: sandbox.ExpirePause, AccessTokenHash: "tok",
 		PauseRequested: sandbox.PauseMemory, PauseActual: sandbox.PauseDisk, ResumedFrom: sandbox.PauseDisk,
 		RestoreCount: 3, AutoResume: true,
-		Extra: map[string]string{"network": `{"allow":["pypi.org"]}`},
+		Attrs: sandbox.Attrs{Layers: []string{"sha256:l1", "sha256:l2"}, Lineage: sandbox.Lineage{Parent: "p", Generation: 2, ForkMode: "disk"},
+			Net: sandbox.NetState{Policy: []byte(`{"allow":["pypi.org"]}`), Secrets: []sandbox.SecretGrant{{Name: "gh", Placeholder: "X"}},
+				Ports: map[string]sandbox.PortGrant{"8080": {TokenHash: "h", CreatedAt: suiteEpoch}}},
+			LeaseUntil: suiteEpoch.Add(time.Minute), UserNS: sandbox.UserNSNone},
 	}
 	if err := s.CreateSandbox(ctx, in); err != nil {
 		t.Fatalf("CreateSandbox: %v", err)
@@ -436,11 +439,7 @@ func suiteUpdateConcurrent(t *testing.T, s Store) {
 	for range n {
 		wg.Go(func() {
 			_, err := s.UpdateSandbox(ctx, "sb", func(sb *sandbox.Sandbox) error {
-				c, _ := strconv.Atoi(sb.Extra["counter"])
-				if sb.Extra == nil {
-					sb.Extra = map[string]string{}
-				}
-				sb.Extra["counter"] = strconv.Itoa(c + 1)
+				sb.PauseMillis++ // any typed attr: a lost update would show as a low count
 				return nil
 			})
 			errc <- err
@@ -458,7 +457,7 @@ func suiteUpdateConcurrent(t *testing.T, s Store) {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff([]string{strconv.Itoa(n), strconv.Itoa(n + 1)},
-		[]string{got.Extra["counter"], strconv.FormatInt(got.Version, 10)}); diff != "" {
+		[]string{strconv.FormatInt(got.PauseMillis, 10), strconv.FormatInt(got.Version, 10)}); diff != "" {
 		t.Errorf("counter, version (-want +got):\n%s", diff)
 	}
 }

@@ -186,7 +186,7 @@ func unpin(t *testing.T, s *server, ids ...string) {
 	defer st.Close()
 	for _, id := range ids {
 		if _, err := st.UpdateSandbox(t.Context(), id, func(sb *sandbox.Sandbox) error {
-			delete(sb.Extra, "layers")
+			sb.Layers = nil
 			return nil
 		}); err != nil {
 			t.Fatal(err)
