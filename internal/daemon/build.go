@@ -445,7 +445,7 @@ func (d *Daemon) runStep(ctx context.Context, st *buildState, argv []string, net
 			progress(BuildProgress{Phase: "capture", Step: step, Steps: n, Message: "capturing the step's workspace"})
 			unlock := d.Lock(sb.ID)
 			defer unlock()
-			return d.captureUpper(ctx, sb, true)
+			return d.snaps.CaptureUpper(ctx, sb, true)
 		}
 	}
 	return template.Layer{}, errs.E(errs.Unavailable, "RUN: the stream ended without an exit status")

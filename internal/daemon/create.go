@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -122,8 +123,12 @@ func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Temp
 
 // Create makes a sandbox and returns once its agent answers (ready).
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbox, error) {
-	if err := d.applySnapshot(ctx, &req); err != nil {
-		return nil, err
+	if req.FromSnapshot != "" { // the snapshot's template and layers (internal/checkpoint)
+		tpl, extra, err := d.snaps.FromSnapshot(ctx, req.Owner, req.FromSnapshot, req.Template, req.Extra)
+		if err != nil {
+			return nil, err
+		}
+		req.Template, req.Extra = tpl, extra
 	}
 	tpl, err := d.normalize(ctx, &req)
 	if err != nil {
@@ -147,7 +152,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		Runtime: req.Runtime, State: sandbox.Creating, Labels: req.Labels, Env: withTemplateEnv(tpl, req.Env),
 		Resources: req.Resources, CreatedAt: now, ExpiresAt: now.Add(req.TTL),
 		ExpiryAction: req.ExpiryAction, AutoResume: req.AutoResume,
-		Extra: withPinnedLayers(req.Extra, tpl), // pin.go: the layers are the sandbox's for life
+		Extra: checkpoint.WithPinnedLayers(req.Extra, tpl), // the layers are the sandbox's for life
 	}
 	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {
@@ -237,10 +242,10 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 		}
 		tpl = &t
 	}
-	if err := d.pinForBoot(ctx, sb, tpl); err != nil {
+	if err := d.snaps.PinForBoot(ctx, sb, tpl); err != nil {
 		return err
 	}
-	lowers, err := d.lowersFor(sb, tpl)
+	lowers, err := d.snaps.LowersFor(sb, tpl)
 	if err != nil {
 		return err
 	}
@@ -251,7 +256,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 			return err
 		}
 	}
-	if err := d.ensureChanDir(sb.ID); err != nil {
+	if err := d.chans.ensureDir(sb.ID); err != nil {
 		return err
 	}
 	if err := d.shareSandboxDir(sb); err != nil {
@@ -295,15 +300,15 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 		return nerr
 	}
 	d.netTrust(sb, root)
-	if err := d.writeEnv(sb); err != nil {
+	if err := d.chans.writeEnv(sb); err != nil {
 		return err
 	}
 	// The daemon listens first; the agent dials as soon as it starts.
-	ch, err := d.openChannel(sb.ID)
+	ch, err := d.chans.open(sb.ID)
 	if err != nil {
 		return err
 	}
-	undo = append(undo, func(context.Context) error { d.dropClient(sb.ID); return nil })
+	undo = append(undo, func(context.Context) error { d.chans.drop(sb.ID); return nil })
 	spec := d.spec(sb, tpl, root)
 	if err := rt.Run(ctx, spec); err != nil {
 		return errs.Wrap(errs.Internal, err, "start sandbox")
@@ -332,14 +337,14 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"BERTH_SANDBOX_ID=" + sb.ID,
-		"BERTH_AGENT_KEY=" + hex.EncodeToString(d.agentKey(sb.ID)),
+		"BERTH_AGENT_KEY=" + hex.EncodeToString(d.chans.agentKey(sb.ID)),
 	}
 	return runtime.Spec{
 		ID: sb.ID, BundleDir: d.SandboxDir(sb.ID), RootFS: root, Hostname: sb.ID,
 		Args: d.agent.Args, Env: env, Cwd: "/",
 		Mounts: append([]runtime.Mount{
 			{Source: d.agent.Dir, Target: agentMount, ReadOnly: true},
-			{Source: d.chanDir(sb.ID), Target: agentapi.SocketDir, ReadOnly: true},
+			{Source: d.chans.dir(sb.ID), Target: agentapi.SocketDir, ReadOnly: true},
 		}, d.netMounts(sb)...),
 		Resources: runtime.Resources{
 			CPUMillis:   sb.Resources.CPUMillis,
@@ -355,7 +360,7 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 
 // halt stops PID 1 and unmounts the filesystem, keeping the workspace image.
 func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
-	d.dropClient(sb.ID)
+	d.chans.drop(sb.ID)
 	var errList []error
 	if rt, err := d.RuntimeFor(sb); err == nil {
 		if err := rt.Delete(ctx, sb.ID); err != nil {

@@ -11,10 +11,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
-	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -37,12 +38,10 @@ type Daemon struct {
 	locksMu sync.Mutex
 	locks   map[string]*sync.Mutex
 
-	chanKey []byte // master key of the agent channels (channel.go)
-	chansMu sync.Mutex
-	chans   map[string]*agentapi.Channel
+	chans *channels // agent channels, with their own lock (channel.go)
 
-	pauseMu sync.Mutex
-	pauseCh map[string]chan struct{}
+	ckpt  *checkpoint.Service   // pause, resume, fork (internal/checkpoint)
+	snaps *checkpoint.Snapshots // snapshots and layer pins (internal/checkpoint)
 
 	wpools  *warmPools   // pool.go
 	tplWork templateWork // pull.go: one download per image, GC vs imports
@@ -100,14 +99,32 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		}
 	}
 	bg, cancel := context.WithCancel(context.Background())
-	return &Daemon{
+	d := &Daemon{
 		cfg: cfg, agent: agent, tokenKey: tokenKey, log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
-		locks: map[string]*sync.Mutex{}, chanKey: chanKey, chans: map[string]*agentapi.Channel{},
-		pauseCh: map[string]chan struct{}{},
-		wpools:  newWarmPools(),
-		bg:      bg, cancel: cancel,
-	}, nil
+		locks:  map[string]*sync.Mutex{},
+		wpools: newWarmPools(),
+		bg:     bg, cancel: cancel,
+	}
+	d.wireCore(chanKey)
+	return d, nil
 }
+
+// wireCore builds the parts of the core that need the core itself: its
+// channel registry and the checkpoint services (checkpoint_core.go).
+func (d *Daemon) wireCore(chanKey []byte) {
+	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
+	d.ckpt, d.snaps = checkpoint.New(checkpointCore{d}, checkpoint.Config{
+		DataDir: d.cfg.DataDir, ReadyTimeout: d.cfg.ReadyTimeout,
+		CheckpointTimeout: d.cfg.CheckpointTimeout, CheckpointTimeoutPerGiB: d.cfg.CheckpointTimeoutPerGiB,
+		Lifetime: d.bg, Log: d.log,
+	}, d.templates)
+}
+
+// Checkpoints is the pause, resume and fork service.
+func (d *Daemon) Checkpoints() *checkpoint.Service { return d.ckpt }
+
+// Snapshots is the snapshot and layer-pin service.
+func (d *Daemon) Snapshots() *checkpoint.Snapshots { return d.snaps }
 
 // Close stops background loops. Sandboxes keep running: a daemon restart
 // reconciles and adopts them.
@@ -115,12 +132,7 @@ func (d *Daemon) Close() {
 	d.cancel()
 	d.wg.Wait()
 	d.releaseNetwork()
-	d.chansMu.Lock()
-	for id, c := range d.chans {
-		c.Close()
-		delete(d.chans, id)
-	}
-	d.chansMu.Unlock()
+	d.chans.closeAll()
 }
 
 // Store exposes the store for read-only API handlers (events, templates, keys).
@@ -197,6 +209,8 @@ func (d *Daemon) Visible(ctx context.Context, owner, id string) (*sandbox.Sandbo
 	}
 	return sb, nil
 }
+
+func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
 
 func newToken() string {
 	var b [24]byte

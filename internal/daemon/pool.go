@@ -233,7 +233,7 @@ func (d *Daemon) claim(ctx context.Context, id string, req CreateRequest, tpl *s
 	if err != nil {
 		return nil, err
 	}
-	if err := d.writeEnv(out); err != nil {
+	if err := d.chans.writeEnv(out); err != nil {
 		return nil, err
 	}
 	actor := req.Actor

@@ -289,9 +289,9 @@ func (d *Daemon) reapOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, 
 	case reaper.Pause:
 		mode := dec.Mode
 		if mode == "" {
-			mode = d.defaultPauseMode(sb)
+			mode = d.ckpt.DefaultMode(sb)
 		}
-		_, err = d.pause(ctx, "", sb.ID, mode, "reaper", dec.Reason)
+		_, err = d.ckpt.PauseAs(ctx, "", sb.ID, mode, "reaper", dec.Reason)
 	case reaper.PauseDisk:
 		err = d.demoteToDisk(ctx, sb.ID, dec.Reason)
 	case reaper.Stop:
@@ -335,7 +335,7 @@ func (d *Daemon) demoteToDisk(ctx context.Context, id, reason string) error {
 	if err := d.halt(tctx, sb); err != nil {
 		return errs.Wrap(errs.Internal, err, "demote %s to a disk pause", id)
 	}
-	_ = os.RemoveAll(d.memoryDir(id))
+	_ = os.RemoveAll(d.ckpt.MemoryDir(id))
 	out, err := d.store.UpdateSandbox(tctx, id, func(s *sandbox.Sandbox) error {
 		s.PauseActual = sandbox.PauseDisk
 		s.Reason = reason
@@ -358,7 +358,7 @@ func (d *Daemon) diskBytes(id string) uint64 {
 			n += uint64(sys.Blocks) * 512
 		}
 	}
-	_ = filepath.WalkDir(d.memoryDir(id), func(_ string, e os.DirEntry, err error) error {
+	_ = filepath.WalkDir(d.ckpt.MemoryDir(id), func(_ string, e os.DirEntry, err error) error {
 		if err == nil && !e.IsDir() {
 			if info, err := e.Info(); err == nil {
 				if sys, ok := info.Sys().(*syscall.Stat_t); ok {

@@ -45,8 +45,8 @@ func signalsDaemon(t *testing.T, st store.Store, clk *testClock) *Daemon {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	d := &Daemon{cfg: cfg, log: cfg.Log, store: st, runtimes: map[string]runtime.Runtime{},
-		locks: map[string]*sync.Mutex{}, chans: map[string]*agentapi.Channel{}, pauseCh: map[string]chan struct{}{},
-		bg: bg, cancel: cancel}
+		locks: map[string]*sync.Mutex{}, bg: bg, cancel: cancel}
+	d.wireCore(make([]byte, agentapi.KeySize))
 	t.Cleanup(d.Close)
 	return d
 }

@@ -1,4 +1,4 @@
-package daemon
+package checkpoint
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// A sandbox pins the layers it boots on by digest (Extra[extraLayers]) for
+// A sandbox pins the layers it boots on by digest (Extra[ExtraLayers]) for
 // its whole life: a rebuilt template does not move it to other layers at its
 // next start or disk resume, snapshots and forks of it use the pinned
 // layers, and layer GC (CollectLayers) keeps them while the sandbox exists.
@@ -25,30 +25,27 @@ import (
 // says so in an event, and its next boot moves it to the template's current
 // layers, recorded as an event too.
 
-// extraPinReason marks a legacy sandbox whose layers could not be pinned.
-const extraPinReason = "layers_unpinned"
-
-// withPinnedLayers returns extra with the template's layers pinned unless
+// WithPinnedLayers returns extra with the template's layers pinned unless
 // the request already names its own (a snapshot's, a build step's).
-func withPinnedLayers(extra map[string]string, tpl *store.Template) map[string]string {
-	if extra[extraLayers] != "" || tpl == nil || len(tpl.Layers) == 0 {
+func WithPinnedLayers(extra map[string]string, tpl *store.Template) map[string]string {
+	if extra[ExtraLayers] != "" || tpl == nil || len(tpl.Layers) == 0 {
 		return extra
 	}
 	out := maps.Clone(extra)
 	if out == nil {
 		out = map[string]string{}
 	}
-	out[extraLayers] = strings.Join(tpl.Layers, ",")
+	out[ExtraLayers] = strings.Join(tpl.Layers, ",")
 	return out
 }
 
-// pinLegacy pins the layers of a sandbox created before pins existed, at
+// PinLegacy pins the layers of a sandbox created before pins existed, at
 // daemon start (Reconcile), when its template still matches.
-func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
-	if sb.State == sandbox.Deleted || sb.Extra[extraLayers] != "" || sb.Extra[extraPinReason] != "" {
+func (s *Snapshots) PinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
+	if sb.State == sandbox.Deleted || sb.Extra[ExtraLayers] != "" || sb.Extra[ExtraPinReason] != "" {
 		return nil
 	}
-	tpl, err := d.store.GetTemplate(ctx, sb.Template)
+	tpl, err := s.core.Store().GetTemplate(ctx, sb.Template)
 	if err != nil && !errs.Is(err, errs.NotFound) {
 		return err
 	}
@@ -60,7 +57,7 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 		}
 	default:
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
-		if l, ok := mountedLayers(string(mi), rootfs.LayoutOf(d.SandboxDir(sb.ID)).RootFS, d.templates.Dir()); ok {
+		if l, ok := mountedLayers(string(mi), rootfs.LayoutOf(s.core.SandboxDir(sb.ID)).RootFS, s.layers.Dir()); ok {
 			layers = l
 			break
 		}
@@ -69,14 +66,14 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 			reason = "template " + sb.Template + " was rebuilt (fingerprint " + sb.TemplateID + ", now " + tpl.Fingerprint + ") before this sandbox's layers were pinned"
 		}
 	}
-	out, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
+	out, err := s.core.Store().UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
 		if s.Extra == nil {
 			s.Extra = map[string]string{}
 		}
 		if reason != "" {
-			s.Extra[extraPinReason] = reason
+			s.Extra[ExtraPinReason] = reason
 		} else {
-			s.Extra[extraLayers] = strings.Join(layers, ",")
+			s.Extra[ExtraLayers] = strings.Join(layers, ",")
 		}
 		return nil
 	})
@@ -85,28 +82,28 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 	}
 	*sb = *out
 	if reason != "" {
-		d.Event(ctx, sb, "berth", "layers", "layers_unpinned", reason+
+		s.core.Event(ctx, sb, "berth", "layers", "layers_unpinned", reason+
 			"; snapshots and forks are refused until its next boot, which moves it to the template's current layers", nil)
 		return nil
 	}
-	d.log.Info("pinned the layers of a sandbox created before layer pins", "sandbox_id", sb.ID, "template", sb.Template)
+	s.log.Info("pinned the layers of a sandbox created before layer pins", "sandbox_id", sb.ID, "template", sb.Template)
 	return nil
 }
 
-// pinForBoot makes sure sb (about to boot over tpl) has pinned layers. A
+// PinForBoot makes sure sb (about to boot over tpl) has pinned layers. A
 // legacy sandbox that could not be pinned moves to the template's current
 // layers here, explicitly: its pin, its TemplateID and an event say so.
-func (d *Daemon) pinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) error {
-	if sb.Extra[extraLayers] != "" || tpl == nil || len(tpl.Layers) == 0 {
+func (s *Snapshots) PinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) error {
+	if sb.Extra[ExtraLayers] != "" || tpl == nil || len(tpl.Layers) == 0 {
 		return nil
 	}
 	from := sb.TemplateID
-	out, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
+	out, err := s.core.Store().UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
 		if s.Extra == nil {
 			s.Extra = map[string]string{}
 		}
-		s.Extra[extraLayers] = strings.Join(tpl.Layers, ",")
-		delete(s.Extra, extraPinReason)
+		s.Extra[ExtraLayers] = strings.Join(tpl.Layers, ",")
+		delete(s.Extra, ExtraPinReason)
 		s.TemplateID = tpl.Fingerprint
 		return nil
 	})
@@ -115,7 +112,7 @@ func (d *Daemon) pinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store
 	}
 	sb.Extra, sb.TemplateID = out.Extra, out.TemplateID
 	if from != tpl.Fingerprint {
-		d.Event(ctx, sb, "berth", "layers", "layers_rebased",
+		s.core.Event(ctx, sb, "berth", "layers", "layers_rebased",
 			"booting on the current layers of template "+tpl.Name+": this sandbox predates layer pins and its template was rebuilt",
 			map[string]string{"from_fingerprint": from, "to_fingerprint": tpl.Fingerprint})
 	}

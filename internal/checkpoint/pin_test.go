@@ -1,4 +1,4 @@
-package daemon
+package checkpoint
 
 import (
 	"path/filepath"
@@ -21,9 +21,9 @@ func TestWithPinnedLayers(t *testing.T) {
 		tpl   *store.Template
 		want  map[string]string
 	}{
-		{"template layers pinned", nil, tpl, map[string]string{extraLayers: "top,base"}},
-		{"other keys kept", map[string]string{"k": "v"}, tpl, map[string]string{"k": "v", extraLayers: "top,base"}},
-		{"a snapshot's layers win", map[string]string{extraLayers: "snap,base"}, tpl, map[string]string{extraLayers: "snap,base"}},
+		{"template layers pinned", nil, tpl, map[string]string{ExtraLayers: "top,base"}},
+		{"other keys kept", map[string]string{"k": "v"}, tpl, map[string]string{"k": "v", ExtraLayers: "top,base"}},
+		{"a snapshot's layers win", map[string]string{ExtraLayers: "snap,base"}, tpl, map[string]string{ExtraLayers: "snap,base"}},
 		{"no template", nil, nil, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -31,7 +31,7 @@ func TestWithPinnedLayers(t *testing.T) {
 			for k, v := range c.extra {
 				in[k] = v
 			}
-			got := withPinnedLayers(c.extra, c.tpl)
+			got := WithPinnedLayers(c.extra, c.tpl)
 			if diff := cmp.Diff(c.want, got); diff != "" {
 				t.Errorf("(-want +got)\n%s", diff)
 			}
@@ -53,10 +53,11 @@ func TestPinLegacy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	d := signalsDaemon(t, st, &testClock{now: t0})
-	if d.templates, err = template.Open(d.cfg.DataDir, nil); err != nil {
+	layers, err := template.Open(t.TempDir(), nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	_, d := New(&testCore{st: st, dir: t.TempDir(), now: t0}, Config{}, layers)
 	ctx := t.Context()
 	tpl, err := st.PutTemplate(ctx, store.Template{Name: "t", Fingerprint: "fp2", Layers: []string{"new", "base"}, State: store.TemplateReady})
 	if err != nil {
@@ -73,7 +74,7 @@ func TestPinLegacy(t *testing.T) {
 	}
 	same := mk("same", "fp2", nil)
 	rebuilt := mk("rebuilt", "fp1", nil)
-	pinned := mk("pinned", "fp1", map[string]string{extraLayers: "old,base"})
+	pinned := mk("pinned", "fp1", map[string]string{ExtraLayers: "old,base"})
 	reasons := func(id string) []string {
 		evs, err := st.ListEvents(ctx, store.EventFilter{SandboxID: id})
 		if err != nil {
@@ -96,19 +97,19 @@ func TestPinLegacy(t *testing.T) {
 	}
 	for range 2 { // a second daemon start changes nothing more
 		for _, sb := range []*sandbox.Sandbox{same, rebuilt, pinned} {
-			if err := d.pinLegacy(ctx, sb); err != nil {
+			if err := d.PinLegacy(ctx, sb); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if got := get("same").Extra[extraLayers]; got != "new,base" {
+	if got := get("same").Extra[ExtraLayers]; got != "new,base" {
 		t.Errorf("same: pinned %q, want the template's current layers", got)
 	}
-	if got := get("pinned").Extra[extraLayers]; got != "old,base" {
+	if got := get("pinned").Extra[ExtraLayers]; got != "old,base" {
 		t.Errorf("pinned: %q, want its own pin kept", got)
 	}
 	r := get("rebuilt")
-	if r.Extra[extraLayers] != "" || r.Extra[extraPinReason] == "" || r.TemplateID != "fp1" {
+	if r.Extra[ExtraLayers] != "" || r.Extra[ExtraPinReason] == "" || r.TemplateID != "fp1" {
 		t.Errorf("rebuilt after pinLegacy: %+v", r.Extra)
 	}
 	if diff := cmp.Diff([]string{"layers_unpinned"}, reasons("rebuilt")); diff != "" {
@@ -119,18 +120,18 @@ func TestPinLegacy(t *testing.T) {
 	}
 
 	for _, sb := range []*sandbox.Sandbox{r, get("pinned"), get("same")} {
-		if err := d.pinForBoot(ctx, sb, &tpl); err != nil {
+		if err := d.PinForBoot(ctx, sb, &tpl); err != nil {
 			t.Fatal(err)
 		}
 	}
 	r = get("rebuilt")
-	if r.Extra[extraLayers] != "new,base" || r.Extra[extraPinReason] != "" || r.TemplateID != "fp2" {
+	if r.Extra[ExtraLayers] != "new,base" || r.Extra[ExtraPinReason] != "" || r.TemplateID != "fp2" {
 		t.Errorf("rebuilt after its boot: template_id %s extra %v", r.TemplateID, r.Extra)
 	}
 	if diff := cmp.Diff([]string{"layers_unpinned", "layers_rebased"}, reasons("rebuilt")); diff != "" {
 		t.Errorf("rebuilt events (-want +got)\n%s", diff)
 	}
-	if p := get("pinned"); p.Extra[extraLayers] != "old,base" || p.TemplateID != "fp1" {
+	if p := get("pinned"); p.Extra[ExtraLayers] != "old,base" || p.TemplateID != "fp1" {
 		t.Errorf("a pinned sandbox moved at boot: %s %v", p.TemplateID, p.Extra)
 	}
 }
