@@ -26,6 +26,21 @@ func (s *Service) MemoryPauseSupported(runtimeName string) bool {
 	return ok && rt.Capabilities(s.cfg.Lifetime).Checkpoint
 }
 
+// DefaultRuntime is the runtime of a create that names none: def, except
+// that a workstation (which lives through pauses) gets runsc when def
+// cannot take memory checkpoints here and runsc can.
+func (s *Service) DefaultRuntime(ctx context.Context, def string, workstation bool) string {
+	if !workstation || def == "runsc" {
+		return def
+	}
+	rts := s.core.Runtimes()
+	alt, ok := rts["runsc"]
+	if !ok {
+		return def
+	}
+	return workstationRuntime(def, rts[def].Capabilities(ctx).Checkpoint, alt.Capabilities(ctx).Checkpoint)
+}
+
 // DefaultMode is the pause mode of a request that names none: memory when
 // sb's runtime can checkpoint here, else disk.
 func (s *Service) DefaultMode(sb *sandbox.Sandbox) sandbox.PauseMode {

@@ -19,6 +19,15 @@ func Timeout(base, perGiB time.Duration, memoryMiB int64) time.Duration {
 	return base + time.Duration(gib)*perGiB
 }
 
+// workstationRuntime picks a workstation's runtime when runsc is
+// configured: runsc only when it can checkpoint memory and def cannot.
+func workstationRuntime(def string, defCan, runscCan bool) string {
+	if def == "runsc" || defCan || !runscCan {
+		return def
+	}
+	return "runsc"
+}
+
 // defaultMode is the pause mode of a request that names none.
 func defaultMode(canCheckpoint bool) sandbox.PauseMode {
 	if canCheckpoint {

@@ -133,3 +133,21 @@ func TestPauseSignal(t *testing.T) {
 		t.Errorf("ErrPaused() = %v", ErrPaused())
 	}
 }
+
+func TestWorkstationRuntime(t *testing.T) {
+	for _, c := range []struct {
+		def              string
+		defCan, runscCan bool
+		want             string
+	}{
+		{"runc", false, true, "runsc"}, // the one case a workstation moves
+		{"runc", true, true, "runc"},
+		{"runc", false, false, "runc"}, // neither can: keep the default
+		{"runc", true, false, "runc"},
+		{"runsc", false, true, "runsc"},
+	} {
+		if got := workstationRuntime(c.def, c.defCan, c.runscCan); got != c.want {
+			t.Errorf("default %s (can %v), runsc can %v: %s, want %s", c.def, c.defCan, c.runscCan, got, c.want)
+		}
+	}
+}

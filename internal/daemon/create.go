@@ -32,21 +32,6 @@ var envKeyOK = func(k string) bool {
 	return true
 }
 
-// workstationRuntime is the runtime of a create that names none: the
-// default, except that a workstation (which lives through pauses) gets runsc
-// when the default cannot take memory checkpoints here and runsc can.
-func (d *Daemon) workstationRuntime(ctx context.Context, workstation bool) string {
-	def := d.cfg.DefaultRuntime
-	if !workstation || def == "runsc" {
-		return def
-	}
-	alt, ok := d.runtimes["runsc"]
-	if !ok || d.runtimes[def].Capabilities(ctx).Checkpoint || !alt.Capabilities(ctx).Checkpoint {
-		return def
-	}
-	return "runsc"
-}
-
 // normalize fills defaults and validates a create request; errors name the field.
 func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Template, error) {
 	if req.Owner == "" {
@@ -67,7 +52,7 @@ func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Temp
 		return nil, errs.Field("template", "template %q is %s, not ready: %s", req.Template, tpl.State, tpl.Progress+tpl.Error)
 	}
 	if req.Runtime == "" {
-		req.Runtime = d.workstationRuntime(ctx, req.Workstation)
+		req.Runtime = d.ckpt.DefaultRuntime(ctx, d.cfg.DefaultRuntime, req.Workstation) // internal/checkpoint
 	}
 	if _, ok := d.runtimes[req.Runtime]; !ok {
 		names := make([]string, 0, len(d.runtimes))

@@ -1,6 +1,43 @@
-// Package daemon is berth's lifecycle service on one host: it turns API
-// requests into store intents, runtime effects and events, and reconciles the
-// store against the runtime after a crash.
+// Package daemon is berth's lifecycle core on one host: it turns API
+// requests into store intents, runtime effects and events (create, start,
+// stop, delete, exec and files through the agent), owns the state table's
+// transitions and reconciles the store against the runtime after a crash.
+// The domains around it are services of their own that reach it through a
+// narrow interface declared on their side: internal/checkpoint (pause,
+// resume, fork, snapshots, layer pins; through checkpoint_core.go), and,
+// as they move out, templates, pools, host networking, admission, auth and
+// the reaper loop (docs/LAYOUT.md has the map).
+//
+// # Lock order
+//
+// Locks of the core and of the services it calls, outermost first. A lock
+// is only ever taken while holding locks above it in this list, never one
+// below it; while a leaf lock (4) is held no other lock of this list is
+// taken.
+//
+//  1. template GC (templateWork.gc, an RWMutex): read-held by an import or
+//     build for its whole run, which may create and boot a build sandbox
+//     (taking 2); write-held by layer GC, which takes nothing else.
+//  2. a sandbox's lock (Daemon.Lock(id)): serialises lifecycle operations
+//     on one sandbox; held across a whole create, start, stop, delete,
+//     pause, resume, snapshot or fork capture, and after a memory pause by
+//     the background release until the sandbox's filesystem and network
+//     are released. One operation holds one sandbox's lock at a time: a
+//     fork releases its parent's lock before it locks each child.
+//  3. admission (accounting.admitMu): quota check + intent insert; taken
+//     with a sandbox's lock held (start, fork, snapshot reservations). A
+//     warm-pool claim is the one inversion: it holds admitMu while it takes
+//     a pool member's lock (2); pool members are never started, forked or
+//     snapshotted by owners, so the two orders never meet on one sandbox.
+//  4. leaves, each independent of the others: Daemon.locksMu (finds the
+//     per-sandbox mutex inside Lock), channels.mu (the agent-channel
+//     registry, channel.go), checkpoint.Service.pauseMu (streams' pause
+//     signals), netState.mu (network owners and pending egress log),
+//     warmPools.mu (pool bookkeeping; released before a member is claimed),
+//     accounting.mu and accounting.mMu (live signals, metrics counters).
+//
+// The store's transactions are below all of these: a store call may be
+// made holding any of 1–3, and the store never calls back into the core.
 package daemon
 
 import (
@@ -105,13 +142,13 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		wpools: newWarmPools(),
 		bg:     bg, cancel: cancel,
 	}
-	d.wireCore(chanKey)
+	wireCore(d, chanKey)
 	return d, nil
 }
 
 // wireCore builds the parts of the core that need the core itself: its
 // channel registry and the checkpoint services (checkpoint_core.go).
-func (d *Daemon) wireCore(chanKey []byte) {
+func wireCore(d *Daemon, chanKey []byte) {
 	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
 	d.ckpt, d.snaps = checkpoint.New(checkpointCore{d}, checkpoint.Config{
 		DataDir: d.cfg.DataDir, ReadyTimeout: d.cfg.ReadyTimeout,

@@ -46,7 +46,7 @@ func signalsDaemon(t *testing.T, st store.Store, clk *testClock) *Daemon {
 	bg, cancel := context.WithCancel(context.Background())
 	d := &Daemon{cfg: cfg, log: cfg.Log, store: st, runtimes: map[string]runtime.Runtime{},
 		locks: map[string]*sync.Mutex{}, bg: bg, cancel: cancel}
-	d.wireCore(make([]byte, agentapi.KeySize))
+	wireCore(d, make([]byte, agentapi.KeySize))
 	t.Cleanup(d.Close)
 	return d
 }
