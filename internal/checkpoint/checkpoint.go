@@ -72,8 +72,15 @@ type Core interface {
 	EnsureChanDir(id string) error
 	WriteEnv(sb *sandbox.Sandbox) error
 
-	// Filesystem, user namespace and network of a boot.
+	// Filesystem, user namespace and network of a boot. The root filesystem
+	// of a sandbox in its directory dir is the core's (overlayfs over the
+	// lowers on a sized workspace image): made once (PrepareRoot), mounted
+	// again on each restore (RemountRoot), unmounted keeping the workspace
+	// (TeardownRoot).
 	TemplateLowers(tpl *store.Template) ([]string, error)
+	PrepareRoot(ctx context.Context, dir string, lowers []string, diskMiB int64, m *rootfs.IDMap) (root string, err error)
+	RemountRoot(ctx context.Context, dir string, lowers []string, m *rootfs.IDMap) (root string, err error)
+	TeardownRoot(ctx context.Context, dir string) error
 	UserNS(sb *sandbox.Sandbox) *rootfs.IDMap
 	PickUserNS(ctx context.Context, sb *sandbox.Sandbox) error
 	ShareSandboxDir(sb *sandbox.Sandbox) error

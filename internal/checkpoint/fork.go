@@ -17,7 +17,6 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
@@ -297,9 +296,9 @@ func (s *Service) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers [
 		if err := s.core.ShareSandboxDir(sb); err != nil {
 			return err
 		}
-		root, err = rootfs.Prepare(ctx, dir, lowers, diskMiB, s.core.UserNS(sb))
+		root, err = s.core.PrepareRoot(ctx, dir, lowers, diskMiB, s.core.UserNS(sb))
 	} else {
-		root, err = rootfs.Remount(ctx, dir, lowers, s.core.UserNS(sb))
+		root, err = s.core.RemountRoot(ctx, dir, lowers, s.core.UserNS(sb))
 	}
 	if err != nil {
 		return err

@@ -12,7 +12,6 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
@@ -262,7 +261,7 @@ func (s *Service) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release 
 		if err := s.core.NetDown(ctx, sb); err != nil {
 			s.log.Warn("detach network after checkpoint", "sandbox_id", sb.ID, "err", err)
 		}
-		return rootfs.Teardown(ctx, s.core.SandboxDir(sb.ID))
+		return s.core.TeardownRoot(ctx, s.core.SandboxDir(sb.ID))
 	}, nil
 }
 
@@ -377,7 +376,7 @@ func (s *Service) restore(ctx context.Context, sb *sandbox.Sandbox, count int) e
 	// As in boot: attach the network while the filesystem is mounted.
 	netErr := make(chan error, 1)
 	go func() { netErr <- s.core.NetUp(ctx, sb, "") }()
-	root, err := rootfs.Remount(ctx, s.core.SandboxDir(sb.ID), lowers, s.core.UserNS(sb))
+	root, err := s.core.RemountRoot(ctx, s.core.SandboxDir(sb.ID), lowers, s.core.UserNS(sb))
 	if nerr := <-netErr; err != nil || nerr != nil {
 		return errors.Join(err, nerr)
 	}

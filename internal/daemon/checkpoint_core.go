@@ -98,6 +98,18 @@ func (c checkpointCore) UserNS(sb *sandbox.Sandbox) *rootfs.IDMap { return c.d.u
 func (c checkpointCore) TemplateLowers(tpl *store.Template) ([]string, error) {
 	return c.d.layersOf(tpl)
 }
+
+// The root filesystem: internal/rootfs, as boot uses it.
+func (c checkpointCore) PrepareRoot(ctx context.Context, dir string, lowers []string, diskMiB int64, m *rootfs.IDMap) (string, error) {
+	return rootfs.Prepare(ctx, dir, lowers, diskMiB, m)
+}
+func (c checkpointCore) RemountRoot(ctx context.Context, dir string, lowers []string, m *rootfs.IDMap) (string, error) {
+	return rootfs.Remount(ctx, dir, lowers, m)
+}
+func (c checkpointCore) TeardownRoot(ctx context.Context, dir string) error {
+	return rootfs.Teardown(ctx, dir)
+}
+
 func (c checkpointCore) PickUserNS(ctx context.Context, sb *sandbox.Sandbox) error {
 	return c.d.pickUserNS(ctx, sb)
 }
