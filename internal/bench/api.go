@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/server"
@@ -281,8 +282,8 @@ func (c *Client) DeletePool(ctx context.Context, tpl string) error {
 }
 
 // Fork is POST /v1/sandboxes/{id}/fork {"count": n}.
-func (c *Client) Fork(ctx context.Context, id string, n int) (daemon.ForkResult, error) {
-	var res daemon.ForkResult
+func (c *Client) Fork(ctx context.Context, id string, n int) (checkpoint.ForkResult, error) {
+	var res checkpoint.ForkResult
 	err := c.Call(ctx, "POST", sbPath(id, "fork"), map[string]int{"count": n}, &res)
 	return res, err
 }

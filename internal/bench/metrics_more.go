@@ -20,7 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/server"
 )
@@ -205,7 +205,7 @@ const (
 // forkSample forks parent ForkChildren times and waits for every child's
 // `echo ok`. Outside the clock it checks that a child has the parent's
 // 100 MiB, then removes the children and the fork's snapshot.
-func (r *Runner) forkSample(ctx context.Context, parent string) (time.Duration, daemon.ForkResult, error) {
+func (r *Runner) forkSample(ctx context.Context, parent string) (time.Duration, checkpoint.ForkResult, error) {
 	start := time.Now()
 	fr, err := r.c.Fork(ctx, parent, ForkChildren)
 	if err != nil {

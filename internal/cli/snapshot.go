@@ -8,7 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/server"
 )
 
@@ -96,7 +96,7 @@ func runFork(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var res daemon.ForkResult
+	var res checkpoint.ForkResult
 	if err := c.call(e.ctx, "POST", sbPath(id, "fork"), nil, map[string]int{"count": *n}, &res); err != nil {
 		return err
 	}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	"github.com/berth-dev/berth/internal/agentapi"
@@ -68,19 +70,36 @@ func loadMasterKey(dataDir, name string, size int) ([]byte, error) {
 	return key, auth.PrivateFiles(dataDir, name)
 }
 
-func (d *Daemon) agentKey(id string) []byte { return agentapi.DeriveKey(d.chanKey, id) }
+// channels is the registry of the daemon's agent channels: one listener
+// per sandbox, keyed by sandbox id, under its own lock. mu is a leaf in the
+// core's lock order (package doc): it is taken with a sandbox's lock held
+// or not, and nothing that takes another lock runs while it is held.
+type channels struct {
+	key        []byte                 // master key (channelKeyFile)
+	sandboxDir func(id string) string // the core's per-sandbox host directory
+	log        *slog.Logger
 
-func (d *Daemon) chanDir(id string) string { return filepath.Join(d.SandboxDir(id), "chan") }
-
-func (d *Daemon) socketPath(id string) string {
-	return filepath.Join(d.chanDir(id), agentapi.SocketName)
+	mu sync.Mutex
+	m  map[string]*agentapi.Channel
 }
 
-// ensureChanDir creates the channel directory: root-owned, traversable by
+func newChannels(key []byte, sandboxDir func(string) string, log *slog.Logger) *channels {
+	return &channels{key: key, sandboxDir: sandboxDir, log: log, m: map[string]*agentapi.Channel{}}
+}
+
+func (c *channels) agentKey(id string) []byte { return agentapi.DeriveKey(c.key, id) }
+
+func (c *channels) dir(id string) string { return filepath.Join(c.sandboxDir(id), "chan") }
+
+func (c *channels) socketPath(id string) string {
+	return filepath.Join(c.dir(id), agentapi.SocketName)
+}
+
+// ensureDir creates the channel directory: root-owned, traversable by
 // a sandbox root mapped to an unprivileged uid, writable by nobody else.
-func (d *Daemon) ensureChanDir(id string) error {
-	dir := d.chanDir(id)
-	if err := os.MkdirAll(d.SandboxDir(id), 0o711); err != nil {
+func (c *channels) ensureDir(id string) error {
+	dir := c.dir(id)
+	if err := os.MkdirAll(c.sandboxDir(id), 0o711); err != nil {
 		return errs.Wrap(errs.Internal, err, "create sandbox dir")
 	}
 	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
@@ -93,78 +112,91 @@ func (d *Daemon) ensureChanDir(id string) error {
 	return errs.Wrap(errs.Internal, os.Chmod(dir, 0o711), "chmod channel dir")
 }
 
-// openChannel (re)creates a sandbox's channel listener before its agent starts.
-func (d *Daemon) openChannel(id string) (*agentapi.Channel, error) {
-	if err := d.ensureChanDir(id); err != nil {
+// open (re)creates a sandbox's channel listener before its agent starts.
+func (c *channels) open(id string) (*agentapi.Channel, error) {
+	if err := c.ensureDir(id); err != nil {
 		return nil, err
 	}
-	d.chansMu.Lock()
-	defer d.chansMu.Unlock()
-	if old, ok := d.chans[id]; ok {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.m[id]; ok {
 		old.Close()
-		delete(d.chans, id)
+		delete(c.m, id)
 	}
-	ch, err := agentapi.Listen(d.socketPath(id), id, d.agentKey(id), d.log.With("sandbox_id", id))
+	ch, err := agentapi.Listen(c.socketPath(id), id, c.agentKey(id), c.log.With("sandbox_id", id))
 	if err != nil {
 		return nil, err
 	}
-	d.chans[id] = ch
+	c.m[id] = ch
 	return ch, nil
 }
 
-// channel returns a sandbox's channel, listening again if the daemon has
+// get returns a sandbox's channel, listening again if the daemon has
 // none (after a restart its agents redial within a fraction of a second).
-func (d *Daemon) channel(id string) (*agentapi.Channel, error) {
-	d.chansMu.Lock()
-	ch, ok := d.chans[id]
-	d.chansMu.Unlock()
+func (c *channels) get(id string) (*agentapi.Channel, error) {
+	c.mu.Lock()
+	ch, ok := c.m[id]
+	c.mu.Unlock()
 	if ok {
 		return ch, nil
 	}
 	// Never recreate the directory of a sandbox that is gone.
-	if fi, err := os.Lstat(d.SandboxDir(id)); err != nil || !fi.IsDir() {
+	if fi, err := os.Lstat(c.sandboxDir(id)); err != nil || !fi.IsDir() {
 		return nil, errs.E(errs.Unavailable, "sandbox %s has no directory on this host", id)
 	}
-	if err := d.ensureChanDir(id); err != nil {
+	if err := c.ensureDir(id); err != nil {
 		return nil, err
 	}
-	d.chansMu.Lock()
-	defer d.chansMu.Unlock()
-	if ch, ok := d.chans[id]; ok {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch, ok := c.m[id]; ok {
 		return ch, nil
 	}
-	ch, err := agentapi.Listen(d.socketPath(id), id, d.agentKey(id), d.log.With("sandbox_id", id))
+	ch, err := agentapi.Listen(c.socketPath(id), id, c.agentKey(id), c.log.With("sandbox_id", id))
 	if err != nil {
 		return nil, err
 	}
-	d.chans[id] = ch
+	c.m[id] = ch
 	return ch, nil
 }
 
-// AgentClient returns the agent client of a sandbox.
-func (d *Daemon) AgentClient(id string) *agentapi.Client {
-	ch, err := d.channel(id)
+// client returns the agent client of a sandbox.
+func (c *channels) client(id string) *agentapi.Client {
+	ch, err := c.get(id)
 	if err != nil {
 		return agentapi.UnreachableClient(err)
 	}
 	return ch.Client()
 }
 
-// dropClient closes a sandbox's channel (its socket goes with it).
-func (d *Daemon) dropClient(id string) {
-	d.chansMu.Lock()
-	defer d.chansMu.Unlock() // no successor listens before this one is gone
-	if ch, ok := d.chans[id]; ok {
-		delete(d.chans, id)
+// drop closes a sandbox's channel (its socket goes with it).
+func (c *channels) drop(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock() // no successor listens before this one is gone
+	if ch, ok := c.m[id]; ok {
+		delete(c.m, id)
 		ch.Close()
 	}
 }
+
+// closeAll closes every channel (daemon shutdown; agents redial the next daemon).
+func (c *channels) closeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, ch := range c.m {
+		ch.Close()
+		delete(c.m, id)
+	}
+}
+
+// AgentClient returns the agent client of a sandbox.
+func (d *Daemon) AgentClient(id string) *agentapi.Client { return d.chans.client(id) }
 
 // writeEnv publishes the sandbox's default environment to the agent
 // (re-read on every exec, so updates apply without a restart). It lands in
 // the channel dir, which the sandbox cannot write, through os.Root: no
 // symlink is followed even if one appeared there.
-func (d *Daemon) writeEnv(sb *sandbox.Sandbox) error {
+func (c *channels) writeEnv(sb *sandbox.Sandbox) error {
 	env := map[string]string{}
 	for k, v := range sb.Env {
 		env[k] = v
@@ -173,10 +205,10 @@ func (d *Daemon) writeEnv(sb *sandbox.Sandbox) error {
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "encode env")
 	}
-	if err := d.ensureChanDir(sb.ID); err != nil {
+	if err := c.ensureDir(sb.ID); err != nil {
 		return err
 	}
-	root, err := os.OpenRoot(d.chanDir(sb.ID))
+	root, err := os.OpenRoot(c.dir(sb.ID))
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "open channel dir")
 	}
@@ -198,4 +230,13 @@ func (d *Daemon) writeEnv(sb *sandbox.Sandbox) error {
 		return errs.Wrap(errs.Internal, err, "write env")
 	}
 	return errs.Wrap(errs.Internal, root.Rename(tmp, final), "write env")
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }

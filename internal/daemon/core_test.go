@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/runtime/fake"
@@ -348,7 +349,7 @@ func (n *fakeNode) intent(owner string) *sandbox.Sandbox {
 	sb := &sandbox.Sandbox{ID: sandbox.NewID(), Owner: owner, Template: tpl.Name, TemplateID: tpl.Fingerprint,
 		Runtime: req.Runtime, State: sandbox.Creating, Labels: map[string]string{}, Resources: req.Resources,
 		CreatedAt: now, ExpiresAt: now.Add(req.TTL), ExpiryAction: req.ExpiryAction,
-		Attrs: withPinnedLayers(sandbox.Attrs{}, tpl)}
+		Attrs: checkpoint.WithPinnedLayers(sandbox.Attrs{}, tpl)}
 	n.d.presetUserNS(sb)
 	if err := n.d.admit(ctx, sb); err != nil {
 		n.t.Fatal(err)
@@ -375,7 +376,7 @@ func TestCoreAgentNeverReady(t *testing.T) {
 		t.Fatalf("List = %+v, want one failed sandbox", list)
 	}
 	n.assertHalted(list[0].ID)
-	if _, err := os.Lstat(n.d.socketPath(list[0].ID)); err == nil {
+	if _, err := os.Lstat(n.d.chans.socketPath(list[0].ID)); err == nil {
 		t.Errorf("channel socket of the failed sandbox left listening")
 	}
 }

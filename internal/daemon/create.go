@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -28,21 +29,6 @@ var envKeyOK = func(k string) bool {
 		return false
 	}
 	return true
-}
-
-// workstationRuntime is the runtime of a create that names none: the
-// default, except that a workstation (which lives through pauses) gets runsc
-// when the default cannot take memory checkpoints here and runsc can.
-func (d *Daemon) workstationRuntime(ctx context.Context, workstation bool) string {
-	def := d.cfg.DefaultRuntime
-	if !workstation || def == "runsc" {
-		return def
-	}
-	alt, ok := d.runtimes["runsc"]
-	if !ok || d.runtimes[def].Capabilities(ctx).Checkpoint || !alt.Capabilities(ctx).Checkpoint {
-		return def
-	}
-	return "runsc"
 }
 
 // normalize fills defaults and validates a create request; errors name the field.
@@ -65,7 +51,7 @@ func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Temp
 		return nil, errs.Field("template", "template %q is %s, not ready: %s", req.Template, tpl.State, tpl.Progress+tpl.Error)
 	}
 	if req.Runtime == "" {
-		req.Runtime = d.workstationRuntime(ctx, req.Workstation)
+		req.Runtime = d.ckpt.DefaultRuntime(ctx, d.cfg.DefaultRuntime, req.Workstation) // internal/checkpoint
 	}
 	if _, ok := d.runtimes[req.Runtime]; !ok {
 		names := make([]string, 0, len(d.runtimes))
@@ -121,8 +107,12 @@ func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Temp
 
 // Create makes a sandbox and returns once its agent answers (ready).
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbox, error) {
-	if err := d.applySnapshot(ctx, &req); err != nil {
-		return nil, err
+	if req.FromSnapshot != "" { // the snapshot's template and layers (internal/checkpoint)
+		tpl, attrs, err := d.snaps.FromSnapshot(ctx, req.Owner, req.FromSnapshot, req.Template, req.Attrs)
+		if err != nil {
+			return nil, err
+		}
+		req.Template, req.Attrs = tpl, attrs
 	}
 	tpl, err := d.normalize(ctx, &req)
 	if err != nil {
@@ -146,7 +136,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		Runtime: req.Runtime, State: sandbox.Creating, Labels: req.Labels, Env: withTemplateEnv(tpl, req.Env),
 		Resources: req.Resources, CreatedAt: now, ExpiresAt: now.Add(req.TTL),
 		ExpiryAction: req.ExpiryAction, AutoResume: req.AutoResume,
-		Attrs: withPinnedLayers(req.Attrs, tpl), // pin.go: the layers are the sandbox's for life
+		Attrs: checkpoint.WithPinnedLayers(req.Attrs, tpl), // the layers are the sandbox's for life
 	}
 	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {
@@ -225,10 +215,10 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 		}
 		tpl = &t
 	}
-	if err := d.pinForBoot(ctx, sb, tpl); err != nil {
+	if err := d.snaps.PinForBoot(ctx, sb, tpl); err != nil {
 		return err
 	}
-	lowers, err := d.lowersFor(sb, tpl)
+	lowers, err := d.snaps.LowersFor(sb, tpl)
 	if err != nil {
 		return err
 	}
@@ -239,7 +229,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 			return err
 		}
 	}
-	if err := d.ensureChanDir(sb.ID); err != nil {
+	if err := d.chans.ensureDir(sb.ID); err != nil {
 		return err
 	}
 	if err := d.shareSandboxDir(sb); err != nil {
@@ -283,15 +273,15 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 		return nerr
 	}
 	d.netTrust(sb, root)
-	if err := d.writeEnv(sb); err != nil {
+	if err := d.chans.writeEnv(sb); err != nil {
 		return err
 	}
 	// The daemon listens first; the agent dials as soon as it starts.
-	ch, err := d.openChannel(sb.ID)
+	ch, err := d.chans.open(sb.ID)
 	if err != nil {
 		return err
 	}
-	undo = append(undo, func(context.Context) error { d.dropClient(sb.ID); return nil })
+	undo = append(undo, func(context.Context) error { d.chans.drop(sb.ID); return nil })
 	spec := d.spec(sb, tpl, root)
 	if err := rt.Run(ctx, spec); err != nil {
 		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "start sandbox")
@@ -320,14 +310,14 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"BERTH_SANDBOX_ID=" + sb.ID,
-		"BERTH_AGENT_KEY=" + hex.EncodeToString(d.agentKey(sb.ID)),
+		"BERTH_AGENT_KEY=" + hex.EncodeToString(d.chans.agentKey(sb.ID)),
 	}
 	return runtime.Spec{
 		ID: sb.ID, BundleDir: d.SandboxDir(sb.ID), RootFS: root, Hostname: sb.ID,
 		Args: d.agent.Args, Env: env, Cwd: "/",
 		Mounts: append([]runtime.Mount{
 			{Source: d.agent.Dir, Target: agentMount, ReadOnly: true},
-			{Source: d.chanDir(sb.ID), Target: agentapi.SocketDir, ReadOnly: true},
+			{Source: d.chans.dir(sb.ID), Target: agentapi.SocketDir, ReadOnly: true},
 		}, d.netMounts(sb)...),
 		Resources: runtime.Resources{
 			CPUMillis:   sb.Resources.CPUMillis,
@@ -343,7 +333,7 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 
 // halt stops PID 1 and unmounts the filesystem, keeping the workspace image.
 func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
-	d.dropClient(sb.ID)
+	d.chans.drop(sb.ID)
 	var errList []error
 	if rt, err := d.RuntimeFor(sb); err == nil {
 		if err := rt.Delete(ctx, sb.ID); err != nil {

@@ -1,6 +1,43 @@
-// Package daemon is berth's lifecycle service on one host: it turns API
-// requests into store intents, runtime effects and events, and reconciles the
-// store against the runtime after a crash.
+// Package daemon is berth's lifecycle core on one host: it turns API
+// requests into store intents, runtime effects and events (create, start,
+// stop, delete, exec and files through the agent), owns the state table's
+// transitions and reconciles the store against the runtime after a crash.
+// The domains around it are services of their own that reach it through a
+// narrow interface declared on their side: internal/checkpoint (pause,
+// resume, fork, snapshots, layer pins; through checkpoint_core.go), and,
+// as they move out, templates, pools, host networking, admission, auth and
+// the reaper loop (docs/LAYOUT.md has the map).
+//
+// # Lock order
+//
+// Locks of the core and of the services it calls, outermost first. A lock
+// is only ever taken while holding locks above it in this list, never one
+// below it; while a leaf lock (4) is held no other lock of this list is
+// taken.
+//
+//  1. template GC (templateWork.gc, an RWMutex): read-held by an import or
+//     build for its whole run, which may create and boot a build sandbox
+//     (taking 2); write-held by layer GC, which takes nothing else.
+//  2. a sandbox's lock (Daemon.Lock(id)): serialises lifecycle operations
+//     on one sandbox; held across a whole create, start, stop, delete,
+//     pause, resume, snapshot or fork capture, and after a memory pause by
+//     the background release until the sandbox's filesystem and network
+//     are released. One operation holds one sandbox's lock at a time: a
+//     fork releases its parent's lock before it locks each child.
+//  3. admission (accounting.admitMu): quota check + intent insert; taken
+//     with a sandbox's lock held (start, fork, snapshot reservations). A
+//     warm-pool claim is the one inversion: it holds admitMu while it takes
+//     a pool member's lock (2); pool members are never started, forked or
+//     snapshotted by owners, so the two orders never meet on one sandbox.
+//  4. leaves, each independent of the others: Daemon.locksMu (finds the
+//     per-sandbox mutex inside Lock), channels.mu (the agent-channel
+//     registry, channel.go), checkpoint.Service.pauseMu (streams' pause
+//     signals), netState.mu (network owners and pending egress log),
+//     warmPools.mu (pool bookkeeping; released before a member is claimed),
+//     accounting.mu and accounting.mMu (live signals, metrics counters).
+//
+// The store's transactions are below all of these: a store call may be
+// made holding any of 1–3, and the store never calls back into the core.
 package daemon
 
 import (
@@ -11,12 +48,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/internal/admission"
-	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/auth"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/pool"
@@ -41,12 +79,10 @@ type Daemon struct {
 	locksMu sync.Mutex
 	locks   map[string]*sync.Mutex
 
-	chanKey []byte // master key of the agent channels (channel.go)
-	chansMu sync.Mutex
-	chans   map[string]*agentapi.Channel
+	chans *channels // agent channels, with their own lock (channel.go)
 
-	pauseMu sync.Mutex
-	pauseCh map[string]chan struct{}
+	ckpt  *checkpoint.Service   // pause, resume, fork (internal/checkpoint)
+	snaps *checkpoint.Snapshots // snapshots and layer pins (internal/checkpoint)
 
 	poolSvc *pool.Service     // warm pools (pool.go)
 	tplSvc  *template.Service // template import, pull, build, GC (templates.go)
@@ -104,10 +140,10 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	bg, cancel := context.WithCancel(context.Background())
 	d := &Daemon{
 		cfg: cfg, agent: agent, auth: auth.New(st, cfg.DataDir, cfg.Now, tokenKey), log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
-		locks: map[string]*sync.Mutex{}, chanKey: chanKey, chans: map[string]*agentapi.Channel{},
-		pauseCh: map[string]chan struct{}{},
-		bg:      bg, cancel: cancel,
+		locks: map[string]*sync.Mutex{},
+		bg:    bg, cancel: cancel,
 	}
+	wireCore(d, chanKey)
 	rtNames := make([]string, 0, len(rts))
 	for n := range rts {
 		rtNames = append(rtNames, n)
@@ -120,18 +156,30 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	return d, nil
 }
 
+// wireCore builds the parts of the core that need the core itself: its
+// channel registry and the checkpoint services (checkpoint_core.go).
+func wireCore(d *Daemon, chanKey []byte) {
+	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
+	d.ckpt, d.snaps = checkpoint.New(checkpointCore{d}, checkpoint.Config{
+		DataDir: d.cfg.DataDir, ReadyTimeout: d.cfg.ReadyTimeout,
+		CheckpointTimeout: d.cfg.CheckpointTimeout, CheckpointTimeoutPerGiB: d.cfg.CheckpointTimeoutPerGiB,
+		Lifetime: d.bg, Log: d.log,
+	}, d.templates)
+}
+
+// Checkpoints is the pause, resume and fork service.
+func (d *Daemon) Checkpoints() *checkpoint.Service { return d.ckpt }
+
+// Snapshots is the snapshot and layer-pin service.
+func (d *Daemon) Snapshots() *checkpoint.Snapshots { return d.snaps }
+
 // Close stops background loops. Sandboxes keep running: a daemon restart
 // reconciles and adopts them.
 func (d *Daemon) Close() {
 	d.cancel()
 	d.wg.Wait()
 	d.net.Release()
-	d.chansMu.Lock()
-	for id, c := range d.chans {
-		c.Close()
-		delete(d.chans, id)
-	}
-	d.chansMu.Unlock()
+	d.chans.closeAll()
 }
 
 // Store exposes the store for read-only API handlers (events, templates, keys).
@@ -208,6 +256,8 @@ func (d *Daemon) Visible(ctx context.Context, owner, id string) (*sandbox.Sandbo
 	}
 	return sb, nil
 }
+
+func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
 
 func newToken() string {
 	var b [24]byte

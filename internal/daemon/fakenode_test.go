@@ -121,11 +121,7 @@ func (n *fakeNode) start() {
 func (n *fakeNode) crash() {
 	n.d.cancel()
 	n.d.wg.Wait()
-	n.d.chansMu.Lock()
-	for _, c := range n.d.chans {
-		c.Close()
-	}
-	n.d.chansMu.Unlock()
+	n.d.chans.closeAll()
 	n.start()
 }
 

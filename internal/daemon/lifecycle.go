@@ -173,7 +173,7 @@ func (d *Daemon) Agent(ctx context.Context, owner, id string) (*agentapi.Client,
 	}
 	d.noteAPI(id) // reaper signal: last API activity
 	if sb.State == sandbox.Paused && sb.AutoResume {
-		if _, err := d.resume(ctx, owner, id, "auto-resume", false); err != nil && !errs.Is(err, errs.Conflict) {
+		if _, err := d.ckpt.ResumeAs(ctx, owner, id, "auto-resume", false); err != nil && !errs.Is(err, errs.Conflict) {
 			return nil, err
 		}
 		if sb, err = d.Visible(ctx, owner, id); err != nil {

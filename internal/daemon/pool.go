@@ -65,7 +65,7 @@ func (d *Daemon) DrainPoolMember(ctx context.Context, id string) error {
 func (d *Daemon) EnvdTokenHash(id, owner string) string { return d.envdTokenHash(id, owner) }
 
 // PublishEnv hands sb's environment to its agent (pool.Core).
-func (d *Daemon) PublishEnv(sb *sandbox.Sandbox) error { return d.writeEnv(sb) }
+func (d *Daemon) PublishEnv(sb *sandbox.Sandbox) error { return d.chans.writeEnv(sb) }
 
 // PoolMemberMemory is a member's memory use (pool.Core).
 func (d *Daemon) PoolMemberMemory(ctx context.Context, rt, id string) (uint64, error) {

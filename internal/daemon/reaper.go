@@ -34,9 +34,9 @@ func (c reaperCore) LeaseUntil(sb *sandbox.Sandbox) time.Time { return LeaseUnti
 
 func (c reaperCore) Pause(ctx context.Context, sb *sandbox.Sandbox, mode sandbox.PauseMode, reason string) error {
 	if mode == "" {
-		mode = c.d.defaultPauseMode(sb)
+		mode = c.d.ckpt.DefaultMode(sb)
 	}
-	_, err := c.d.pause(ctx, "", sb.ID, mode, "reaper", reason)
+	_, err := c.d.ckpt.PauseAs(ctx, "", sb.ID, mode, "reaper", reason)
 	return err
 }
 
@@ -77,7 +77,7 @@ func (d *Daemon) demoteToDisk(ctx context.Context, id, reason string) error {
 	if err := d.halt(tctx, sb); err != nil {
 		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "demote %s to a disk pause", id)
 	}
-	_ = os.RemoveAll(d.memoryDir(id))
+	_ = os.RemoveAll(d.ckpt.MemoryDir(id))
 	out, err := d.store.UpdateSandbox(tctx, id, func(s *sandbox.Sandbox) error {
 		s.PauseActual = sandbox.PauseDisk
 		s.Reason = reason

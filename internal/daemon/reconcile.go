@@ -24,7 +24,7 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 	var errList []error
 	for _, sb := range all {
 		known[sb.ID] = true
-		if err := d.pinLegacy(ctx, sb); err != nil { // pin.go
+		if err := d.snaps.PinLegacy(ctx, sb); err != nil { // internal/checkpoint/pin.go
 			d.log.Error("pin layers", "sandbox_id", sb.ID, "err", err)
 			errList = append(errList, err)
 		}
@@ -108,7 +108,7 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
 		}
 		return nil
 	default:
-		return d.reconcilePaused(ctx, sb, alive)
+		return d.ckpt.ReconcilePaused(ctx, sb, alive)
 	}
 }
 
@@ -159,7 +159,7 @@ func (d *Daemon) expire(ctx context.Context, sb *sandbox.Sandbox) error {
 		if sb.State == sandbox.Paused {
 			return nil
 		}
-		_, err := d.pause(ctx, "", sb.ID, d.defaultPauseMode(sb), "expiry", "expired")
+		_, err := d.ckpt.PauseAs(ctx, "", sb.ID, d.ckpt.DefaultMode(sb), "expiry", "expired")
 		return err
 	default:
 		if sb.State == sandbox.Stopped {

@@ -89,7 +89,7 @@ func (d *Daemon) RemoveBuildSandbox(ctx context.Context, id string) error {
 // CaptureWorkspace stores a running sandbox's workspace as a layer; the
 // caller holds its lock (template.Core).
 func (d *Daemon) CaptureWorkspace(ctx context.Context, sb *sandbox.Sandbox) (template.Layer, error) {
-	return d.captureUpper(ctx, sb, true)
+	return d.snaps.CaptureUpper(ctx, sb, true)
 }
 
 // TemplateUsers lists the sandboxes that keep template name from being

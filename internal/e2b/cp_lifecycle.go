@@ -69,7 +69,7 @@ func (s *Server) handleTimeout(w http.ResponseWriter, r *http.Request) {
 // survive) when asked for and the sandbox's runtime can checkpoint, else
 // disk. The mode actually used shows in getInfo's pause_mode.
 func (s *Server) pauseMode(memory *bool, runtimeName string) sandbox.PauseMode {
-	if (memory == nil || *memory) && s.d.MemoryPauseSupported(runtimeName) {
+	if (memory == nil || *memory) && s.d.Checkpoints().MemoryPauseSupported(runtimeName) {
 		return sandbox.PauseMemory
 	}
 	return sandbox.PauseDisk
@@ -96,7 +96,7 @@ func (s *Server) handlePause(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	mode := s.pauseMode(body.Memory, sb.Runtime)
-	sb, err = s.d.Pause(ctx, owner, id, mode)
+	sb, err = s.d.Checkpoints().Pause(ctx, owner, id, mode)
 	if err != nil {
 		s.writeAPIError(w, r, err)
 		return
@@ -136,9 +136,9 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 	case sandbox.Running:
 	case sandbox.Paused:
 		// memory:false (onResume: 'reboot') asks for a cold boot from disk.
-		resume := s.d.Resume
+		resume := s.d.Checkpoints().Resume
 		if body.Memory != nil && !*body.Memory {
-			resume = s.d.ResumeCold
+			resume = s.d.Checkpoints().ResumeCold
 		}
 		if sb, err = resume(ctx, owner, id); err != nil {
 			if !errs.Is(err, errs.Conflict) {

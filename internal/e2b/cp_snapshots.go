@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -55,7 +56,7 @@ func (s *Server) handleCreateSnapshot(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sn, err := s.d.Snapshot(ctx, daemon.SnapshotRequest{Owner: owner, Actor: "e2b", ID: id, Name: body.Name})
+	sn, err := s.d.Snapshots().Snapshot(ctx, checkpoint.SnapshotRequest{Owner: owner, Actor: "e2b", ID: id, Name: body.Name})
 	if err != nil {
 		s.writeAPIError(w, r, err)
 		return
@@ -78,7 +79,7 @@ func (s *Server) handleListSnapshots(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = min(n, maxListLimit)
 	}
-	all, err := s.d.ListSnapshots(r.Context(), ownerFrom(r.Context()))
+	all, err := s.d.Snapshots().ListSnapshots(r.Context(), ownerFrom(r.Context()))
 	if err != nil {
 		s.writeAPIError(w, r, err)
 		return
@@ -150,14 +151,14 @@ func (s *Server) createFromSnapshot(ctx context.Context, templateID string, req 
 // snapshotByRef finds the caller's snapshot by id or name.
 func (s *Server) snapshotByRef(ctx context.Context, ref string) (store.Snapshot, bool, error) {
 	owner := ownerFrom(ctx)
-	sn, err := s.d.GetSnapshot(ctx, owner, ref)
+	sn, err := s.d.Snapshots().GetSnapshot(ctx, owner, ref)
 	if err == nil {
 		return sn, true, nil
 	}
 	if !errs.Is(err, errs.NotFound) {
 		return store.Snapshot{}, false, err
 	}
-	all, err := s.d.ListSnapshots(ctx, owner)
+	all, err := s.d.Snapshots().ListSnapshots(ctx, owner)
 	if err != nil {
 		return store.Snapshot{}, false, err
 	}
@@ -188,7 +189,7 @@ func (s *Server) handleDeleteTemplate(w http.ResponseWriter, r *http.Request) {
 		s.writeAPIError(w, r, errs.E(errs.NotFound, "snapshot %q not found", ref))
 		return
 	}
-	if err := s.d.DeleteSnapshot(ctx, ownerFrom(ctx), sn.ID); err != nil {
+	if err := s.d.Snapshots().DeleteSnapshot(ctx, ownerFrom(ctx), sn.ID); err != nil {
 		s.writeAPIError(w, r, err)
 		return
 	}
@@ -231,7 +232,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		s.writeAPIError(w, r, err)
 		return
 	}
-	res, err := s.d.Fork(ctx, owner, id, "e2b", count)
+	res, err := s.d.Checkpoints().Fork(ctx, owner, id, "e2b", count)
 	if err != nil {
 		s.writeAPIError(w, r, err)
 		return

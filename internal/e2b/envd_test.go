@@ -25,6 +25,7 @@ import (
 	"github.com/berth-dev/berth/api/gen/process/processconnect"
 	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -86,19 +87,9 @@ func (b *agentBackend) Delete(context.Context, string, string) error { return er
 func (b *agentBackend) SetExpiry(context.Context, string, string, time.Time) (*sandbox.Sandbox, error) {
 	return nil, errControlPlaneUnused
 }
-func (b *agentBackend) Pause(context.Context, string, string, sandbox.PauseMode) (*sandbox.Sandbox, error) {
-	return nil, errControlPlaneUnused
-}
-func (b *agentBackend) Resume(context.Context, string, string) (*sandbox.Sandbox, error) {
-	return nil, errControlPlaneUnused
-}
-func (b *agentBackend) ResumeCold(context.Context, string, string) (*sandbox.Sandbox, error) {
-	return nil, errControlPlaneUnused
-}
 func (b *agentBackend) Authenticate(context.Context, string) (daemon.Principal, error) {
 	return daemon.Principal{}, errs.E(errs.Unauthenticated, "no API keys in the envd test backend")
 }
-func (b *agentBackend) MemoryPauseSupported(string) bool { return false }
 func (b *agentBackend) EnvdToken(context.Context, *sandbox.Sandbox) (string, error) {
 	return "", errControlPlaneUnused
 }
@@ -106,22 +97,11 @@ func (b *agentBackend) EnvdToken(context.Context, *sandbox.Sandbox) (string, err
 func (b *agentBackend) SandboxStats(context.Context, string, string) (admission.SandboxStats, error) {
 	return admission.SandboxStats{}, errControlPlaneUnused
 }
-func (b *agentBackend) Snapshot(context.Context, daemon.SnapshotRequest) (store.Snapshot, error) {
-	return store.Snapshot{}, errControlPlaneUnused
-}
-func (b *agentBackend) GetSnapshot(context.Context, string, string) (store.Snapshot, error) {
-	return store.Snapshot{}, errControlPlaneUnused
-}
-func (b *agentBackend) ListSnapshots(context.Context, string) ([]store.Snapshot, error) {
-	return nil, errControlPlaneUnused
-}
-func (b *agentBackend) DeleteSnapshot(context.Context, string, string) error {
-	return errControlPlaneUnused
-}
-func (b *agentBackend) Fork(context.Context, string, string, string, int) (daemon.ForkResult, error) {
-	return daemon.ForkResult{}, errControlPlaneUnused
-}
-func (b *agentBackend) Store() store.Store { return nil }
+
+// The control plane's pause, fork and snapshots are not used by the envd tests.
+func (b *agentBackend) Checkpoints() *checkpoint.Service { return nil }
+func (b *agentBackend) Snapshots() *checkpoint.Snapshots { return nil }
+func (b *agentBackend) Store() store.Store               { return nil }
 
 var _ Backend = (*daemon.Daemon)(nil)
 

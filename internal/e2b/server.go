@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
@@ -37,22 +38,15 @@ type Backend interface {
 	List(ctx context.Context, f daemon.ListFilter) ([]*sandbox.Sandbox, string, error)
 	Delete(ctx context.Context, owner, id string) error
 	SetExpiry(ctx context.Context, owner, id string, at time.Time) (*sandbox.Sandbox, error)
-	Pause(ctx context.Context, owner, id string, mode sandbox.PauseMode) (*sandbox.Sandbox, error)
-	Resume(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
-	ResumeCold(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	Agent(ctx context.Context, owner, id string) (*agentapi.Client, error)
 	SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error)
 	EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, error)
 	Authenticate(ctx context.Context, apiKey string) (daemon.Principal, error)
-	MemoryPauseSupported(runtimeName string) bool
 	SandboxStats(ctx context.Context, owner, id string) (admission.SandboxStats, error)
 
-	// Snapshots and fork (cp_snapshots.go).
-	Snapshot(ctx context.Context, req daemon.SnapshotRequest) (store.Snapshot, error)
-	GetSnapshot(ctx context.Context, owner, id string) (store.Snapshot, error)
-	ListSnapshots(ctx context.Context, owner string) ([]store.Snapshot, error)
-	DeleteSnapshot(ctx context.Context, owner, id string) error
-	Fork(ctx context.Context, owner, id, actor string, count int) (daemon.ForkResult, error)
+	// Pause, resume and fork (cp_lifecycle.go, cp_snapshots.go); snapshots.
+	Checkpoints() *checkpoint.Service
+	Snapshots() *checkpoint.Snapshots
 	Store() store.Store
 }
 

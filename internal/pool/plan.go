@@ -25,7 +25,6 @@ import (
 // a user's name (owner names start with a letter or digit).
 const Owner = "_pool"
 
-
 const (
 	setting        = "pools" // settings key: JSON map template → Spec
 	MaxSize        = 100     // most members one pool may keep

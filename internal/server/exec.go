@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 )
@@ -45,7 +46,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p daemon.Principal
 	if err != nil {
 		return err
 	}
-	paused := s.d.PauseSignal(id)
+	paused := s.d.Checkpoints().PauseSignal(id)
 	st, err := c.Exec(r.Context(), agentapi.ExecRequest{
 		Argv: req.Cmd, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
 		Stdin: req.Stdin, TTY: req.TTY, Tag: req.Tag, TimeoutMs: timeout.Milliseconds(),
@@ -109,7 +110,7 @@ func (s *Server) pipeEvents(w http.ResponseWriter, r *http.Request, st eventStre
 			}
 			_ = rc.Flush()
 		case <-paused:
-			_ = enc.Encode(agentapi.Event{Type: "error", Error: daemon.ErrPaused().Error()})
+			_ = enc.Encode(agentapi.Event{Type: "error", Error: checkpoint.ErrPaused().Error()})
 			_ = rc.Flush()
 			return
 		case <-r.Context().Done():
@@ -152,7 +153,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request, p daemon.Princip
 	if err != nil {
 		return err
 	}
-	paused := s.d.PauseSignal(id)
+	paused := s.d.Checkpoints().PauseSignal(id)
 	st, err := c.Attach(r.Context(), n, keepalive(r))
 	if err != nil {
 		return err

@@ -192,7 +192,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, p daemon.P
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	sb, err := s.d.Pause(r.Context(), owner(r, p), r.PathValue("id"), sandbox.PauseMode(req.Mode))
+	sb, err := s.d.Checkpoints().Pause(r.Context(), owner(r, p), r.PathValue("id"), sandbox.PauseMode(req.Mode))
 	if err != nil {
 		return err
 	}
@@ -201,7 +201,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, p daemon.P
 }
 
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
-	sb, err := s.d.Resume(r.Context(), owner(r, p), r.PathValue("id"))
+	sb, err := s.d.Checkpoints().Resume(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/store"
@@ -39,7 +40,7 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request, p daemo
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	sn, err := s.d.Snapshot(r.Context(), daemon.SnapshotRequest{Owner: owner(r, p), Actor: p.Owner, ID: r.PathValue("id"), Name: req.Name})
+	sn, err := s.d.Snapshots().Snapshot(r.Context(), checkpoint.SnapshotRequest{Owner: owner(r, p), Actor: p.Owner, ID: r.PathValue("id"), Name: req.Name})
 	if err != nil {
 		return err
 	}
@@ -48,7 +49,7 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request, p daemo
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
-	list, err := s.d.ListSnapshots(r.Context(), owner(r, p))
+	list, err := s.d.Snapshots().ListSnapshots(r.Context(), owner(r, p))
 	if err != nil {
 		return err
 	}
@@ -61,7 +62,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, p daemon.
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
-	sn, err := s.d.GetSnapshot(r.Context(), owner(r, p), r.PathValue("id"))
+	sn, err := s.d.Snapshots().GetSnapshot(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -70,7 +71,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Pr
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
-	if err := s.d.DeleteSnapshot(r.Context(), owner(r, p), r.PathValue("id")); err != nil {
+	if err := s.d.Snapshots().DeleteSnapshot(r.Context(), owner(r, p), r.PathValue("id")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -94,7 +95,7 @@ func (s *Server) promoteSnapshot(w http.ResponseWriter, r *http.Request, p daemo
 	if req.Name == "" {
 		return errs.Field("name", "must be set")
 	}
-	t, err := s.d.TemplateFromSnapshot(r.Context(), owner(r, p), r.PathValue("id"), req.Name)
+	t, err := s.d.Snapshots().TemplateFromSnapshot(r.Context(), owner(r, p), r.PathValue("id"), req.Name)
 	if err != nil {
 		return err
 	}
@@ -115,7 +116,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, p daemon.Pr
 	if req.Count != nil {
 		n = *req.Count
 	}
-	res, err := s.d.Fork(r.Context(), owner(r, p), r.PathValue("id"), p.Owner, n)
+	res, err := s.d.Checkpoints().Fork(r.Context(), owner(r, p), r.PathValue("id"), p.Owner, n)
 	if err != nil {
 		return err
 	}

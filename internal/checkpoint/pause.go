@@ -1,4 +1,4 @@
-package daemon
+package checkpoint
 
 import (
 	"context"
@@ -6,53 +6,65 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
-func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
-
-func (d *Daemon) memoryDir(id string) string { return filepath.Join(d.SandboxDir(id), "memory") }
+// MemoryDir is where a sandbox's memory image is kept while it is paused.
+func (s *Service) MemoryDir(id string) string { return filepath.Join(s.core.SandboxDir(id), "memory") }
 
 // MemoryPauseSupported reports whether a runtime can take memory checkpoints here.
-func (d *Daemon) MemoryPauseSupported(runtimeName string) bool {
-	rt, ok := d.runtimes[runtimeName]
-	return ok && rt.Capabilities(d.bg).Checkpoint
+func (s *Service) MemoryPauseSupported(runtimeName string) bool {
+	rt, ok := s.core.Runtimes()[runtimeName]
+	return ok && rt.Capabilities(s.cfg.Lifetime).Checkpoint
 }
 
-func (d *Daemon) defaultPauseMode(sb *sandbox.Sandbox) sandbox.PauseMode {
-	if d.MemoryPauseSupported(sb.Runtime) {
-		return sandbox.PauseMemory
+// DefaultRuntime is the runtime of a create that names none: def, except
+// that a workstation (which lives through pauses) gets runsc when def
+// cannot take memory checkpoints here and runsc can.
+func (s *Service) DefaultRuntime(ctx context.Context, def string, workstation bool) string {
+	if !workstation || def == "runsc" {
+		return def
 	}
-	return sandbox.PauseDisk
+	rts := s.core.Runtimes()
+	alt, ok := rts["runsc"]
+	if !ok {
+		return def
+	}
+	return workstationRuntime(def, rts[def].Capabilities(ctx).Checkpoint, alt.Capabilities(ctx).Checkpoint)
+}
+
+// DefaultMode is the pause mode of a request that names none: memory when
+// sb's runtime can checkpoint here, else disk.
+func (s *Service) DefaultMode(sb *sandbox.Sandbox) sandbox.PauseMode {
+	return defaultMode(s.MemoryPauseSupported(sb.Runtime))
 }
 
 // Pause suspends a running sandbox. mode "" picks memory when the runtime can, else disk.
-func (d *Daemon) Pause(ctx context.Context, owner, id string, mode sandbox.PauseMode) (*sandbox.Sandbox, error) {
-	return d.pause(ctx, owner, id, mode, owner, "paused")
+func (s *Service) Pause(ctx context.Context, owner, id string, mode sandbox.PauseMode) (*sandbox.Sandbox, error) {
+	return s.PauseAs(ctx, owner, id, mode, owner, "paused")
 }
 
-func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.PauseMode, actor, reason string) (*sandbox.Sandbox, error) {
-	unlock := d.Lock(id)
+// PauseAs is Pause on behalf of actor (the reaper, expiry) with reason.
+func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.PauseMode, actor, reason string) (*sandbox.Sandbox, error) {
+	unlock := s.core.Lock(id)
 	handedOff := false
 	defer func() {
 		if !handedOff {
 			unlock()
 		}
 	}()
-	sb, err := d.Visible(ctx, owner, id)
+	sb, err := s.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
 	if mode == "" {
-		mode = d.defaultPauseMode(sb)
+		mode = s.DefaultMode(sb)
 	}
 	if err := sandbox.ValidPauseMode(mode); err != nil {
 		return nil, err
@@ -60,18 +72,18 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 	if sb.State != sandbox.Running {
 		return nil, &sandbox.TransitionError{From: sb.State, To: sandbox.Paused}
 	}
-	rt, err := d.RuntimeFor(sb)
+	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return nil, err
 	}
-	// Intent before effect: a crash while pausing is resolved by reconcilePaused.
-	if _, err := d.Transition(ctx, id, sandbox.Pausing, actor, reason, "", func(s *sandbox.Sandbox) error {
+	// Intent before effect: a crash while pausing is resolved by ReconcilePaused.
+	if _, err := s.core.Transition(ctx, id, sandbox.Pausing, actor, reason, "", func(s *sandbox.Sandbox) error {
 		s.PauseRequested = mode
 		return nil
 	}); err != nil {
 		return nil, err
 	}
-	d.notifyPaused(id)
+	s.notifyPaused(id)
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
 	start := time.Now()
@@ -84,26 +96,26 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 			actual, why = sandbox.PauseDisk, "freeze failed: "+shortError(err)
 		}
 	case sandbox.PauseMemory:
-		if caps := rt.Capabilities(tctx); !caps.Checkpoint {
-			actual, why = sandbox.PauseDisk, "runtime "+sb.Runtime+" cannot checkpoint memory here: "+caps.CheckpointReason
-		} else if release, err = d.boundedCheckpoint(tctx, sb); err != nil {
+		if why = memoryRefusal(sb.Runtime, rt.Capabilities(tctx)); why != "" {
+			actual = sandbox.PauseDisk
+		} else if release, err = s.boundedCheckpoint(tctx, sb); err != nil {
 			actual, why = sandbox.PauseDisk, shortError(err)
-			d.log.Warn("checkpoint failed", "sandbox_id", id, "err", err)
+			s.log.Warn("checkpoint failed", "sandbox_id", id, "err", err)
 		}
 	}
 	if actual == sandbox.PauseDisk {
 		// On a context of its own: a checkpoint that hung must not have used
 		// up the time the disk pause needs.
-		if err := d.haltForDisk(ctx, sb); err != nil {
-			return nil, d.pauseRefused(ctx, sb, actor, mode, why, err)
+		if err := s.haltForDisk(ctx, sb); err != nil {
+			return nil, s.pauseRefused(ctx, sb, actor, mode, why, err)
 		}
 	}
 	if why != "" {
-		d.Event(tctx, sb, "berth", "pause_degraded", "fallback_to_disk", why,
+		s.core.Event(tctx, sb, "berth", "pause_degraded", "fallback_to_disk", why,
 			map[string]string{"requested": string(mode), "actual": string(actual)})
-		d.log.Warn("pause degraded", "sandbox_id", id, "requested", mode, "actual", actual, "reason", why)
+		s.log.Warn("pause degraded", "sandbox_id", id, "requested", mode, "actual", actual, "reason", why)
 	}
-	out, err := d.Transition(tctx, id, sandbox.Paused, actor, reason, why, func(s *sandbox.Sandbox) error {
+	out, err := s.core.Transition(tctx, id, sandbox.Paused, actor, reason, why, func(s *sandbox.Sandbox) error {
 		s.PauseActual = actual
 		s.PauseMillis = time.Since(start).Milliseconds()
 		return nil
@@ -112,14 +124,14 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 		// The image is durable and the processes are gone (RAM freed): answer
 		// now and release the filesystem and network in the background, still
 		// holding the sandbox's lock so a resume waits for it. A crash
-		// meanwhile is settled by reconcilePaused.
+		// meanwhile is settled by ReconcilePaused.
 		handedOff = true
-		d.GoBackground("release "+id, func(bg context.Context) {
+		s.core.GoBackground("release "+id, func(bg context.Context) {
 			defer unlock()
 			rctx, cancel := teardownCtx(bg)
 			defer cancel()
 			if err := release(rctx); err != nil {
-				d.log.Warn("release after checkpoint", "sandbox_id", id, "err", err)
+				s.log.Warn("release after checkpoint", "sandbox_id", id, "err", err)
 			}
 		})
 	}
@@ -128,25 +140,24 @@ func (d *Daemon) pause(ctx context.Context, owner, id string, mode sandbox.Pause
 
 // checkpointTimeout bounds one checkpoint or restore of sb: a base plus a
 // share per GiB of its memory limit (the image is at most that big).
-func (d *Daemon) checkpointTimeout(sb *sandbox.Sandbox) time.Duration {
-	gib := (sb.Resources.MemoryMiB + 1023) / 1024
-	return d.cfg.CheckpointTimeout + time.Duration(gib)*d.cfg.CheckpointTimeoutPerGiB
+func (s *Service) checkpointTimeout(sb *sandbox.Sandbox) time.Duration {
+	return Timeout(s.cfg.CheckpointTimeout, s.cfg.CheckpointTimeoutPerGiB, sb.Resources.MemoryMiB)
 }
 
 // boundedCheckpoint is checkpoint within checkpointTimeout. On failure or
 // timeout the runtime's helpers are gone (killed as a process group), the
 // sandbox's processes are thawed and its agent is told to listen again;
 // the error says what happened, for the pause_degraded event.
-func (d *Daemon) boundedCheckpoint(ctx context.Context, sb *sandbox.Sandbox) (func(context.Context) error, error) {
-	limit := d.checkpointTimeout(sb)
+func (s *Service) boundedCheckpoint(ctx context.Context, sb *sandbox.Sandbox) (func(context.Context) error, error) {
+	limit := s.checkpointTimeout(sb)
 	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	release, err := d.checkpoint(cctx, sb)
+	release, err := s.checkpoint(cctx, sb)
 	if err == nil {
 		return release, nil
 	}
 	timedOut := cctx.Err() != nil
-	d.thawAfterCheckpoint(ctx, sb)
+	s.thawAfterCheckpoint(ctx, sb)
 	if timedOut {
 		return nil, fmt.Errorf("memory checkpoint did not finish within %s (checkpoint_timeout + checkpoint_timeout_per_gib × %d MiB); the runtime's checkpoint helper was killed: %w", limit, sb.Resources.MemoryMiB, err)
 	}
@@ -156,8 +167,8 @@ func (d *Daemon) boundedCheckpoint(ctx context.Context, sb *sandbox.Sandbox) (fu
 // thawAfterCheckpoint undoes what a failed checkpoint may have left: CRIU
 // freezes the cgroup and the agent closed its socket to quiesce. It runs on
 // a fresh context, since the checkpoint's may be used up.
-func (d *Daemon) thawAfterCheckpoint(ctx context.Context, sb *sandbox.Sandbox) {
-	rt, err := d.RuntimeFor(sb)
+func (s *Service) thawAfterCheckpoint(ctx context.Context, sb *sandbox.Sandbox) {
+	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return
 	}
@@ -169,16 +180,16 @@ func (d *Daemon) thawAfterCheckpoint(ctx context.Context, sb *sandbox.Sandbox) {
 
 // haltForDisk stops a sandbox's processes for a disk pause, keeping its
 // workspace, on fresh contexts (one retry).
-func (d *Daemon) haltForDisk(ctx context.Context, sb *sandbox.Sandbox) error {
+func (s *Service) haltForDisk(ctx context.Context, sb *sandbox.Sandbox) error {
 	var err error
 	for range 2 {
 		hctx, cancel := teardownCtx(ctx)
-		err = d.halt(hctx, sb)
+		err = s.core.Halt(hctx, sb)
 		cancel()
 		if err == nil {
 			return nil
 		}
-		d.log.Warn("halt for a disk pause", "sandbox_id", sb.ID, "err", err)
+		s.log.Warn("halt for a disk pause", "sandbox_id", sb.ID, "err", err)
 	}
 	return err
 }
@@ -187,41 +198,41 @@ func (d *Daemon) haltForDisk(ctx context.Context, sb *sandbox.Sandbox) error {
 // booted again from its intact workspace and ends running, with an event
 // saying why; only a workspace that cannot boot ends failed (with how to
 // recover). The returned error answers the pause request.
-func (d *Daemon) pauseRefused(ctx context.Context, sb *sandbox.Sandbox, actor string, mode sandbox.PauseMode, why string, cause error) error {
+func (s *Service) pauseRefused(ctx context.Context, sb *sandbox.Sandbox, actor string, mode sandbox.PauseMode, why string, cause error) error {
 	fctx, cancel := teardownCtx(ctx)
 	defer cancel()
 	msg := "could not stop the sandbox for a disk pause: " + shortError(cause)
 	if why != "" {
 		msg = why + "; then " + msg
 	}
-	_ = d.halt(fctx, sb)
-	if err := d.boot(fctx, sb, nil); err != nil {
-		d.fail(fctx, sb, "pause_failed", errors.Join(cause, err))
-		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "pause sandbox %s", sb.ID)
+	_ = s.core.Halt(fctx, sb)
+	if err := s.core.Boot(fctx, sb); err != nil {
+		s.core.Fail(fctx, sb, "pause_failed", errors.Join(cause, err))
+		return errs.Wrap(errs.Internal, err, "pause sandbox %s", sb.ID)
 	}
-	d.Event(fctx, sb, "berth", "pause_refused", "pause_failed", msg+"; it was booted again from its workspace",
+	s.core.Event(fctx, sb, "berth", "pause_refused", "pause_failed", msg+"; it was booted again from its workspace",
 		map[string]string{"requested": string(mode)})
-	if _, err := d.Transition(fctx, sb.ID, sandbox.Running, actor, "pause_refused", msg, nil); err != nil {
+	if _, err := s.core.Transition(fctx, sb.ID, sandbox.Running, actor, "pause_refused", msg, nil); err != nil {
 		return err
 	}
-	return errs.Reclassify(errs.Unavailable, cause, "pause sandbox %s refused (it is running again)", sb.ID)
+	return errs.Wrap(errs.Unavailable, cause, "pause sandbox %s refused (it is running again)", sb.ID)
 }
 
 // checkpoint quiesces the agent (it closes its host socket, which gVisor
 // cannot save), writes the memory image to a temp dir and renames it into
 // place, so a crash leaves either no image or a complete one.
-func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release func(context.Context) error, err error) {
-	rt, err := d.RuntimeFor(sb)
+func (s *Service) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release func(context.Context) error, err error) {
+	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return nil, err
 	}
-	final, tmp := d.memoryDir(sb.ID), d.memoryDir(sb.ID)+".tmp"
+	final, tmp := s.MemoryDir(sb.ID), s.MemoryDir(sb.ID)+".tmp"
 	_ = os.RemoveAll(tmp)
 	_ = os.RemoveAll(final)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, err
 	}
-	if err := d.quiesceAgent(ctx, sb.ID); err != nil {
+	if err := s.quiesceAgent(ctx, sb.ID); err != nil {
 		_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 		return nil, fmt.Errorf("quiesce agent: %w", err)
 	}
@@ -241,55 +252,48 @@ func (d *Daemon) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release f
 	// namespace (CRIU leaves its network-lock table in the old one, and a
 	// restore there fails).
 	return func(ctx context.Context) error {
-		d.dropClient(sb.ID)
+		s.core.DropChannel(sb.ID)
 		_ = rt.Delete(ctx, sb.ID)
-		if err := d.netDown(ctx, sb); err != nil {
-			d.log.Warn("detach network after checkpoint", "sandbox_id", sb.ID, "err", err)
+		if err := s.core.NetDown(ctx, sb); err != nil {
+			s.log.Warn("detach network after checkpoint", "sandbox_id", sb.ID, "err", err)
 		}
-		return rootfs.Teardown(ctx, d.SandboxDir(sb.ID))
+		return s.core.TeardownRoot(ctx, s.core.SandboxDir(sb.ID))
 	}, nil
 }
 
 // quiesceAgent asks the agent to close its channel session and stop
 // dialing (gVisor cannot checkpoint a connected host socket, nor CRIU an
 // external one) and waits until the session is gone: its acknowledgement.
-func (d *Daemon) quiesceAgent(ctx context.Context, id string) error {
-	ch, err := d.channel(id)
+func (s *Service) quiesceAgent(ctx context.Context, id string) error {
+	ch, err := s.core.Channel(id)
 	if err != nil {
 		return err
 	}
 	return ch.Quiesce(ctx, 5*time.Second)
 }
 
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
-}
-
 // Resume brings a paused sandbox back. A memory image that cannot be
 // restored falls back to a cold boot from the workspace, with an event.
-func (d *Daemon) Resume(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
-	return d.resume(ctx, owner, id, owner, false)
+func (s *Service) Resume(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	return s.ResumeAs(ctx, owner, id, owner, false)
 }
 
 // ResumeCold resumes ignoring any memory image (E2B's connect {"memory":false}).
-func (d *Daemon) ResumeCold(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
-	return d.resume(ctx, owner, id, owner, true)
+func (s *Service) ResumeCold(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	return s.ResumeAs(ctx, owner, id, owner, true)
 }
 
-func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool) (*sandbox.Sandbox, error) {
-	unlock := d.Lock(id)
+// ResumeAs is Resume on behalf of actor (auto-resume); cold ignores any
+// memory image.
+func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bool) (*sandbox.Sandbox, error) {
+	unlock := s.core.Lock(id)
 	defer unlock()
-	sb, err := d.Visible(ctx, owner, id)
+	sb, err := s.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
 	if sb.State == sandbox.Failed {
-		if _, err := os.Stat(filepath.Join(d.SandboxDir(id), "disk.img")); err == nil {
+		if _, err := os.Stat(filepath.Join(s.core.SandboxDir(id), "disk.img")); err == nil {
 			return nil, errs.Wrap(errs.Conflict, &sandbox.TransitionError{From: sb.State, To: sandbox.Running},
 				"sandbox %s is failed (%s), not paused; %s", id, sb.Reason, recoverHint(id))
 		}
@@ -297,28 +301,29 @@ func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool)
 	if sb.State != sandbox.Paused {
 		return nil, &sandbox.TransitionError{From: sb.State, To: sandbox.Running}
 	}
-	rt, err := d.RuntimeFor(sb)
+	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := d.Transition(ctx, id, sandbox.Resuming, actor, "resuming", "", nil); err != nil {
+	if _, err := s.core.Transition(ctx, id, sandbox.Resuming, actor, "resuming", "", nil); err != nil {
 		return nil, err
 	}
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
-	from, why := sb.PauseActual, ""
-	restores := sb.RestoreCount
-	switch sb.PauseActual {
-	case sandbox.PauseFreeze:
+	from, restores := sb.PauseActual, sb.RestoreCount
+	thaw, restore, why := resumeFrom(sb.PauseActual, cold)
+	if why != "" {
+		from = sandbox.PauseDisk
+	}
+	switch {
+	case thaw:
 		if err := rt.Thaw(tctx, id); err != nil {
 			from, why = sandbox.PauseDisk, "thaw failed: "+shortError(err)
 		}
-	case sandbox.PauseMemory:
-		if cold {
-			from, why = sandbox.PauseDisk, "cold resume requested"
-		} else if err := d.restore(tctx, sb, restores+1); err != nil {
+	case restore:
+		if err := s.restore(tctx, sb, restores+1); err != nil {
 			from, why = sandbox.PauseDisk, "memory restore failed: "+shortError(err)
-			d.log.Warn("restore failed", "sandbox_id", id, "err", err)
+			s.log.Warn("restore failed", "sandbox_id", id, "err", err)
 		} else {
 			restores++
 		}
@@ -328,18 +333,18 @@ func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool)
 		// A fresh context: a restore that hung must not starve the cold boot.
 		bctx, bcancel := teardownCtx(ctx)
 		defer bcancel()
-		_ = d.halt(bctx, sb)
-		if err := d.boot(bctx, sb, nil); err != nil {
-			d.fail(bctx, sb, "resume_failed", err)
+		_ = s.core.Halt(bctx, sb)
+		if err := s.core.Boot(bctx, sb); err != nil {
+			s.core.Fail(bctx, sb, "resume_failed", err)
 			return nil, err
 		}
 	}
-	_ = os.RemoveAll(d.memoryDir(id))
+	_ = os.RemoveAll(s.MemoryDir(id))
 	if why != "" && sb.PauseActual != sandbox.PauseDisk {
-		d.Event(tctx, sb, "berth", "resume_degraded", "cold_boot", why,
+		s.core.Event(tctx, sb, "berth", "resume_degraded", "cold_boot", why,
 			map[string]string{"paused_with": string(sb.PauseActual), "resumed_from": string(from)})
 	}
-	return d.Transition(tctx, id, sandbox.Running, actor, "resumed", why, func(s *sandbox.Sandbox) error {
+	return s.core.Transition(tctx, id, sandbox.Running, actor, "resumed", why, func(s *sandbox.Sandbox) error {
 		s.ResumedFrom = from
 		s.RestoreCount = restores
 		return nil
@@ -347,42 +352,42 @@ func (d *Daemon) resume(ctx context.Context, owner, id, actor string, cold bool)
 }
 
 // restore starts the sandbox from its memory image and tells the agent.
-func (d *Daemon) restore(ctx context.Context, sb *sandbox.Sandbox, count int) error {
-	rt, err := d.RuntimeFor(sb)
+func (s *Service) restore(ctx context.Context, sb *sandbox.Sandbox, count int) error {
+	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
-	img := d.memoryDir(sb.ID)
+	img := s.MemoryDir(sb.ID)
 	if _, err := os.Stat(img); err != nil {
 		return fmt.Errorf("no memory image: %w", err)
 	}
-	tpl, err := d.store.GetTemplate(ctx, sb.Template)
+	tpl, err := s.core.Store().GetTemplate(ctx, sb.Template)
 	if err != nil {
 		return err
 	}
-	lowers, err := d.lowersFor(sb, &tpl)
+	lowers, err := s.snaps.LowersFor(sb, &tpl)
 	if err != nil {
 		return err
 	}
 	// As in boot: attach the network while the filesystem is mounted.
 	netErr := make(chan error, 1)
-	go func() { netErr <- d.netUp(ctx, sb, "") }()
-	root, err := rootfs.Remount(ctx, d.SandboxDir(sb.ID), lowers, d.userNSOf(sb))
+	go func() { netErr <- s.core.NetUp(ctx, sb, "") }()
+	root, err := s.core.RemountRoot(ctx, s.core.SandboxDir(sb.ID), lowers, s.core.UserNS(sb))
 	if nerr := <-netErr; err != nil || nerr != nil {
 		return errors.Join(err, nerr)
 	}
-	d.netTrust(sb, root)
-	ch, err := d.openChannel(sb.ID)
+	s.core.NetTrust(sb, root)
+	ch, err := s.core.OpenChannel(sb.ID)
 	if err != nil {
 		return err
 	}
-	if err := d.boundedRestore(ctx, rt, sb, d.spec(sb, &tpl, root), img); err != nil {
+	if err := s.boundedRestore(ctx, rt, sb, s.core.Spec(sb, &tpl, root), img); err != nil {
 		return err
 	}
 	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR2); err != nil {
 		return fmt.Errorf("wake agent: %w", err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.ReadyTimeout)
 	defer cancel()
 	c := ch.Client()
 	if _, err := c.WaitReady(wctx, 2*time.Millisecond); err != nil {
@@ -401,8 +406,8 @@ func canFreeze(ctx context.Context, rt runtime.Runtime) bool {
 
 // boundedRestore is rt.Restore within checkpointTimeout; on failure the
 // half-restored container is removed (on a fresh context).
-func (d *Daemon) boundedRestore(ctx context.Context, rt runtime.Runtime, sb *sandbox.Sandbox, spec runtime.Spec, img string) error {
-	limit := d.checkpointTimeout(sb)
+func (s *Service) boundedRestore(ctx context.Context, rt runtime.Runtime, sb *sandbox.Sandbox, spec runtime.Spec, img string) error {
+	limit := s.checkpointTimeout(sb)
 	rctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	err := rt.Restore(rctx, spec, img)
@@ -419,26 +424,26 @@ func (d *Daemon) boundedRestore(ctx context.Context, rt runtime.Runtime, sb *san
 	return err
 }
 
-// reconcilePaused settles sandboxes caught mid-pause or mid-resume by a
+// ReconcilePaused settles sandboxes caught mid-pause or mid-resume by a
 // daemon crash: never half — either running or paused with a complete image.
-func (d *Daemon) reconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive bool) error {
-	rt, err := d.RuntimeFor(sb)
+func (s *Service) ReconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive bool) error {
+	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
 	// A partial image (the daemon died while writing it) is never used.
-	_ = os.RemoveAll(d.memoryDir(sb.ID) + ".tmp")
-	_, imgErr := os.Stat(d.memoryDir(sb.ID))
+	_ = os.RemoveAll(s.MemoryDir(sb.ID) + ".tmp")
+	_, imgErr := os.Stat(s.MemoryDir(sb.ID))
 	hasImage := imgErr == nil
 	toPausedDisk := func(reason string) error {
-		if err := d.halt(ctx, sb); err != nil {
+		if err := s.core.Halt(ctx, sb); err != nil {
 			return err
 		}
 		actual := sandbox.PauseDisk
 		if hasImage {
 			actual = sandbox.PauseMemory
 		}
-		_, err := d.Transition(ctx, sb.ID, sandbox.Paused, "berth", reason, "settled after a daemon restart", func(s *sandbox.Sandbox) error {
+		_, err := s.core.Transition(ctx, sb.ID, sandbox.Paused, "berth", reason, "settled after a daemon restart", func(s *sandbox.Sandbox) error {
 			s.PauseActual = actual
 			return nil
 		})
@@ -450,10 +455,10 @@ func (d *Daemon) reconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive
 			_ = rt.Thaw(ctx, sb.ID)
 			_ = rt.Kill(ctx, sb.ID, syscall.SIGUSR2)
 			hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			_, err := d.AgentClient(sb.ID).WaitReady(hctx, 20*time.Millisecond)
+			_, err := s.core.AgentClient(sb.ID).WaitReady(hctx, 20*time.Millisecond)
 			cancel()
 			if err == nil {
-				_, err := d.Transition(ctx, sb.ID, sandbox.Running, "berth", "pause_interrupted", "the daemon restarted during a pause or resume; the sandbox kept running", nil)
+				_, err := s.core.Transition(ctx, sb.ID, sandbox.Running, "berth", "pause_interrupted", "the daemon restarted during a pause or resume; the sandbox kept running", nil)
 				return err
 			}
 		}
@@ -464,12 +469,12 @@ func (d *Daemon) reconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive
 				return nil
 			}
 			// The frozen processes are gone (host reboot?): the disk is still the promise.
-			d.Event(ctx, sb, "berth", "pause_degraded", "freeze_lost", "frozen processes were gone after a restart; the workspace is kept",
+			s.core.Event(ctx, sb, "berth", "pause_degraded", "freeze_lost", "frozen processes were gone after a restart; the workspace is kept",
 				map[string]string{"requested": string(sandbox.PauseFreeze), "actual": string(sandbox.PauseDisk)})
 			return toPausedDisk("freeze_lost")
 		}
 		if alive {
-			return d.halt(ctx, sb)
+			return s.core.Halt(ctx, sb)
 		}
 		return nil
 	}
@@ -479,24 +484,24 @@ func (d *Daemon) reconcilePaused(ctx context.Context, sb *sandbox.Sandbox, alive
 var errPaused = errs.E(errs.Unavailable, "sandbox paused")
 
 // notifyPaused ends open streams of a sandbox that is being paused.
-func (d *Daemon) notifyPaused(id string) {
-	d.pauseMu.Lock()
-	if ch, ok := d.pauseCh[id]; ok {
+func (s *Service) notifyPaused(id string) {
+	s.pauseMu.Lock()
+	if ch, ok := s.pauseCh[id]; ok {
 		close(ch)
-		delete(d.pauseCh, id)
+		delete(s.pauseCh, id)
 	}
-	d.pauseMu.Unlock()
+	s.pauseMu.Unlock()
 }
 
 // PauseSignal returns a channel closed when the sandbox starts pausing.
 // Stream handlers select on it to end with a clear "sandbox paused" error.
-func (d *Daemon) PauseSignal(id string) <-chan struct{} {
-	d.pauseMu.Lock()
-	defer d.pauseMu.Unlock()
-	ch, ok := d.pauseCh[id]
+func (s *Service) PauseSignal(id string) <-chan struct{} {
+	s.pauseMu.Lock()
+	defer s.pauseMu.Unlock()
+	ch, ok := s.pauseCh[id]
 	if !ok {
 		ch = make(chan struct{})
-		d.pauseCh[id] = ch
+		s.pauseCh[id] = ch
 	}
 	return ch
 }

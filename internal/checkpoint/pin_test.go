@@ -1,4 +1,4 @@
-package daemon
+package checkpoint
 
 import (
 	"path/filepath"
@@ -28,7 +28,7 @@ func TestWithPinnedLayers(t *testing.T) {
 		{"no template", sandbox.Attrs{}, nil, sandbox.Attrs{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := withPinnedLayers(c.in, c.tpl)
+			got := WithPinnedLayers(c.in, c.tpl)
 			if diff := cmp.Diff(c.want, got); diff != "" {
 				t.Errorf("(-want +got)\n%s", diff)
 			}
@@ -51,10 +51,11 @@ func TestPinLegacy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	d := signalsDaemon(t, st, &testClock{now: t0})
-	if d.templates, err = template.Open(d.cfg.DataDir, nil); err != nil {
+	layers, err := template.Open(t.TempDir(), nil)
+	if err != nil {
 		t.Fatal(err)
 	}
+	_, d := New(&testCore{st: st, dir: t.TempDir(), now: t0}, Config{}, layers)
 	ctx := t.Context()
 	tpl, err := st.PutTemplate(ctx, store.Template{Name: "t", Fingerprint: "fp2", Layers: []string{"new", "base"}, State: store.TemplateReady})
 	if err != nil {
@@ -94,7 +95,7 @@ func TestPinLegacy(t *testing.T) {
 	}
 	for range 2 { // a second daemon start changes nothing more
 		for _, sb := range []*sandbox.Sandbox{same, rebuilt, pinned} {
-			if err := d.pinLegacy(ctx, sb); err != nil {
+			if err := d.PinLegacy(ctx, sb); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -117,7 +118,7 @@ func TestPinLegacy(t *testing.T) {
 	}
 
 	for _, sb := range []*sandbox.Sandbox{r, get("pinned"), get("same")} {
-		if err := d.pinForBoot(ctx, sb, &tpl); err != nil {
+		if err := d.PinForBoot(ctx, sb, &tpl); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -156,4 +157,10 @@ func TestMountedLayers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// attrsOf builds typed attrs from the legacy key/value form the tables use.
+func attrsOf(extra map[string]string) sandbox.Attrs {
+	a, _ := sandbox.AttrsFromExtra(extra)
+	return a
 }

@@ -1,4 +1,4 @@
-package daemon
+package checkpoint
 
 import (
 	"context"
@@ -25,9 +25,9 @@ import (
 // says so in an event, and its next boot moves it to the template's current
 // layers, recorded as an event too.
 
-// withPinnedLayers returns a with the template's layers pinned unless
+// WithPinnedLayers returns a with the template's layers pinned unless
 // the request already names its own (a snapshot's, a build step's).
-func withPinnedLayers(a sandbox.Attrs, tpl *store.Template) sandbox.Attrs {
+func WithPinnedLayers(a sandbox.Attrs, tpl *store.Template) sandbox.Attrs {
 	if len(a.Layers) > 0 || tpl == nil || len(tpl.Layers) == 0 {
 		return a
 	}
@@ -35,13 +35,13 @@ func withPinnedLayers(a sandbox.Attrs, tpl *store.Template) sandbox.Attrs {
 	return a
 }
 
-// pinLegacy pins the layers of a sandbox created before pins existed, at
+// PinLegacy pins the layers of a sandbox created before pins existed, at
 // daemon start (Reconcile), when its template still matches.
-func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
+func (s *Snapshots) PinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 	if sb.State == sandbox.Deleted || len(sb.Layers) > 0 || sb.LayersUnpinned != "" {
 		return nil
 	}
-	tpl, err := d.store.GetTemplate(ctx, sb.Template)
+	tpl, err := s.core.Store().GetTemplate(ctx, sb.Template)
 	if err != nil && !errs.Is(err, errs.NotFound) {
 		return err
 	}
@@ -53,7 +53,7 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 		}
 	default:
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
-		if l, ok := mountedLayers(string(mi), rootfs.LayoutOf(d.SandboxDir(sb.ID)).RootFS, d.templates.Dir()); ok {
+		if l, ok := mountedLayers(string(mi), rootfs.LayoutOf(s.core.SandboxDir(sb.ID)).RootFS, s.layers.Dir()); ok {
 			layers = l
 			break
 		}
@@ -62,7 +62,7 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 			reason = "template " + sb.Template + " was rebuilt (fingerprint " + sb.TemplateID + ", now " + tpl.Fingerprint + ") before this sandbox's layers were pinned"
 		}
 	}
-	out, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
+	out, err := s.core.Store().UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
 		if reason != "" {
 			s.LayersUnpinned = reason
 		} else {
@@ -75,23 +75,23 @@ func (d *Daemon) pinLegacy(ctx context.Context, sb *sandbox.Sandbox) error {
 	}
 	*sb = *out
 	if reason != "" {
-		d.Event(ctx, sb, "berth", "layers", "layers_unpinned", reason+
+		s.core.Event(ctx, sb, "berth", "layers", "layers_unpinned", reason+
 			"; snapshots and forks are refused until its next boot, which moves it to the template's current layers", nil)
 		return nil
 	}
-	d.log.Info("pinned the layers of a sandbox created before layer pins", "sandbox_id", sb.ID, "template", sb.Template)
+	s.log.Info("pinned the layers of a sandbox created before layer pins", "sandbox_id", sb.ID, "template", sb.Template)
 	return nil
 }
 
-// pinForBoot makes sure sb (about to boot over tpl) has pinned layers. A
+// PinForBoot makes sure sb (about to boot over tpl) has pinned layers. A
 // legacy sandbox that could not be pinned moves to the template's current
 // layers here, explicitly: its pin, its TemplateID and an event say so.
-func (d *Daemon) pinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) error {
+func (s *Snapshots) PinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) error {
 	if len(sb.Layers) > 0 || tpl == nil || len(tpl.Layers) == 0 {
 		return nil
 	}
 	from := sb.TemplateID
-	out, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
+	out, err := s.core.Store().UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
 		s.Layers, s.LayersUnpinned = slices.Clone(tpl.Layers), ""
 		s.TemplateID = tpl.Fingerprint
 		return nil
@@ -101,7 +101,7 @@ func (d *Daemon) pinForBoot(ctx context.Context, sb *sandbox.Sandbox, tpl *store
 	}
 	sb.Attrs, sb.TemplateID = out.Attrs, out.TemplateID
 	if from != tpl.Fingerprint {
-		d.Event(ctx, sb, "berth", "layers", "layers_rebased",
+		s.core.Event(ctx, sb, "berth", "layers", "layers_rebased",
 			"booting on the current layers of template "+tpl.Name+": this sandbox predates layer pins and its template was rebuilt",
 			map[string]string{"from_fingerprint": from, "to_fingerprint": tpl.Fingerprint})
 	}

@@ -1,4 +1,4 @@
-package daemon
+package checkpoint
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/berth-dev/berth/internal/template"
 )
 
-func (d *Daemon) snapshotDir(id string) string { return filepath.Join(d.cfg.DataDir, "snapshots", id) }
+func (s *Snapshots) dir(id string) string { return filepath.Join(s.cfg.DataDir, "snapshots", id) }
 
 // upperExporter is a runtime that keeps a container's rootfs writes to
 // itself (runsc's in-sandbox overlay) and can export them as an overlay
@@ -25,13 +25,13 @@ type upperExporter interface {
 }
 
 // layerDigests are the lower layers sb runs on, top first.
-func (d *Daemon) layerDigests(ctx context.Context, sb *sandbox.Sandbox) ([]string, error) {
+func (s *Snapshots) layerDigests(ctx context.Context, sb *sandbox.Sandbox) ([]string, error) {
 	if len(sb.Layers) > 0 {
 		return slices.Clone(sb.Layers), nil
 	}
-	tpl, err := d.store.GetTemplate(ctx, sb.Template)
+	tpl, err := s.core.Store().GetTemplate(ctx, sb.Template)
 	if err != nil {
-		return nil, errs.Reclassify(errs.FailedPrecondition, err, "template %s of sandbox %s", sb.Template, sb.ID)
+		return nil, errs.Wrap(errs.FailedPrecondition, err, "template %s of sandbox %s", sb.Template, sb.ID)
 	}
 	if tpl.Fingerprint != sb.TemplateID {
 		return nil, errs.E(errs.FailedPrecondition, "template %s changed since sandbox %s started (fingerprint %s, now %s)",
@@ -40,15 +40,15 @@ func (d *Daemon) layerDigests(ctx context.Context, sb *sandbox.Sandbox) ([]strin
 	return tpl.Layers, nil
 }
 
-// lowersFor resolves the layers a sandbox boots on to host paths: the
+// LowersFor resolves the layers a sandbox boots on to host paths: the
 // snapshot's layers for a sandbox started from a snapshot, else the template's.
-func (d *Daemon) lowersFor(sb *sandbox.Sandbox, tpl *store.Template) ([]string, error) {
+func (s *Snapshots) LowersFor(sb *sandbox.Sandbox, tpl *store.Template) ([]string, error) {
 	if len(sb.Layers) == 0 {
-		return d.layersOf(tpl)
+		return s.core.TemplateLowers(tpl)
 	}
 	var out []string
 	for _, dg := range sb.Layers {
-		p := d.templates.LayerPath(dg)
+		p := s.layers.LayerPath(dg)
 		if _, err := os.Stat(p); err != nil {
 			return nil, errs.Wrap(errs.FailedPrecondition, err, "layer %s of sandbox %s is missing", dg, sb.ID)
 		}
@@ -57,10 +57,10 @@ func (d *Daemon) lowersFor(sb *sandbox.Sandbox, tpl *store.Template) ([]string, 
 	return out, nil
 }
 
-// captureUpper stores sb's workspace changes as a new read-only layer. A
+// CaptureUpper stores sb's workspace changes as a new read-only layer. A
 // running sandbox is frozen for the copy, so the layer is one instant.
-func (d *Daemon) captureUpper(ctx context.Context, sb *sandbox.Sandbox, running bool) (template.Layer, error) {
-	rt, err := d.RuntimeFor(sb)
+func (s *Snapshots) CaptureUpper(ctx context.Context, sb *sandbox.Sandbox, running bool) (template.Layer, error) {
+	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return template.Layer{}, err
 	}
@@ -70,27 +70,27 @@ func (d *Daemon) captureUpper(ctx context.Context, sb *sandbox.Sandbox, running 
 		}
 		defer func() {
 			if err := rt.Thaw(context.WithoutCancel(ctx), sb.ID); err != nil {
-				d.log.Error("thaw after snapshot", "sandbox_id", sb.ID, "err", err)
+				s.log.Error("thaw after snapshot", "sandbox_id", sb.ID, "err", err)
 			}
 		}()
 	}
 	if exp, ok := rt.(upperExporter); ok && running && sb.Runtime == "runsc" {
-		if l, ok, err := d.exportUpper(ctx, exp, sb); ok || err != nil {
+		if l, ok, err := s.exportUpper(ctx, exp, sb); ok || err != nil {
 			return l, err
 		}
 	}
-	upper := rootfs.LayoutOf(d.SandboxDir(sb.ID)).Upper
+	upper := rootfs.LayoutOf(s.core.SandboxDir(sb.ID)).Upper
 	// The layer holds the ids as seen inside, so that it is a lower for any sandbox.
-	m := d.userNSOf(sb)
-	return d.templates.ImportDir(ctx, func(dir string) error { return rootfs.CopyUpperUnshifted(ctx, upper, dir, m) })
+	m := s.core.UserNS(sb)
+	return s.layers.ImportDir(ctx, func(dir string) error { return rootfs.CopyUpperUnshifted(ctx, upper, dir, m) })
 }
 
 // exportUpper asks runsc for the rootfs writes it keeps in its own
 // in-sandbox overlay (--overlay2 root:memory|self). ok is false when the
 // sandbox has no such overlay (--overlay2=none: writes reach the host upper
 // dir, which the caller copies).
-func (d *Daemon) exportUpper(ctx context.Context, exp upperExporter, sb *sandbox.Sandbox) (template.Layer, bool, error) {
-	tmp, err := os.CreateTemp(filepath.Join(d.cfg.DataDir, "snapshots"), ".upper-*.tar")
+func (s *Snapshots) exportUpper(ctx context.Context, exp upperExporter, sb *sandbox.Sandbox) (template.Layer, bool, error) {
+	tmp, err := os.CreateTemp(filepath.Join(s.cfg.DataDir, "snapshots"), ".upper-*.tar")
 	if err != nil {
 		return template.Layer{}, false, errs.Wrap(errs.Internal, err, "snapshot scratch file")
 	}
@@ -102,7 +102,7 @@ func (d *Daemon) exportUpper(ctx context.Context, exp upperExporter, sb *sandbox
 		}
 		return template.Layer{}, false, err
 	}
-	l, err := d.templates.ImportDir(ctx, func(dir string) error {
+	l, err := s.layers.ImportDir(ctx, func(dir string) error {
 		f, err := os.Open(tmp.Name())
 		if err != nil {
 			return errs.Wrap(errs.Internal, err, "open upper tar")
@@ -123,81 +123,81 @@ type SnapshotRequest struct {
 
 // Snapshot captures a running sandbox's workspace as a new layer; the
 // sandbox keeps running (frozen for the copy only).
-func (d *Daemon) Snapshot(ctx context.Context, req SnapshotRequest) (store.Snapshot, error) {
+func (s *Snapshots) Snapshot(ctx context.Context, req SnapshotRequest) (store.Snapshot, error) {
 	if req.Name != "" {
-		if err := ValidTemplateName(req.Name); err != nil {
+		if err := s.core.ValidTemplateName(req.Name); err != nil {
 			return store.Snapshot{}, errs.Field("name", "snapshot names are 1-63 chars of lowercase letters, digits, '.', '_', '-', got %q", req.Name)
 		}
 	}
-	unlock := d.Lock(req.ID)
+	unlock := s.core.Lock(req.ID)
 	defer unlock()
-	sb, err := d.Visible(ctx, req.Owner, req.ID)
+	sb, err := s.core.Visible(ctx, req.Owner, req.ID)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
-	return d.snapshotLocked(ctx, sb, req.Name, req.Actor, "")
+	return s.snapshotLocked(ctx, sb, req.Name, req.Actor, "")
 }
 
 // snapshotLocked captures sb (locked by the caller). memory is the path of
 // a memory image that belongs with it, if any.
-func (d *Daemon) snapshotLocked(ctx context.Context, sb *sandbox.Sandbox, name, actor, memory string) (store.Snapshot, error) {
+func (s *Snapshots) snapshotLocked(ctx context.Context, sb *sandbox.Sandbox, name, actor, memory string) (store.Snapshot, error) {
 	if sb.State != sandbox.Running {
 		return store.Snapshot{}, errs.E(errs.Conflict, "sandbox %s is %s; only a running sandbox can be snapshotted", sb.ID, sb.State)
 	}
-	release, err := d.reserveSnapshot(ctx, sb.Owner) // owner's snapshot quota (quota.go)
+	release, err := s.core.ReserveSnapshot(ctx, sb.Owner) // owner's snapshot quota (quota.go)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
 	defer release()
-	base, err := d.layerDigests(ctx, sb)
+	base, err := s.layerDigests(ctx, sb)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
-	if err := os.MkdirAll(filepath.Join(d.cfg.DataDir, "snapshots"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(s.cfg.DataDir, "snapshots"), 0o700); err != nil {
 		return store.Snapshot{}, errs.Wrap(errs.Internal, err, "create snapshots dir")
 	}
 	start := time.Now()
-	layer, err := d.captureUpper(ctx, sb, true)
+	layer, err := s.CaptureUpper(ctx, sb, true)
 	if err != nil {
 		return store.Snapshot{}, err
 	}
-	return d.recordSnapshot(ctx, "", sb, name, actor, layer, base, memory, time.Since(start))
+	return s.recordSnapshot(ctx, "", sb, name, actor, layer, base, memory, time.Since(start))
 }
 
 // recordSnapshot stores a snapshot record (id "" = a fresh one) and an event.
-func (d *Daemon) recordSnapshot(ctx context.Context, id string, sb *sandbox.Sandbox, name, actor string, layer template.Layer, base []string, memory string, took time.Duration) (store.Snapshot, error) {
+func (s *Snapshots) recordSnapshot(ctx context.Context, id string, sb *sandbox.Sandbox, name, actor string, layer template.Layer, base []string, memory string, took time.Duration) (store.Snapshot, error) {
 	if id == "" {
 		id = sandbox.NewID()
 	}
 	sn := store.Snapshot{
 		ID: id, Owner: sb.Owner, Name: name, SourceSandbox: sb.ID, Template: sb.Template,
 		TemplateID: sb.TemplateID, Runtime: sb.Runtime, Layers: append([]string{layer.Digest}, base...),
-		MemoryPath: memory, CreatedAt: d.cfg.Now().UTC(),
+		MemoryPath: memory, CreatedAt: s.core.Now().UTC(),
 		Extra: map[string]string{"layer_bytes": formatInt(layer.TarSize), "layer_entries": formatInt(layer.Entries),
 			"capture_ms": formatInt(took.Milliseconds())},
 	}
 	if p := sb.Net.Policy; len(p) > 0 {
-		sn.Extra[snapshotPolicyKey] = string(p)
+		sn.Extra[SnapshotPolicyKey] = string(p)
 	}
-	if err := d.store.CreateSnapshot(ctx, sn); err != nil {
+	if err := s.core.Store().CreateSnapshot(ctx, sn); err != nil {
 		if errs.Is(err, errs.AlreadyExists) {
 			return store.Snapshot{}, errs.Field("name", "you already have a snapshot named %q", name)
 		}
 		return store.Snapshot{}, err
 	}
-	d.Event(ctx, sb, actor, "snapshot", "snapshot_taken", "", map[string]string{
+	s.core.Event(ctx, sb, actor, "snapshot", "snapshot_taken", "", map[string]string{
 		"snapshot": sn.ID, "layer": layer.Digest, "capture_ms": formatInt(took.Milliseconds())})
-	d.log.Info("snapshot taken", "sandbox_id", sb.ID, "snapshot", sn.ID, "layer", layer.Digest, "ms", took.Milliseconds())
+	s.log.Info("snapshot taken", "sandbox_id", sb.ID, "snapshot", sn.ID, "layer", layer.Digest, "ms", took.Milliseconds())
 	return sn, nil
 }
 
 // GetSnapshot returns a snapshot visible to owner ("" = admin).
-func (d *Daemon) GetSnapshot(ctx context.Context, owner, id string) (store.Snapshot, error) {
+func (s *Snapshots) GetSnapshot(ctx context.Context, owner, id string) (store.Snapshot, error) {
 	notFound := errs.E(errs.NotFound, "snapshot %q not found", id)
 	if !sandbox.ValidID(id) {
 		return store.Snapshot{}, notFound
 	}
-	sn, err := d.store.GetSnapshot(ctx, id)
+	sn, err := s.core.Store().GetSnapshot(ctx, id)
 	if errs.Is(err, errs.NotFound) || (err == nil && owner != "" && sn.Owner != owner) {
 		return store.Snapshot{}, notFound
 	}
@@ -205,13 +205,13 @@ func (d *Daemon) GetSnapshot(ctx context.Context, owner, id string) (store.Snaps
 }
 
 // ListSnapshots lists owner's snapshots ("" = every owner).
-func (d *Daemon) ListSnapshots(ctx context.Context, owner string) ([]store.Snapshot, error) {
-	return d.store.ListSnapshots(ctx, owner)
+func (s *Snapshots) ListSnapshots(ctx context.Context, owner string) ([]store.Snapshot, error) {
+	return s.core.Store().ListSnapshots(ctx, owner)
 }
 
 // snapshotUsers are the live sandboxes started from snapshot id.
-func (d *Daemon) snapshotUsers(ctx context.Context, id string) ([]string, error) {
-	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
+func (s *Snapshots) snapshotUsers(ctx context.Context, id string) ([]string, error) {
+	all, _, err := s.core.Store().ListSandboxes(ctx, store.SandboxFilter{})
 	if err != nil {
 		return nil, err
 	}
@@ -226,33 +226,33 @@ func (d *Daemon) snapshotUsers(ctx context.Context, id string) ([]string, error)
 
 // DeleteSnapshot removes a snapshot no sandbox uses, with its memory image
 // and its own layer unless a template or another snapshot shares it.
-func (d *Daemon) DeleteSnapshot(ctx context.Context, owner, id string) error {
-	sn, err := d.GetSnapshot(ctx, owner, id)
+func (s *Snapshots) DeleteSnapshot(ctx context.Context, owner, id string) error {
+	sn, err := s.GetSnapshot(ctx, owner, id)
 	if err != nil {
 		return err
 	}
-	users, err := d.snapshotUsers(ctx, id)
+	users, err := s.snapshotUsers(ctx, id)
 	if err != nil {
 		return err
 	}
 	if len(users) > 0 {
 		return errs.E(errs.Conflict, "snapshot %s is used by %d sandbox(es): %s", id, len(users), strings.Join(users, ", "))
 	}
-	if err := d.store.DeleteSnapshot(ctx, id); err != nil {
+	if err := s.core.Store().DeleteSnapshot(ctx, id); err != nil {
 		return err
 	}
-	_ = os.RemoveAll(d.snapshotDir(id))
-	if used, err := d.layerUsed(ctx, sn.Layers[0]); err == nil && !used {
-		if err := d.templates.RemoveLayer(sn.Layers[0]); err != nil && !errs.Is(err, errs.NotFound) {
-			d.log.Warn("remove snapshot layer", "snapshot", id, "err", err)
+	_ = os.RemoveAll(s.dir(id))
+	if used, err := s.layerUsed(ctx, sn.Layers[0]); err == nil && !used {
+		if err := s.layers.RemoveLayer(sn.Layers[0]); err != nil && !errs.Is(err, errs.NotFound) {
+			s.log.Warn("remove snapshot layer", "snapshot", id, "err", err)
 		}
 	}
 	return nil
 }
 
 // layerUsed reports whether a template, a snapshot or a sandbox uses layer dg.
-func (d *Daemon) layerUsed(ctx context.Context, dg string) (bool, error) {
-	tpls, err := d.store.ListTemplates(ctx)
+func (s *Snapshots) layerUsed(ctx context.Context, dg string) (bool, error) {
+	tpls, err := s.core.Store().ListTemplates(ctx)
 	if err != nil {
 		return true, err
 	}
@@ -261,7 +261,7 @@ func (d *Daemon) layerUsed(ctx context.Context, dg string) (bool, error) {
 			return true, nil
 		}
 	}
-	sns, err := d.store.ListSnapshots(ctx, "")
+	sns, err := s.core.Store().ListSnapshots(ctx, "")
 	if err != nil {
 		return true, err
 	}
@@ -270,7 +270,7 @@ func (d *Daemon) layerUsed(ctx context.Context, dg string) (bool, error) {
 			return true, nil
 		}
 	}
-	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
+	all, _, err := s.core.Store().ListSandboxes(ctx, store.SandboxFilter{})
 	if err != nil {
 		return true, err
 	}
@@ -283,46 +283,55 @@ func (d *Daemon) layerUsed(ctx context.Context, dg string) (bool, error) {
 }
 
 // TemplateFromSnapshot promotes a snapshot to a template named name.
-func (d *Daemon) TemplateFromSnapshot(ctx context.Context, owner, id, name string) (store.Template, error) {
-	if err := ValidTemplateName(name); err != nil {
+func (s *Snapshots) TemplateFromSnapshot(ctx context.Context, owner, id, name string) (store.Template, error) {
+	if err := s.core.ValidTemplateName(name); err != nil {
 		return store.Template{}, err
 	}
-	sn, err := d.GetSnapshot(ctx, owner, id)
+	sn, err := s.GetSnapshot(ctx, owner, id)
 	if err != nil {
 		return store.Template{}, err
 	}
-	if _, err := d.store.GetTemplate(ctx, name); err == nil {
+	if _, err := s.core.Store().GetTemplate(ctx, name); err == nil {
 		return store.Template{}, errs.E(errs.AlreadyExists, "template %s already exists", name)
 	}
 	t := store.Template{Name: name, Layers: sn.Layers, State: store.TemplateReady, Source: "snapshot " + sn.ID}
-	if src, err := d.store.GetTemplate(ctx, sn.Template); err == nil {
+	if src, err := s.core.Store().GetTemplate(ctx, sn.Template); err == nil {
 		t.StartCmd, t.Env, t.Workdir, t.User, t.Resources = src.StartCmd, src.Env, src.Workdir, src.User, src.Resources
 	}
-	t.Fingerprint = fingerprint(t)
-	return d.store.PutTemplate(ctx, t)
+	t.Fingerprint = s.core.Fingerprint(t)
+	return s.core.Store().PutTemplate(ctx, t)
 }
 
-// applySnapshot points a create request at a snapshot: its template, its
-// layers as lowers. Called before normalize.
-func (d *Daemon) applySnapshot(ctx context.Context, req *CreateRequest) error {
-	if req.FromSnapshot == "" {
-		return nil
-	}
-	sn, err := d.GetSnapshot(ctx, req.Owner, req.FromSnapshot)
+// FromSnapshot points a create request at snapshot snapID: it answers the
+// template to use (the snapshot's; tpl names the requested one, "" = any)
+// and the request's attrs with the snapshot's layers pinned as lowers and
+// its network policy unless the request names one. Called before the
+// request is normalized; a's slices are not changed.
+func (s *Snapshots) FromSnapshot(ctx context.Context, owner, snapID, tpl string, a sandbox.Attrs) (string, sandbox.Attrs, error) {
+	sn, err := s.GetSnapshot(ctx, owner, snapID)
 	if errs.Is(err, errs.NotFound) {
-		return errs.Field("from_snapshot", "unknown snapshot %q (see `berth snapshot ls`)", req.FromSnapshot)
+		return "", a, errs.Field("from_snapshot", "unknown snapshot %q (see `berth snapshot ls`)", snapID)
 	}
 	if err != nil {
-		return err
+		return "", a, err
 	}
-	if req.Template != "" && req.Template != sn.Template {
-		return errs.Field("template", "snapshot %s was taken from template %s; leave template empty or use %s", sn.ID, sn.Template, sn.Template)
+	if tpl != "" && tpl != sn.Template {
+		return "", a, errs.Field("template", "snapshot %s was taken from template %s; leave template empty or use %s", sn.ID, sn.Template, sn.Template)
 	}
-	req.Template = sn.Template
-	req.Attrs.Layers = slices.Clone(sn.Layers)
-	req.Attrs.Lineage.Snapshot = sn.ID
-	if p := sn.Extra[snapshotPolicyKey]; p != "" && len(req.Attrs.Net.Policy) == 0 {
-		req.Attrs.Net.Policy = []byte(p) // the snapshot's network policy, unless the request names one
+	a.Layers = slices.Clone(sn.Layers)
+	a.Lineage.Snapshot = sn.ID
+	if p := sn.Extra[SnapshotPolicyKey]; p != "" && len(a.Net.Policy) == 0 {
+		a.Net.Policy = []byte(p) // the snapshot's network policy, unless the request names one
 	}
-	return nil
+	return sn.Template, a, nil
+}
+
+// lowersForSandbox is LowersFor with sb's template looked up (not needed
+// when its layers are pinned).
+func (s *Snapshots) lowersForSandbox(ctx context.Context, sb *sandbox.Sandbox) ([]string, error) {
+	tpl, err := s.core.Store().GetTemplate(ctx, sb.Template)
+	if err != nil && len(sb.Layers) == 0 {
+		return nil, err
+	}
+	return s.LowersFor(sb, &tpl)
 }
