@@ -2,7 +2,8 @@
 // bridge owned by berth, with an address, a default route, NAT and an
 // nftables ruleset that steers all of its traffic through the egress proxy
 // and resolver (internal/egress). Plans are pure (Plan); the effects are
-// small wrappers around `ip`, `nft` and `unshare` (apply_linux.go).
+// small wrappers around netlink (links, addresses, routes, set in-process)
+// and `nft` (apply_linux.go).
 package network
 
 import (
