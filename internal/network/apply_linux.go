@@ -20,9 +20,9 @@ import (
 )
 
 // Links, addresses and routes are set in-process over netlink (no `ip`
-// subprocess): on the host through netlink's package-level handle, inside a
-// sandbox's namespace through a handle whose socket was opened there on a
-// locked OS thread (nsHandle). Only nftables goes through a subprocess: its
+// subprocess): on the host through netlink's package-level calls (each
+// opens its socket in the calling thread's namespace), inside a sandbox's
+// namespace the same calls on a locked OS thread moved there (inNetns). Only nftables goes through a subprocess: its
 // ruleset is one golden-tested script loaded in one transaction.
 
 // run executes a command, feeding stdin, and classifies failures.
@@ -112,12 +112,37 @@ func createNetns(ctx context.Context, path string) error {
 	return nil
 }
 
-// mountNewNetns creates a network namespace on a locked OS thread of a
-// goroutine of its own, bind-mounts it at path and moves the thread back.
-// A thread that cannot be moved back stays locked, so the runtime ends it
-// with the goroutine instead of running other goroutines in the new
-// namespace.
+// mountNewNetns creates a network namespace and bind-mounts it at path.
 func mountNewNetns(path string) error {
+	unshare := func() error {
+		return errs.Wrap(errs.FailedPrecondition, unix.Unshare(unix.CLONE_NEWNET), "unshare a network namespace")
+	}
+	return onThreadIn(unshare, func() error {
+		return errs.Wrap(errs.Internal, unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""),
+			"bind-mount the network namespace at %s", path)
+	})
+}
+
+// inNetns runs fn with its OS thread in the network namespace mounted at
+// nsPath (see onThreadIn); netlink's package-level calls made by fn open
+// their sockets there.
+func inNetns(nsPath string, fn func() error) error {
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "open network namespace %s", nsPath)
+	}
+	defer ns.Close()
+	return onThreadIn(func() error {
+		return errs.Wrap(errs.Internal, netns.Set(ns), "enter network namespace %s", nsPath)
+	}, fn)
+}
+
+// onThreadIn runs enter then fn on a locked OS thread of a goroutine of
+// its own, and moves the thread back to the namespace it came from. A
+// thread that cannot be moved back stays locked, so the runtime ends it
+// with the goroutine instead of running other goroutines in a sandbox's
+// namespace.
+func onThreadIn(enter, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -128,14 +153,8 @@ func mountNewNetns(path string) error {
 			return
 		}
 		defer orig.Close()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- errs.Wrap(errs.FailedPrecondition, err, "unshare a network namespace")
-			return
-		}
-		err = unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
-		if err != nil {
-			err = errs.Wrap(errs.Internal, err, "bind-mount the network namespace at %s", path)
+		if err = enter(); err == nil {
+			err = fn()
 		}
 		if serr := netns.Set(orig); serr != nil {
 			errc <- errors.Join(err, errs.Wrap(errs.Internal, serr, "return to the host network namespace"))
@@ -160,21 +179,6 @@ func deleteNetns(path string) error {
 	return nil
 }
 
-// nsHandle opens a netlink handle inside the namespace mounted at nsPath;
-// the caller closes it.
-func nsHandle(nsPath string) (*netlink.Handle, error) {
-	ns, err := netns.GetFromPath(nsPath)
-	if err != nil {
-		return nil, errs.Wrap(errs.Internal, err, "open network namespace %s", nsPath)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, nlErr(err, "open a handle in %s", nsPath)
-	}
-	return h, nil
-}
-
 // createVeth makes host-side veth on the bridge and "eth0" inside the namespace.
 func createVeth(ctx context.Context, veth, nsPath, bridge string) error {
 	br, err := netlink.LinkByName(bridge)
@@ -190,12 +194,22 @@ func createVeth(ctx context.Context, veth, nsPath, bridge string) error {
 		PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
 		return nlErr(err, "add veth %s", veth)
 	}
+	// A veth half set up (not isolated on the bridge) goes again at once.
+	if err := vethOnBridge(veth, br); err != nil {
+		return errors.Join(err, deleteLink(ctx, veth))
+	}
+	return nil
+}
+
+// vethOnBridge makes veth an isolated port of br (sandboxes never talk to
+// each other at layer 2) and sets it up.
+func vethOnBridge(veth string, br netlink.Link) error {
 	l, err := netlink.LinkByName(veth)
 	if err != nil {
 		return nlErr(err, "veth %s", veth)
 	}
 	if err := netlink.LinkSetMaster(l, br); err != nil {
-		return nlErr(err, "put %s on %s", veth, bridge)
+		return nlErr(err, "put %s on %s", veth, br.Attrs().Name)
 	}
 	if err := netlink.LinkSetIsolated(l, true); err != nil {
 		return nlErr(err, "isolate bridge port %s", veth)
@@ -204,32 +218,29 @@ func createVeth(ctx context.Context, veth, nsPath, bridge string) error {
 }
 
 func configureInside(ctx context.Context, nsPath string, addr netip.Prefix, gw netip.Addr) error {
-	h, err := nsHandle(nsPath)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		return nlErr(err, "lo in %s", nsPath)
-	}
-	if err := h.LinkSetUp(lo); err != nil {
-		return nlErr(err, "set lo up in %s", nsPath)
-	}
-	eth0, err := h.LinkByName("eth0")
-	if err != nil {
-		return nlErr(err, "eth0 in %s", nsPath)
-	}
-	if err := h.AddrAdd(eth0, &netlink.Addr{IPNet: ipNet(addr)}); err != nil {
-		return nlErr(err, "address %s on eth0 in %s", addr, nsPath)
-	}
-	if err := h.LinkSetUp(eth0); err != nil {
-		return nlErr(err, "set eth0 up in %s", nsPath)
-	}
-	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
-		return nlErr(err, "default route via %s in %s", gw, nsPath)
-	}
-	return nil
+	return inNetns(nsPath, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return nlErr(err, "lo in %s", nsPath)
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return nlErr(err, "set lo up in %s", nsPath)
+		}
+		eth0, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return nlErr(err, "eth0 in %s", nsPath)
+		}
+		if err := netlink.AddrAdd(eth0, &netlink.Addr{IPNet: ipNet(addr)}); err != nil {
+			return nlErr(err, "address %s on eth0 in %s", addr, nsPath)
+		}
+		if err := netlink.LinkSetUp(eth0); err != nil {
+			return nlErr(err, "set eth0 up in %s", nsPath)
+		}
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+			return nlErr(err, "default route via %s in %s", gw, nsPath)
+		}
+		return nil
+	})
 }
 
 // deleteLink removes a host link; a missing one is fine.
@@ -248,24 +259,11 @@ func deleteLink(ctx context.Context, name string) error {
 }
 
 // deleteLinkIn removes a link inside the namespace at nsPath; a missing
-// one (or namespace) is fine.
+// one is fine.
 func deleteLinkIn(nsPath, name string) error {
-	h, err := nsHandle(nsPath)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	l, err := h.LinkByName(name)
-	if isLinkNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return nlErr(err, "link %s in %s", name, nsPath)
-	}
-	if err := h.LinkDel(l); err != nil && !isLinkNotFound(err) {
-		return nlErr(err, "delete link %s in %s", name, nsPath)
-	}
-	return nil
+	return inNetns(nsPath, func() error {
+		return deleteLink(context.Background(), name)
+	})
 }
 
 // hostLinks lists the host's links, retrying a dump that a concurrent
