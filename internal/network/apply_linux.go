@@ -67,8 +67,11 @@ func isLinkNotFound(err error) bool {
 	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
 }
 
-func ipNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+// ifAddr is p as an interface address without a broadcast address, as
+// `ip addr add` sets it (netlink would derive one unless told 0.0.0.0).
+func ifAddr(p netip.Prefix) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
+		Broadcast: net.IPv4zero}
 }
 
 func setupBridge(ctx context.Context, name string, gw netip.Prefix) error {
@@ -87,7 +90,7 @@ func setupBridge(ctx context.Context, name string, gw netip.Prefix) error {
 	}
 	// The sandboxes are IPv4 only; no link-local IPv6 on the bridge either.
 	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
-	if err := netlink.AddrReplace(br, &netlink.Addr{IPNet: ipNet(gw)}); err != nil {
+	if err := netlink.AddrReplace(br, ifAddr(gw)); err != nil {
 		return nlErr(err, "address %s on %s", gw, name)
 	}
 	// A bridge kept from a server with another subnet loses the old address
@@ -230,7 +233,7 @@ func configureInside(ctx context.Context, nsPath string, addr netip.Prefix, gw n
 		if err != nil {
 			return nlErr(err, "eth0 in %s", nsPath)
 		}
-		if err := netlink.AddrAdd(eth0, &netlink.Addr{IPNet: ipNet(addr)}); err != nil {
+		if err := netlink.AddrAdd(eth0, ifAddr(addr)); err != nil {
 			return nlErr(err, "address %s on eth0 in %s", addr, nsPath)
 		}
 		if err := netlink.LinkSetUp(eth0); err != nil {

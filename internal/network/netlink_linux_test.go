@@ -27,8 +27,8 @@ func TestNetlinkAttachState(t *testing.T) {
 		}
 		addr := in("-4", "-o", "addr", "show", "dev", "eth0")
 		want := fmt.Sprintf("inet %s/%d ", att.IP, e.mgr.Config().Subnet.Bits())
-		if !strings.Contains(addr, want) {
-			t.Errorf("%s: eth0 addresses %q, want %q", id, addr, want)
+		if !strings.Contains(addr, want) || strings.Contains(addr, " brd ") {
+			t.Errorf("%s: eth0 addresses %q, want %q and no broadcast address (as ip sets it)", id, addr, want)
 		}
 		if l := in("-o", "link", "show", "dev", "eth0"); !strings.Contains(l, ",UP") {
 			t.Errorf("%s: eth0 not up: %s", id, l)
@@ -38,6 +38,9 @@ func TestNetlinkAttachState(t *testing.T) {
 		}
 		if r := in("route", "show", "default"); !strings.Contains(r, "default via "+att.Gateway.String()+" dev eth0") {
 			t.Errorf("%s: default route %q", id, r)
+		}
+		if gw := sh(t, "ip", "-4", "-o", "addr", "show", "dev", e.mgr.Config().BridgeName); strings.Contains(gw, " brd ") {
+			t.Errorf("bridge address %q has a broadcast address", gw)
 		}
 		veth := e.mgr.vethName(id)
 		host := sh(t, "ip", "-d", "-o", "link", "show", "dev", veth)
