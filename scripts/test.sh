@@ -31,6 +31,8 @@ log "setup done in $((SECONDS - start))s"
 
 PKGS=${BERTH_TEST_PKGS:-./...}
 step "go vet" go vet $PKGS
+# go.mod must be tidy: direct requirements direct, nothing missing or unused.
+step "go mod tidy" go mod tidy -diff
 
 GOTEST_LOG=$(mktemp -t berth-gotest.XXXXXX)
 gotest() {

@@ -15,6 +15,7 @@ import (
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
+	"github.com/berth-dev/berth/internal/undo"
 )
 
 // agentMount is where the installed agent directory is bind-mounted
@@ -201,6 +202,9 @@ func (d *Daemon) layersOf(tpl *store.Template) ([]string, error) {
 	return d.templates.Lowers(tpl.Name, tpl.Layers)
 }
 
+// teardownTimeout bounds the undo of a failed boot, as teardownCtx does.
+const teardownTimeout = 60 * time.Second
+
 // boot mounts the sandbox's filesystem (creating its workspace the first
 // time), starts PID 1 and waits for the agent. Each step registers its undo.
 func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) (err error) {
@@ -235,18 +239,8 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if err := d.shareSandboxDir(sb); err != nil {
 		return err
 	}
-	var undo []func(context.Context) error
-	defer func() {
-		if err != nil {
-			tctx, cancel := teardownCtx(ctx)
-			defer cancel()
-			for i := len(undo) - 1; i >= 0; i-- {
-				if uerr := undo[i](tctx); uerr != nil {
-					err = errors.Join(err, uerr)
-				}
-			}
-		}
-	}()
+	var cleanup undo.Stack
+	defer cleanup.Unwind(ctx, teardownTimeout, &err)
 	t0 := time.Now()
 	// The network namespace and the filesystem are independent: attach the
 	// one while the other is mounted (the network's few ip/nft commands
@@ -263,12 +257,12 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	nerr := <-netErr
 	t2 := time.Now()
 	if nerr == nil {
-		undo = append(undo, func(c context.Context) error { return d.netDown(c, sb) })
+		cleanup.Push(func(c context.Context) error { return d.netDown(c, sb) })
 	}
 	if err != nil {
 		return errors.Join(errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "prepare filesystem"), nerr)
 	}
-	undo = append(undo, func(c context.Context) error { return d.cfg.Filesystem.Teardown(c, dir) })
+	cleanup.Push(func(c context.Context) error { return d.cfg.Filesystem.Teardown(c, dir) })
 	if nerr != nil {
 		return nerr
 	}
@@ -281,12 +275,12 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if err != nil {
 		return err
 	}
-	undo = append(undo, func(context.Context) error { d.chans.drop(sb.ID); return nil })
+	cleanup.Push(func(context.Context) error { d.chans.drop(sb.ID); return nil })
 	spec := d.spec(sb, tpl, root)
 	if err := rt.Run(ctx, spec); err != nil {
 		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "start sandbox")
 	}
-	undo = append(undo, func(c context.Context) error { return rt.Delete(c, sb.ID) })
+	cleanup.Push(func(c context.Context) error { return rt.Delete(c, sb.ID) })
 	t3 := time.Now()
 
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)

@@ -11,90 +11,91 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/dns/dnsmessage"
+
 	"github.com/berth-dev/berth/internal/errs"
 )
 
-// DNS wire constants (RFC 1035).
-const (
-	dnsTypeA    = 1
-	dnsTypeAAAA = 28
-	dnsClassIN  = 1
+// The resolver's codec is golang.org/x/net/dns/dnsmessage: it bounds names
+// (255 bytes, no dots inside a label, at most 10 compression pointers) and
+// every section it is asked to read.
 
-	rcodeOK       = 0
-	rcodeFormErr  = 1
-	rcodeServFail = 2
-	rcodeNXDomain = 3
-	rcodeNotImp   = 4
-	rcodeRefused  = 5
+const dnsTTL = 30
 
-	dnsTTL = 30
-)
-
-// dnsQuestion is the single question of a query.
+// dnsQuestion is the single question of a query and the header it came with.
 type dnsQuestion struct {
-	id     uint16
-	flags  uint16
-	name   string
-	qtype  uint16
-	qclass uint16
-	end    int // offset just past the question
+	hdr  dnsmessage.Header
+	q    dnsmessage.Question // as sent: the answer echoes it, case included
+	name string              // lower case, without the trailing dot
 }
 
+// parseDNSQuery reads the header and the one question of a query; what
+// follows the question (an EDNS OPT record, trailing bytes) is ignored.
 func parseDNSQuery(b []byte) (dnsQuestion, error) {
 	var q dnsQuestion
-	if len(b) < 12 {
-		return q, errs.E(errs.InvalidArgument, "dns: short header")
+	var p dnsmessage.Parser
+	h, err := p.Start(b)
+	if err != nil {
+		return q, errs.Wrap(errs.InvalidArgument, err, "dns: short header")
 	}
-	q.id = binary.BigEndian.Uint16(b[0:])
-	q.flags = binary.BigEndian.Uint16(b[2:])
-	if q.flags&0x8000 != 0 || binary.BigEndian.Uint16(b[4:]) != 1 {
+	q.hdr = h
+	if h.Response {
+		return q, errs.E(errs.InvalidArgument, "dns: want a query")
+	}
+	if q.q, err = p.Question(); err != nil {
+		return q, errs.Wrap(errs.InvalidArgument, err, "dns: want one question")
+	}
+	if _, err := p.Question(); !errors.Is(err, dnsmessage.ErrSectionDone) {
 		return q, errs.E(errs.InvalidArgument, "dns: want one question")
 	}
-	var labels []string
-	i := 12
-	for {
-		if i >= len(b) {
-			return q, errs.E(errs.InvalidArgument, "dns: truncated name")
-		}
-		l := int(b[i])
-		i++
-		if l == 0 {
-			break
-		}
-		if l > 63 || i+l > len(b) {
-			return q, errs.E(errs.InvalidArgument, "dns: bad label") // compression is not used in questions
-		}
-		labels = append(labels, string(b[i:i+l]))
-		i += l
-	}
-	if i+4 > len(b) {
-		return q, errs.E(errs.InvalidArgument, "dns: truncated question")
-	}
-	q.name = strings.ToLower(strings.Join(labels, "."))
-	q.qtype = binary.BigEndian.Uint16(b[i:])
-	q.qclass = binary.BigEndian.Uint16(b[i+2:])
-	q.end = i + 4
+	q.name = strings.ToLower(strings.TrimSuffix(q.q.Name.String(), "."))
 	return q, nil
 }
 
-// dnsResponse answers q (whose wire form is query) with A records.
-func dnsResponse(query []byte, q dnsQuestion, rcode int, ips []netip.Addr) []byte {
-	out := make([]byte, 12, q.end+len(ips)*16)
-	binary.BigEndian.PutUint16(out[0:], q.id)
-	// QR, opcode and RD from the query, RA set.
-	flags := uint16(0x8000) | q.flags&0x7900 | 0x0080 | uint16(rcode&0xf)
-	binary.BigEndian.PutUint16(out[2:], flags)
-	binary.BigEndian.PutUint16(out[4:], 1)
-	binary.BigEndian.PutUint16(out[6:], uint16(len(ips)))
-	out = append(out, query[12:q.end]...)
-	for _, ip := range ips {
-		a := ip.As4()
-		out = append(out, 0xc0, 12) // pointer to the question name
-		out = binary.BigEndian.AppendUint16(out, dnsTypeA)
-		out = binary.BigEndian.AppendUint16(out, dnsClassIN)
-		out = binary.BigEndian.AppendUint32(out, dnsTTL)
-		out = binary.BigEndian.AppendUint16(out, 4)
-		out = append(out, a[:]...)
+// dnsResponse answers q with rcode and A records for ips; withQuestion
+// false leaves the question out (an answer to a query that had none
+// readable).
+func dnsResponse(q dnsQuestion, withQuestion bool, rcode dnsmessage.RCode, ips []netip.Addr) []byte {
+	h := dnsmessage.Header{ID: q.hdr.ID, Response: true, OpCode: q.hdr.OpCode,
+		RecursionDesired: q.hdr.RecursionDesired, RecursionAvailable: true, RCode: rcode}
+	b := dnsmessage.NewBuilder(make([]byte, 0, 64+len(ips)*16), h)
+	b.EnableCompression() // every answer points at the question's name
+	if withQuestion {
+		if err := b.StartQuestions(); err != nil {
+			return headerOnly(h)
+		}
+		if err := b.Question(q.q); err != nil {
+			return headerOnly(h)
+		}
+	}
+	if len(ips) > 0 {
+		if err := b.StartAnswers(); err != nil {
+			return headerOnly(h)
+		}
+		rh := dnsmessage.ResourceHeader{Name: q.q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: dnsTTL}
+		for _, ip := range ips {
+			if err := b.AResource(rh, dnsmessage.AResource{A: ip.As4()}); err != nil {
+				return headerOnly(h)
+			}
+		}
+	}
+	out, err := b.Finish()
+	if err != nil {
+		return headerOnly(h)
+	}
+	return out
+}
+
+// headerOnly is a reply of just h (no sections), for a message the
+// builder refuses: SERVFAIL unless h already says what went wrong.
+func headerOnly(h dnsmessage.Header) []byte {
+	if h.RCode == dnsmessage.RCodeSuccess {
+		h.RCode = dnsmessage.RCodeServerFailure
+	}
+	bld := dnsmessage.NewBuilder(make([]byte, 0, 12), h)
+	out, err := bld.Finish()
+	if err != nil { // a header alone always packs
+		panic(err)
 	}
 	return out
 }
@@ -107,21 +108,21 @@ func (p *Proxy) answerDNS(ctx context.Context, src netip.Addr, msg []byte) []byt
 	}
 	q, err := parseDNSQuery(msg)
 	if err != nil {
-		if len(msg) >= 12 && q.end == 0 {
-			q = dnsQuestion{id: binary.BigEndian.Uint16(msg), end: 12}
-			return dnsResponse(msg[:12], q, rcodeFormErr, nil)
+		if len(msg) < 12 {
+			return nil // not even a header: nothing to answer
 		}
-		return nil
+		// The header only: its ID, whatever else it claims.
+		return dnsResponse(dnsQuestion{hdr: dnsmessage.Header{ID: q.hdr.ID}}, false, dnsmessage.RCodeFormatError, nil)
 	}
-	if (q.flags>>11)&0xf != 0 {
-		return dnsResponse(msg, q, rcodeNotImp, nil)
+	if q.hdr.OpCode != 0 {
+		return dnsResponse(q, true, dnsmessage.RCodeNotImplemented, nil)
 	}
 	d := Decision{SandboxID: st.id, Proto: "dns", Host: q.name, DstPort: 53}
 	allowedName, denied := pol.nameAllowed(q.name)
 	if denied {
 		d.Verdict, d.Rule = "deny", "name-denied"
 		p.emit(d)
-		return dnsResponse(msg, q, rcodeNXDomain, nil)
+		return dnsResponse(q, true, dnsmessage.RCodeNameError, nil)
 	}
 	if !allowedName {
 		// No hostname rule allows it: refuse without asking upstream, so
@@ -129,21 +130,21 @@ func (p *Proxy) answerDNS(ctx context.Context, src netip.Addr, msg []byte) []byt
 		// leaves the host. CIDR rules are for addresses, not for names.
 		d.Verdict, d.Rule = "deny", "default-deny"
 		p.emit(d)
-		return dnsResponse(msg, q, rcodeRefused, nil)
+		return dnsResponse(q, true, dnsmessage.RCodeRefused, nil)
 	}
-	if q.qclass != dnsClassIN || q.qtype != dnsTypeA {
+	if q.q.Class != dnsmessage.ClassINET || q.q.Type != dnsmessage.TypeA {
 		// The sandbox has IPv4 only; other types (TXT, MX, ...) would only
 		// widen the channel a policy is meant to close.
-		return dnsResponse(msg, q, rcodeOK, nil)
+		return dnsResponse(q, true, dnsmessage.RCodeSuccess, nil)
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	ips, err := p.res.lookup(rctx, q.name)
 	cancel()
 	if errors.Is(err, errNoSuchHost) {
-		return dnsResponse(msg, q, rcodeNXDomain, nil)
+		return dnsResponse(q, true, dnsmessage.RCodeNameError, nil)
 	}
 	if err != nil {
-		return dnsResponse(msg, q, rcodeServFail, nil)
+		return dnsResponse(q, true, dnsmessage.RCodeServerFailure, nil)
 	}
 	var keep []netip.Addr
 	for _, ip := range ips {
@@ -161,14 +162,14 @@ func (p *Proxy) answerDNS(ctx context.Context, src netip.Addr, msg []byte) []byt
 		// the host, the sandbox subnet) is refused: DNS rebinding guard.
 		d.Verdict, d.Rule, d.Reason = "deny", "dns-rebinding", "answer in a private or blocked range"
 		p.emit(d)
-		return dnsResponse(msg, q, rcodeRefused, nil)
+		return dnsResponse(q, true, dnsmessage.RCodeRefused, nil)
 	}
 	d.Verdict, d.Rule = "allow", "dns"
 	if len(keep) > 0 {
 		d.DstIP = keep[0]
 	}
 	p.emit(d)
-	return dnsResponse(msg, q, rcodeOK, keep)
+	return dnsResponse(q, true, dnsmessage.RCodeSuccess, keep)
 }
 
 // admitDNS applies src's per-sandbox DNS caps; release must be called
@@ -221,15 +222,29 @@ func (p *Proxy) serveDNSUDP(ctx context.Context, pc *net.UDPConn, wg *sync.WaitG
 	}
 }
 
-// truncate keeps the header and question and sets TC (the client retries over TCP).
+// truncate keeps the header and question of a reply, drops its records
+// and sets TC (the client retries over TCP).
 func truncate(resp []byte) []byte {
-	q, err := parseDNSQuery(append([]byte{resp[0], resp[1], 0, 0}, resp[4:]...))
+	var p dnsmessage.Parser
+	h, err := p.Start(resp)
 	if err != nil {
-		return resp[:12]
+		return resp
 	}
-	out := append([]byte(nil), resp[:q.end]...)
-	out[2] |= 0x02
-	binary.BigEndian.PutUint16(out[6:], 0)
+	h.Truncated = true
+	qs, err := p.AllQuestions()
+	b := dnsmessage.NewBuilder(make([]byte, 0, len(resp)), h)
+	b.EnableCompression()
+	if err == nil && b.StartQuestions() == nil {
+		for _, q := range qs {
+			if b.Question(q) != nil {
+				return headerOnly(h)
+			}
+		}
+	}
+	out, err := b.Finish()
+	if err != nil {
+		return headerOnly(h)
+	}
 	return out
 }
 

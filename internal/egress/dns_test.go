@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/dns/dnsmessage"
+
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
@@ -133,7 +135,7 @@ func TestDNSDeniedNameNeverAskedUpstream(t *testing.T) {
 		if strings.HasSuffix(name, ".blocked.test") {
 			src = "127.0.0.2"
 		}
-		if rcode, n := e.ask(t, src, name, 2*time.Second); rcode == rcodeOK || n != 0 {
+		if rcode, n := e.ask(t, src, name, 2*time.Second); rcode == int(dnsmessage.RCodeSuccess) || n != 0 {
 			t.Errorf("%s from %s: rcode %d, %d answers; want a refusal", name, src, rcode, n)
 		}
 		if got := e.upstream.Count(name); got != 0 {
@@ -141,10 +143,10 @@ func TestDNSDeniedNameNeverAskedUpstream(t *testing.T) {
 		}
 	}
 	// The control: allowed names are asked upstream and answered.
-	if rcode, n := e.ask(t, "127.0.0.1", "api.up.test", 3*time.Second); rcode != rcodeOK || n != 1 {
+	if rcode, n := e.ask(t, "127.0.0.1", "api.up.test", 3*time.Second); rcode != int(dnsmessage.RCodeSuccess) || n != 1 {
 		t.Errorf("api.up.test: rcode %d, %d answers", rcode, n)
 	}
-	if rcode, n := e.ask(t, "127.0.0.2", "anything.example", 3*time.Second); rcode != rcodeOK || n != 1 {
+	if rcode, n := e.ask(t, "127.0.0.2", "anything.example", 3*time.Second); rcode != int(dnsmessage.RCodeSuccess) || n != 1 {
 		t.Errorf("anything.example under allow-all: rcode %d, %d answers", rcode, n)
 	}
 	if e.upstream.Count("api.up.test") == 0 || e.upstream.Count("anything.example") == 0 {
@@ -156,7 +158,7 @@ func TestDNSPrivateAnswerNeedsServerSetting(t *testing.T) {
 	for _, tc := range []struct {
 		open []netip.Prefix
 		want int
-	}{{nil, rcodeRefused}, {[]netip.Prefix{netip.MustParsePrefix("192.168.5.0/24")}, rcodeOK}} {
+	}{{nil, int(dnsmessage.RCodeRefused)}, {[]netip.Prefix{netip.MustParsePrefix("192.168.5.0/24")}, int(dnsmessage.RCodeSuccess)}} {
 		e := startDNSProxy(t, Config{AllowPrivate: tc.open})
 		// The tenant's own CIDR rule for the range does not count.
 		must(t, e.px.SetSandbox("a", netip.MustParseAddr("127.0.0.1"), mustPolicy(t, Rules, []string{"inside.test", "192.168.5.0/24"}, nil)))
@@ -188,7 +190,7 @@ func TestDNSPerSandboxCaps(t *testing.T) {
 	// While a's slow queries hold its slots, b is answered at once.
 	time.Sleep(200 * time.Millisecond)
 	start := time.Now()
-	if rcode, n := e.ask(t, "127.0.0.2", "quick.example", 2*time.Second); rcode != rcodeOK || n != 1 {
+	if rcode, n := e.ask(t, "127.0.0.2", "quick.example", 2*time.Second); rcode != int(dnsmessage.RCodeSuccess) || n != 1 {
 		t.Errorf("b during a's flood: rcode %d, %d answers", rcode, n)
 	}
 	if time.Since(start) > time.Second {
@@ -207,7 +209,7 @@ func TestDNSPerSandboxCaps(t *testing.T) {
 	var answered atomic.Int32
 	for range 30 {
 		wg.Go(func() {
-			if rcode, _ := r.ask(t, "127.0.0.1", "fast.example", time.Second); rcode == rcodeOK {
+			if rcode, _ := r.ask(t, "127.0.0.1", "fast.example", time.Second); rcode == int(dnsmessage.RCodeSuccess) {
 				answered.Add(1)
 			}
 		})

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/berth-dev/berth/internal/testutil"
 )
@@ -34,7 +35,7 @@ func dnsQuery(id uint16, name string, qtype uint16) []byte {
 	}
 	q = append(q, 0)
 	q = binary.BigEndian.AppendUint16(q, qtype)
-	return binary.BigEndian.AppendUint16(q, dnsClassIN)
+	return binary.BigEndian.AppendUint16(q, uint16(dnsmessage.ClassINET))
 }
 
 // FuzzAnswerDNS feeds any packet to the resolver of a sandbox whose policy
@@ -61,14 +62,14 @@ func FuzzAnswerDNS(f *testing.F) {
 		f.Fatal(err)
 	}
 	for _, seed := range [][]byte{
-		dnsQuery(0x1234, "good.test", dnsTypeA),
-		dnsQuery(1, "GOOD.Test", dnsTypeAAAA),
-		dnsQuery(2, "c2VjcmV0.exfil.example", dnsTypeA),
-		dnsQuery(3, "x.bad.test", dnsTypeA),
-		dnsQuery(4, "good.test", 16),                           // TXT
-		append(dnsQuery(5, "good.test", dnsTypeA), 0, 0, 0, 0), // trailing bytes
-		{0x12, 0x34, 0x81, 0x80, 0, 1, 0, 0, 0, 0, 0, 0},       // a response, not a query
-		{0, 0, 0x78, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1}, // opcode 15
+		dnsQuery(0x1234, "good.test", uint16(dnsmessage.TypeA)),
+		dnsQuery(1, "GOOD.Test", uint16(dnsmessage.TypeAAAA)),
+		dnsQuery(2, "c2VjcmV0.exfil.example", uint16(dnsmessage.TypeA)),
+		dnsQuery(3, "x.bad.test", uint16(dnsmessage.TypeA)),
+		dnsQuery(4, "good.test", 16),                                           // TXT
+		append(dnsQuery(5, "good.test", uint16(dnsmessage.TypeA)), 0, 0, 0, 0), // trailing bytes
+		{0x12, 0x34, 0x81, 0x80, 0, 1, 0, 0, 0, 0, 0, 0},                       // a response, not a query
+		{0, 0, 0x78, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1},                 // opcode 15
 		{0xc0, 0x0c},
 	} {
 		f.Add(seed)
@@ -84,7 +85,24 @@ func FuzzAnswerDNS(f *testing.F) {
 		if int(binary.BigEndian.Uint16(resp[6:]))*16 > len(resp) {
 			t.Fatalf("reply %x claims more answers than it holds", resp)
 		}
-		if tr := truncate(resp); len(tr) > len(resp) || len(tr) < 12 {
+		// Well-formed: every section the header claims is there and reads.
+		var p dnsmessage.Parser
+		h, err := p.Start(resp)
+		if err != nil || h.ID != binary.BigEndian.Uint16(msg) || !h.Response {
+			t.Fatalf("reply %x to %x: header %+v, %v", resp, msg, h, err)
+		}
+		qs, err := p.AllQuestions()
+		if err != nil {
+			t.Fatalf("reply %x: questions: %v", resp, err)
+		}
+		if _, err := p.AllAnswers(); err != nil {
+			t.Fatalf("reply %x: answers: %v", resp, err)
+		}
+		// A question is echoed exactly as asked (case included) or not at all.
+		if q, err := parseDNSQuery(msg); err == nil && len(qs) > 0 && qs[0] != q.q {
+			t.Fatalf("reply to %x echoes question %+v, want %+v", msg, qs[0], q.q)
+		}
+		if tr := truncate(resp); len(tr) > len(resp) || len(tr) < 12 || tr[2]&0x02 == 0 {
 			t.Fatalf("truncate(%x) = %x", resp, tr)
 		}
 		if n := up.Total(""); n != up.Count("up.test") {

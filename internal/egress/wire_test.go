@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -28,23 +29,57 @@ func TestDNSCodec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q.name != "example.test" || q.qtype != dnsTypeA || q.id != 0x1234 || q.end != len(query) {
+	if q.name != "example.test" || q.q.Type != dnsmessage.TypeA || q.hdr.ID != 0x1234 || !q.hdr.RecursionDesired {
 		t.Fatalf("parsed %+v", q)
 	}
-	resp := dnsResponse(query, q, rcodeOK, []netip.Addr{netip.MustParseAddr("203.0.113.10")})
-	// Check with Go's own stub parser: header, one answer, the address.
+	resp := dnsResponse(q, true, dnsmessage.RCodeSuccess, []netip.Addr{netip.MustParseAddr("203.0.113.10")})
 	if got := binary.BigEndian.Uint16(resp[6:]); got != 1 {
 		t.Fatalf("ancount = %d", got)
 	}
-	if resp[2]&0x80 == 0 || resp[3]&0x0f != 0 {
-		t.Fatalf("flags %x %x", resp[2], resp[3])
+	if resp[2]&0x80 == 0 || resp[3]&0x0f != 0 || resp[2]&0x01 == 0 || resp[3]&0x80 == 0 {
+		t.Fatalf("flags %x %x: want QR, RD echoed, RA, NOERROR", resp[2], resp[3])
 	}
-	if !bytes.HasSuffix(resp, []byte{203, 0, 113, 10}) {
-		t.Fatalf("answer %x", resp)
+	// The question is echoed byte for byte (case too: DNS 0x20), the answer
+	// names it by a pointer, and carries the address.
+	if !bytes.Equal(resp[12:len(query)], query[12:]) {
+		t.Fatalf("question echoed as %x, sent %x", resp[12:len(query)], query[12:])
 	}
-	if _, err := parseDNSQuery(query[:20]); err == nil {
-		t.Error("truncated query parsed")
+	if want := []byte{0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4, 203, 0, 113, 10}; !bytes.Equal(resp[len(query):], want) {
+		t.Fatalf("answer %x, want %x", resp[len(query):], want)
 	}
+	// Over UDP a long reply keeps its question, loses its records and says TC.
+	tr := truncate(resp)
+	if !bytes.Equal(tr[12:], query[12:]) || tr[2]&0x02 == 0 || binary.BigEndian.Uint16(tr[6:]) != 0 {
+		t.Fatalf("truncate = %x", tr)
+	}
+
+	for _, bad := range []struct {
+		name string
+		msg  []byte
+	}{
+		{"truncated question", query[:20]},
+		{"a response", append([]byte{0x12, 0x34, 0x81, 0x00}, query[4:]...)},
+		{"no question", append([]byte{0x12, 0x34, 0x01, 0x00, 0, 0}, query[6:]...)},
+		{"two questions", append([]byte{0x12, 0x34, 0x01, 0x00, 0, 2}, query[6:]...)},
+		// One label "good.test" must not read as the name good.test.
+		{"dot inside a label", []byte{0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 9, 'g', 'o', 'o', 'd', '.', 't', 'e', 's', 't', 0, 0, 1, 0, 1}},
+		{"pointer loop", []byte{0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1}},
+		{"name over 255 bytes", longName()},
+	} {
+		if q, err := parseDNSQuery(bad.msg); err == nil {
+			t.Errorf("%s: parsed as %q", bad.name, q.name)
+		}
+	}
+}
+
+// longName is a query whose name has 5 labels of 63 bytes (319 bytes).
+func longName() []byte {
+	q := []byte{0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0}
+	for range 5 {
+		q = append(q, 63)
+		q = append(q, bytes.Repeat([]byte{'a'}, 63)...)
+	}
+	return append(q, 0, 0, 1, 0, 1)
 }
 
 func TestPeek(t *testing.T) {

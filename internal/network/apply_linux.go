@@ -3,18 +3,27 @@ package network
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io/fs"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/errs"
 )
+
+// Links, addresses and routes are set in-process over netlink (no `ip`
+// subprocess): on the host through netlink's package-level calls (each
+// opens its socket in the calling thread's namespace), inside a sandbox's
+// namespace the same calls on a locked OS thread moved there (inNetns). Only nftables goes through a subprocess: its
+// ruleset is one golden-tested script loaded in one transaction.
 
 // run executes a command, feeding stdin, and classifies failures.
 func run(ctx context.Context, stdin string, name string, args ...string) (string, error) {
@@ -40,27 +49,56 @@ func nftApply(ctx context.Context, script string) error {
 	return err
 }
 
+// nlErr classifies a netlink failure: a missing privilege is the host's
+// set-up, anything else is internal.
+func nlErr(err error, format string, args ...any) error {
+	if err == nil {
+		return nil
+	}
+	kind := errs.Internal
+	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+		kind = errs.FailedPrecondition
+	}
+	return errs.Wrap(kind, err, "netlink: "+format, args...)
+}
+
+func isLinkNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
+}
+
+// ifAddr is p as an interface address without a broadcast address, as
+// `ip addr add` sets it (netlink would derive one unless told 0.0.0.0).
+func ifAddr(p netip.Prefix) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
+		Broadcast: net.IPv4zero}
+}
+
 func setupBridge(ctx context.Context, name string, gw netip.Prefix) error {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		return errs.Wrap(errs.FailedPrecondition, err, "enable ip_forward")
 	}
-	if _, err := run(ctx, "", "ip", "link", "show", "dev", name); err != nil {
-		if _, err := run(ctx, "", "ip", "link", "add", "name", name, "type", "bridge"); err != nil {
-			return err
+	br, err := netlink.LinkByName(name)
+	if isLinkNotFound(err) {
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nlErr(err, "add bridge %s", name)
 		}
+		br, err = netlink.LinkByName(name)
+	}
+	if err != nil {
+		return nlErr(err, "bridge %s", name)
 	}
 	// The sandboxes are IPv4 only; no link-local IPv6 on the bridge either.
 	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
-	if _, err := run(ctx, "", "ip", "addr", "replace", gw.String(), "dev", name); err != nil {
-		return err
+	if err := netlink.AddrReplace(br, ifAddr(gw)); err != nil {
+		return nlErr(err, "address %s on %s", gw, name)
 	}
 	// A bridge kept from a server with another subnet loses the old address
 	// (the bridge is berth's own; nothing else puts addresses on it).
-	if err := dropOtherAddrs(ctx, name, gw); err != nil {
+	if err := dropOtherAddrs(br, gw); err != nil {
 		return err
 	}
-	_, err := run(ctx, "", "ip", "link", "set", "dev", name, "up")
-	return err
+	return nlErr(netlink.LinkSetUp(br), "set %s up", name)
 }
 
 // createNetns makes a persistent network namespace bind-mounted at path.
@@ -70,11 +108,65 @@ func createNetns(ctx context.Context, path string) error {
 		return errs.Wrap(errs.Internal, err, "create netns file")
 	}
 	f.Close()
-	if _, err := run(ctx, "", "unshare", "--net="+path, "true"); err != nil {
+	if err := mountNewNetns(path); err != nil {
 		_ = os.Remove(path)
 		return err
 	}
 	return nil
+}
+
+// mountNewNetns creates a network namespace and bind-mounts it at path.
+func mountNewNetns(path string) error {
+	unshare := func() error {
+		return errs.Wrap(errs.FailedPrecondition, unix.Unshare(unix.CLONE_NEWNET), "unshare a network namespace")
+	}
+	return onThreadIn(unshare, func() error {
+		return errs.Wrap(errs.Internal, unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""),
+			"bind-mount the network namespace at %s", path)
+	})
+}
+
+// inNetns runs fn with its OS thread in the network namespace mounted at
+// nsPath (see onThreadIn); netlink's package-level calls made by fn open
+// their sockets there.
+func inNetns(nsPath string, fn func() error) error {
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "open network namespace %s", nsPath)
+	}
+	defer ns.Close()
+	return onThreadIn(func() error {
+		return errs.Wrap(errs.Internal, netns.Set(ns), "enter network namespace %s", nsPath)
+	}, fn)
+}
+
+// onThreadIn runs enter then fn on a locked OS thread of a goroutine of
+// its own, and moves the thread back to the namespace it came from. A
+// thread that cannot be moved back stays locked, so the runtime ends it
+// with the goroutine instead of running other goroutines in a sandbox's
+// namespace.
+func onThreadIn(enter, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- errs.Wrap(errs.Internal, err, "open the current network namespace")
+			return
+		}
+		defer orig.Close()
+		if err = enter(); err == nil {
+			err = fn()
+		}
+		if serr := netns.Set(orig); serr != nil {
+			errc <- errors.Join(err, errs.Wrap(errs.Internal, serr, "return to the host network namespace"))
+			return // the thread stays locked and ends with this goroutine
+		}
+		runtime.UnlockOSThread()
+		errc <- err
+	}()
+	return <-errc
 }
 
 // deleteNetns unmounts and removes a namespace file; missing is fine. The
@@ -92,83 +184,140 @@ func deleteNetns(path string) error {
 
 // createVeth makes host-side veth on the bridge and "eth0" inside the namespace.
 func createVeth(ctx context.Context, veth, nsPath, bridge string) error {
-	if _, err := run(ctx, "", "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", nsPath); err != nil {
-		return err
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return nlErr(err, "bridge %s", bridge)
 	}
-	script := strings.Join([]string{
-		"link set dev " + veth + " master " + bridge,
-		"link set dev " + veth + " type bridge_slave isolated on",
-		"link set dev " + veth + " up",
-	}, "\n") + "\n"
-	_, err := run(ctx, script, "ip", "-batch", "-")
-	return err
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "open network namespace %s", nsPath)
+	}
+	defer ns.Close()
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: veth}, PeerName: "eth0",
+		PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
+		return nlErr(err, "add veth %s", veth)
+	}
+	// A veth half set up (not isolated on the bridge) goes again at once.
+	if err := vethOnBridge(veth, br); err != nil {
+		return errors.Join(err, deleteLink(ctx, veth))
+	}
+	return nil
+}
+
+// vethOnBridge makes veth an isolated port of br (sandboxes never talk to
+// each other at layer 2) and sets it up.
+func vethOnBridge(veth string, br netlink.Link) error {
+	l, err := netlink.LinkByName(veth)
+	if err != nil {
+		return nlErr(err, "veth %s", veth)
+	}
+	if err := netlink.LinkSetMaster(l, br); err != nil {
+		return nlErr(err, "put %s on %s", veth, br.Attrs().Name)
+	}
+	if err := netlink.LinkSetIsolated(l, true); err != nil {
+		return nlErr(err, "isolate bridge port %s", veth)
+	}
+	return nlErr(netlink.LinkSetUp(l), "set %s up", veth)
 }
 
 func configureInside(ctx context.Context, nsPath string, addr netip.Prefix, gw netip.Addr) error {
-	script := strings.Join([]string{
-		"link set dev lo up",
-		"addr add " + addr.String() + " dev eth0",
-		"link set dev eth0 up",
-		"route add default via " + gw.String() + " dev eth0",
-	}, "\n") + "\n"
-	_, err := run(ctx, script, "nsenter", "--net="+nsPath, "ip", "-batch", "-")
-	return err
+	return inNetns(nsPath, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return nlErr(err, "lo in %s", nsPath)
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return nlErr(err, "set lo up in %s", nsPath)
+		}
+		eth0, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return nlErr(err, "eth0 in %s", nsPath)
+		}
+		if err := netlink.AddrAdd(eth0, ifAddr(addr)); err != nil {
+			return nlErr(err, "address %s on eth0 in %s", addr, nsPath)
+		}
+		if err := netlink.LinkSetUp(eth0); err != nil {
+			return nlErr(err, "set eth0 up in %s", nsPath)
+		}
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+			return nlErr(err, "default route via %s in %s", gw, nsPath)
+		}
+		return nil
+	})
 }
 
-// deleteLink removes a link; a missing one is fine.
+// deleteLink removes a host link; a missing one is fine.
 func deleteLink(ctx context.Context, name string) error {
-	if _, err := run(ctx, "", "ip", "link", "show", "dev", name); err != nil {
+	l, err := netlink.LinkByName(name)
+	if isLinkNotFound(err) {
 		return nil
 	}
-	_, err := run(ctx, "", "ip", "link", "del", "dev", name)
-	return err
+	if err != nil {
+		return nlErr(err, "link %s", name)
+	}
+	if err := netlink.LinkDel(l); err != nil && !isLinkNotFound(err) {
+		return nlErr(err, "delete link %s", name)
+	}
+	return nil
+}
+
+// deleteLinkIn removes a link inside the namespace at nsPath; a missing
+// one is fine.
+func deleteLinkIn(nsPath, name string) error {
+	return inNetns(nsPath, func() error {
+		return deleteLink(context.Background(), name)
+	})
+}
+
+// hostLinks lists the host's links, retrying a dump that a concurrent
+// change interrupted.
+func hostLinks() ([]netlink.Link, error) {
+	for i := 0; ; i++ {
+		links, err := netlink.LinkList()
+		if err == nil || !errors.Is(err, netlink.ErrDumpInterrupted) || i == 4 {
+			return links, nlErr(err, "list links")
+		}
+	}
 }
 
 // listLinks returns the names of host links starting with prefix.
 func listLinks(ctx context.Context, prefix string) ([]string, error) {
-	out, err := run(ctx, "", "ip", "-j", "link", "show")
+	links, err := hostLinks()
 	if err != nil {
 		return nil, err
 	}
-	var links []struct {
-		IfName string `json:"ifname"`
-	}
-	if err := json.Unmarshal([]byte(out), &links); err != nil {
-		return nil, errs.Wrap(errs.Internal, err, "parse ip -j link")
-	}
 	var names []string
 	for _, l := range links {
-		if strings.HasPrefix(l.IfName, prefix) {
-			names = append(names, l.IfName)
+		if n := l.Attrs().Name; strings.HasPrefix(n, prefix) {
+			names = append(names, n)
 		}
 	}
 	return names, nil
 }
 
-// dropOtherAddrs removes every IPv4 address of link name but keep.
-func dropOtherAddrs(ctx context.Context, name string, keep netip.Prefix) error {
-	out, err := run(ctx, "", "ip", "-j", "-4", "addr", "show", "dev", name)
+// dropOtherAddrs removes every IPv4 address of link but keep.
+func dropOtherAddrs(link netlink.Link, keep netip.Prefix) error {
+	var addrs []netlink.Addr
+	var err error
+	for i := 0; i < 5; i++ {
+		if addrs, err = netlink.AddrList(link, netlink.FAMILY_V4); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
 	if err != nil {
-		return err
+		return nlErr(err, "list addresses of %s", link.Attrs().Name)
 	}
-	var links []struct {
-		AddrInfo []struct {
-			Local     string `json:"local"`
-			PrefixLen int    `json:"prefixlen"`
-		} `json:"addr_info"`
-	}
-	if err := json.Unmarshal([]byte(out), &links); err != nil {
-		return errs.Wrap(errs.Internal, err, "parse ip -j addr")
-	}
-	for _, l := range links {
-		for _, a := range l.AddrInfo {
-			addr, err := netip.ParseAddr(a.Local)
-			if err != nil || netip.PrefixFrom(addr, a.PrefixLen) == keep {
-				continue
-			}
-			if _, err := run(ctx, "", "ip", "addr", "del", netip.PrefixFrom(addr, a.PrefixLen).String(), "dev", name); err != nil {
-				return err
-			}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		bits, _ := a.Mask.Size()
+		if netip.PrefixFrom(ip.Unmap(), bits) == keep {
+			continue
+		}
+		if err := netlink.AddrDel(link, &a); err != nil {
+			return nlErr(err, "delete address %s of %s", a.IPNet, link.Attrs().Name)
 		}
 	}
 	return nil
@@ -176,20 +325,17 @@ func dropOtherAddrs(ctx context.Context, name string, keep netip.Prefix) error {
 
 // linkMasters maps every host link's name to its master ("" for none).
 func linkMasters(ctx context.Context) (map[string]string, error) {
-	out, err := run(ctx, "", "ip", "-j", "link", "show")
+	links, err := hostLinks()
 	if err != nil {
 		return nil, err
 	}
-	var links []struct {
-		IfName string `json:"ifname"`
-		Master string `json:"master"`
-	}
-	if err := json.Unmarshal([]byte(out), &links); err != nil {
-		return nil, errs.Wrap(errs.Internal, err, "parse ip -j link")
+	byIndex := make(map[int]string, len(links))
+	for _, l := range links {
+		byIndex[l.Attrs().Index] = l.Attrs().Name
 	}
 	m := make(map[string]string, len(links))
 	for _, l := range links {
-		m[l.IfName] = l.Master
+		m[l.Attrs().Name] = byIndex[l.Attrs().MasterIndex]
 	}
 	return m, nil
 }

@@ -78,3 +78,20 @@ func BenchmarkEgress(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAttach measures the network phase of a cold create: Attach
+// (namespace, veth on the bridge, address, route, ruleset) of one sandbox
+// while another is attached, and its Detach outside the clock.
+func BenchmarkAttach(b *testing.B) {
+	e := newEnv(b)
+	e.attach("benchother", policy(b, "deny-all", nil, nil))
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := e.mgr.Attach(ctx, "benchone", policy(b, "deny-all", nil, nil)); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		must(b, e.mgr.Detach(ctx, "benchone"))
+		b.StartTimer()
+	}
+}

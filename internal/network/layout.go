@@ -92,7 +92,7 @@ func (m *Manager) reattachLocked(ctx context.Context, id string, r *record) erro
 	if err := deleteLink(ctx, r.Veth); err != nil {
 		return err
 	}
-	_, _ = run(ctx, "", "nsenter", "--net="+nsPath, "ip", "link", "del", "dev", "eth0")
+	_ = deleteLinkIn(nsPath, "eth0")
 	r.IP = netip.Addr{}
 	ip, err := m.allocLocked()
 	if err != nil {

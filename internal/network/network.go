@@ -2,7 +2,8 @@
 // bridge owned by berth, with an address, a default route, NAT and an
 // nftables ruleset that steers all of its traffic through the egress proxy
 // and resolver (internal/egress). Plans are pure (Plan); the effects are
-// small wrappers around `ip`, `nft` and `unshare` (apply_linux.go).
+// small wrappers around netlink (links, addresses, routes, set in-process)
+// and `nft` (apply_linux.go).
 package network
 
 import (
@@ -25,6 +26,7 @@ import (
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/undo"
 )
 
 // Policy, Rule and friends live in internal/egress (which enforces them);
@@ -223,21 +225,9 @@ func (m *Manager) Attach(ctx context.Context, id string, pol Policy) (att Attach
 	r := &record{IP: ip, Veth: m.vethName(id), Policy: pol}
 	// Intent first: after a crash, Reconcile finds and removes what follows.
 	m.sbs[id] = r
-	var undo []func(context.Context) error
-	defer func() {
-		if err == nil {
-			return
-		}
-		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		errList := []error{err}
-		for i := len(undo) - 1; i >= 0; i-- {
-			errList = append(errList, undo[i](tctx))
-		}
-		delete(m.sbs, id)
-		errList = append(errList, m.saveLocked())
-		err = errors.Join(errList...)
-	}()
+	var cleanup undo.Stack
+	defer cleanup.Unwind(ctx, 30*time.Second, &err)
+	cleanup.Push(func(context.Context) error { delete(m.sbs, id); return m.saveLocked() })
 	if err = m.saveLocked(); err != nil {
 		return Attachment{}, err
 	}
@@ -245,18 +235,18 @@ func (m *Manager) Attach(ctx context.Context, id string, pol Policy) (att Attach
 	if err = createNetns(ctx, nsPath); err != nil {
 		return Attachment{}, err
 	}
-	undo = append(undo, func(ctx context.Context) error { return deleteNetns(nsPath) })
+	cleanup.Push(func(context.Context) error { return deleteNetns(nsPath) })
 	if err = createVeth(ctx, r.Veth, nsPath, m.cfg.BridgeName); err != nil {
 		return Attachment{}, err
 	}
-	undo = append(undo, func(ctx context.Context) error { return deleteLink(ctx, r.Veth) })
+	cleanup.Push(func(ctx context.Context) error { return deleteLink(ctx, r.Veth) })
 	if err = configureInside(ctx, nsPath, netip.PrefixFrom(ip, m.cfg.Subnet.Bits()), m.cfg.Gateway()); err != nil {
 		return Attachment{}, err
 	}
 	if err = m.cfg.Egress.SetSandbox(id, ip, pol); err != nil {
 		return Attachment{}, err
 	}
-	undo = append(undo, func(context.Context) error { m.cfg.Egress.RemoveSandbox(id); return nil })
+	cleanup.Push(func(context.Context) error { m.cfg.Egress.RemoveSandbox(id); return nil })
 	if err = m.applyLocked(ctx); err != nil {
 		return Attachment{}, err
 	}

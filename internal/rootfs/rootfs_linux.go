@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/undo"
 )
 
 // MinDiskMiB is the smallest workspace image Prepare accepts (ext4 with a
@@ -46,13 +47,9 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, id
 	if err := os.MkdirAll(l.WS, 0o700); err != nil {
 		return "", errs.Wrap(errs.Internal, err, "create sandbox dir")
 	}
-	var undo []func() error
+	var cleanup undo.Stack
 	fail := func(err error) (string, error) {
-		var all []error
-		for i := len(undo) - 1; i >= 0; i-- {
-			all = append(all, undo[i]())
-		}
-		return "", errors.Join(append([]error{err}, all...)...)
+		return "", errors.Join(err, cleanup.Run(ctx))
 	}
 
 	f, err := os.OpenFile(l.Image, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -62,7 +59,7 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, id
 	if err != nil {
 		return "", errs.Wrap(errs.Internal, err, "create disk image")
 	}
-	undo = append(undo, func() error { return ignoreNotExist(os.Remove(l.Image)) })
+	cleanup.Push(func(context.Context) error { return ignoreNotExist(os.Remove(l.Image)) })
 	err = f.Truncate(diskMiB << 20)
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -76,7 +73,7 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, id
 	if err := mountWS(l); err != nil {
 		return fail(err)
 	}
-	undo = append(undo, func() error { return unmount(l.WS) })
+	cleanup.Push(func(context.Context) error { return unmount(l.WS) })
 	if err := mkdirsIn(l); err != nil {
 		return fail(err)
 	}
