@@ -276,14 +276,14 @@ type RuntimeInfo struct {
 	CheckpointReason string `json:"checkpoint_reason,omitempty"`
 	Freeze           bool   `json:"freeze"`
 	Default          bool   `json:"default"`
-	// Isolation is "gvisor" (user-space kernel) or "userns" (runc in a user
-	// namespace) or "none" (runc without one).
+	// Isolation is how the runtime keeps a sandbox from the host:
+	// "namespaces+userns+seccomp" or "namespaces+seccomp" (runc), "gVisor" (runsc).
 	Isolation string `json:"isolation"`
-	// UserNS is the host id range runc sandboxes are mapped to.
+	// UserNS is the host id range new sandboxes' ids map to (runc).
 	UserNS *UserNSInfo `json:"userns,omitempty"`
 }
 
-// UserNSInfo is the host id range of runc's user namespaces.
+// UserNSInfo is a user namespace mapping: ids 0..size-1 inside are host ids host_id...
 type UserNSInfo struct {
 	HostID uint32 `json:"host_id"`
 	Size   uint32 `json:"size"`
@@ -622,3 +622,7 @@ type QuotaInfo struct {
 	Limits QuotaLimits `json:"limits"`
 	Use    QuotaUse    `json:"use"`
 }
+
+// PoolOwner owns the warm pools' ready members until one is claimed: the
+// admin key lists them with ?owner=_pool.
+const PoolOwner = "_pool"

@@ -78,7 +78,7 @@ func runBench(e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		c = bench.NewClient(cl.base, cl.key)
+		c = bench.NewClient(cl.URL(), cl.APIKey())
 	}
 	info, err := c.Info(e.ctx)
 	if err != nil {

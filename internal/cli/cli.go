@@ -162,7 +162,7 @@ func exitCode(stderr io.Writer, err error) int {
 		return ExitUsage
 	}
 	fmt.Fprintln(stderr, "berth:", err)
-	switch errs.KindOf(err) {
+	switch kindOf(err) {
 	case errs.NotFound:
 		return ExitNotFound
 	case errs.Conflict, errs.FailedPrecondition, errs.AlreadyExists:

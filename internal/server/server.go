@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/api"
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 )
@@ -41,7 +42,7 @@ func (s *Server) routes() {
 		_, _ = w.Write(api.OpenAPI)
 	})
 	s.mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"ok": true})
+		writeJSON(w, http.StatusOK, wire.Health{OK: true})
 	})
 	s.handle("GET /v1/info", s.info)
 
@@ -154,12 +155,7 @@ func owner(r *http.Request, p daemon.Principal) string {
 }
 
 // Error is the body of every non-2xx response.
-type Error struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-	Field   string `json:"field,omitempty"`
-	Reason  string `json:"reason"`
-}
+type Error = wire.Error
 
 var kindStatus = map[errs.Kind]int{
 	errs.Internal:           http.StatusInternalServerError,
