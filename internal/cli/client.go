@@ -10,7 +10,9 @@ import (
 // The CLI's only way to the server is the public Go client
 // (github.com/berth-dev/berth/client) over the REST API.
 
-const defaultDataDir = "/var/lib/berth"
+// defaultCacheDir is where the host's runtimes and template tarballs are
+// cached (`berth bench` reads it; serve's cache_dir defaults to it).
+const defaultCacheDir = "/var/cache/berth"
 
 func newClient() (*client.Client, error) {
 	return client.FromEnv()

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"io"
 	"os"
-	"os/signal"
 	"syscall"
 
 	"golang.org/x/term"
@@ -145,26 +144,6 @@ func pumpStdin(ctx context.Context, box *client.Sandbox, pid int, in io.Reader, 
 				_ = box.CloseStdin(ctx, pid)
 			}
 			return
-		}
-	}
-}
-
-func forwardResize(ctx context.Context, box *client.Sandbox, pid int, in io.Reader) {
-	f, ok := in.(*os.File)
-	if !ok || !term.IsTerminal(int(f.Fd())) {
-		return
-	}
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGWINCH)
-	defer signal.Stop(ch)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ch:
-			if cols, rows, err := term.GetSize(int(f.Fd())); err == nil {
-				_ = box.Resize(ctx, pid, uint16(cols), uint16(rows))
-			}
 		}
 	}
 }
