@@ -90,6 +90,7 @@ func init() {
 	register("report", "report orphans [--days N] [--owner O] [--json]", runReport)
 	register("quota", "quota set OWNER [--sandboxes N] [--cpu N] [--memory MiB] [--disk MiB] [--snapshots N] | get OWNER | ls | rm OWNER", runQuota)
 	register("bench", benchUsage, runBench)
+	register("completion", completionUsage, runCompletion)
 }
 
 // Main runs one CLI invocation and returns the process exit code; serve is
