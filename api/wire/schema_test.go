@@ -352,3 +352,40 @@ func (c *checker) resolveAny(v any) map[string]any {
 	}
 	return m
 }
+
+// TestEnumsMatchConstants: the spec's enums are exactly the wire constants.
+func TestEnumsMatchConstants(t *testing.T) {
+	var doc map[string]any
+	if err := yaml.Unmarshal(api.OpenAPI, &doc); err != nil {
+		t.Fatal(err)
+	}
+	schemas := mapOf(mapOf(doc["components"])["schemas"])
+	for name, want := range map[string][]string{
+		"State": {string(wire.StateCreating), string(wire.StateRunning), string(wire.StatePausing), string(wire.StatePaused),
+			string(wire.StateResuming), string(wire.StateStopped), string(wire.StateFailed), string(wire.StateDeleted)},
+		"PauseMode":    {string(wire.PauseFreeze), string(wire.PauseMemory), string(wire.PauseDisk)},
+		"ExpiryAction": {string(wire.ExpireStop), string(wire.ExpireDelete), string(wire.ExpirePause)},
+	} {
+		var got []string
+		enum, _ := mapOf(schemas[name])["enum"].([]any)
+		for _, e := range enum {
+			got = append(got, e.(string))
+		}
+		sort.Strings(got)
+		sort.Strings(want)
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("components/schemas/%s enum = %v, wire constants = %v", name, got, want)
+		}
+	}
+	ev := mapOf(mapOf(schemas["ExecEvent"])["properties"])["type"]
+	var got []string
+	for _, e := range mapOf(ev)["enum"].([]any) {
+		got = append(got, e.(string))
+	}
+	want := []string{wire.ExecStart, wire.ExecStdout, wire.ExecStderr, wire.ExecPTY, wire.ExecExit, wire.ExecKeepalive, wire.ExecError}
+	sort.Strings(got)
+	sort.Strings(want)
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("ExecEvent.type enum = %v, wire constants = %v", got, want)
+	}
+}
