@@ -17,6 +17,7 @@ import (
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/client"
 	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/runtime/oci"
 	"github.com/berth-dev/berth/internal/server"
@@ -205,4 +206,23 @@ func (zeros) Read(p []byte) (int, error) {
 		p[i] = '0'
 	}
 	return len(p), nil
+}
+
+// TestKindConstants: the client's kind names are the server's, all of them.
+func TestKindConstants(t *testing.T) {
+	mine := map[string]bool{}
+	for _, k := range []string{client.KindNotFound, client.KindAlreadyExists, client.KindInvalidArgument,
+		client.KindFailedPrecondition, client.KindConflict, client.KindResourceExhausted, client.KindPermissionDenied,
+		client.KindUnauthenticated, client.KindUnavailable, client.KindNotImplemented, client.KindInternal} {
+		mine[k] = true
+	}
+	for _, k := range errs.Kinds() {
+		if !mine[k.String()] {
+			t.Errorf("the server's kind %q has no client constant", k)
+		}
+		delete(mine, k.String())
+	}
+	for k := range mine {
+		t.Errorf("client constant %q is no server kind", k)
+	}
 }
