@@ -34,6 +34,20 @@ step "go vet" go vet $PKGS
 # go.mod must be tidy: direct requirements direct, nothing missing or unused.
 step "go mod tidy" go mod tidy -diff
 
+# The CLI and the Go client build (and vet) for every OS users run them on;
+# only `berth serve` is Linux-only. -tags clientonly is that build on Linux.
+crossbuild() {
+	local os rc=0
+	for os in darwin windows; do
+		GOOS=$os GOARCH=amd64 go build -o /dev/null ./cmd/berth || rc=1
+		GOOS=$os GOARCH=amd64 go vet ./cmd/berth ./internal/cli ./client ./api/wire || rc=1
+	done
+	GOOS=darwin GOARCH=arm64 go build -o /dev/null ./cmd/berth || rc=1
+	go vet -tags clientonly ./cmd/berth || rc=1
+	return $rc
+}
+step "cross-build (darwin, windows, clientonly)" crossbuild
+
 GOTEST_LOG=$(mktemp -t berth-gotest.XXXXXX)
 gotest() {
 	go test -race -count=1 -timeout 60m $PKGS 2>&1 | tee "$GOTEST_LOG"

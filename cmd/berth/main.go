@@ -1,4 +1,7 @@
-// Command berth is the berth server (`berth serve`) and its CLI.
+// Command berth is the berth server (`berth serve`, Linux only) and its CLI.
+// This package is the composition root: main wires `serve` (serve_linux.go)
+// into the CLI's verbs, which talk to a server only through the public
+// client and so build for every GOOS.
 package main
 
 import (
@@ -12,7 +15,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	code := cli.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, runServe)
 	stop()
 	os.Exit(code)
 }

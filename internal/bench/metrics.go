@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/api/wire"
 )
 
 const (
@@ -194,7 +194,7 @@ func (r *Runner) freezePause(ctx context.Context, rt string) []Metric {
 	defer r.remove(ctx, sb.ID)
 	p.Samples, q.Samples = []float64{}, []float64{}
 	for i := 0; i < r.o.Warmups+r.o.Runs && ctx.Err() == nil; i++ {
-		dp, dr, err := r.pauseResume(ctx, sb.ID, sandbox.PauseFreeze)
+		dp, dr, err := r.pauseResume(ctx, sb.ID, wire.PauseFreeze)
 		if err != nil {
 			p.Errors = append(p.Errors, err.Error())
 			if len(p.Errors) > 3 {
@@ -212,7 +212,7 @@ func (r *Runner) freezePause(ctx context.Context, rt string) []Metric {
 
 // pauseResume times one pause in mode (which must be honoured, not fallen
 // back from) and one resume until `echo ok` answers.
-func (r *Runner) pauseResume(ctx context.Context, id string, mode sandbox.PauseMode) (pause, resume time.Duration, err error) {
+func (r *Runner) pauseResume(ctx context.Context, id string, mode wire.PauseMode) (pause, resume time.Duration, err error) {
 	start := time.Now()
 	sb, err := r.c.Pause(ctx, id, mode)
 	pause = time.Since(start)

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,9 +19,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-dev/berth/internal/checkpoint"
-	"github.com/berth-dev/berth/internal/sandbox"
-	"github.com/berth-dev/berth/internal/server"
+	"github.com/berth-dev/berth/api/wire"
 )
 
 const (
@@ -105,7 +102,7 @@ func (r *Runner) warmSample(ctx context.Context, rt string) (d, bd time.Duration
 		return 0, 0, err, nil
 	}
 	d = time.Since(start)
-	if sb.Pool.ClaimedFrom == "" {
+	if sb.Extra["claimed_from_pool"] == "" {
 		return 0, 0, fmt.Errorf("pool miss: %s was not claimed from the pool (no extra.claimed_from_pool)", sb.ID), nil
 	}
 	start = time.Now()
@@ -121,7 +118,7 @@ const ForkChildren = 10
 func (r *Runner) fork(ctx context.Context, rt string) []Metric {
 	m := Metric{Name: "fork", Runtime: rt, Unit: "ms", Definition: defFork, Available: true, Samples: []float64{}}
 	fail := func(reason string) []Metric { return []Metric{notAvailable(m.Name, rt, m.Unit, m.Definition, reason)} }
-	if err := r.c.Call(ctx, "POST", sbPath("bench0missing", "fork"), map[string]int{"count": 1}, nil); noRoute(err) {
+	if _, err := r.c.Fork(ctx, "bench0missing", 1); noRoute(err) {
 		return fail("fork has not landed: the server does not serve POST /v1/sandboxes/{id}/fork")
 	}
 	host, err := os.MkdirTemp("", "berth-bench-fork-")
@@ -136,7 +133,7 @@ func (r *Runner) fork(ctx context.Context, rt string) []Metric {
 	if err != nil {
 		return fail("host copy of the workspace: " + err.Error())
 	}
-	parent, err := r.create(ctx, rt, func(c *server.CreateRequest) { c.DiskMiB = 1024 })
+	parent, err := r.create(ctx, rt, func(c *wire.CreateRequest) { c.DiskMiB = 1024 })
 	if err != nil {
 		return fail("create failed: " + err.Error())
 	}
@@ -161,7 +158,7 @@ func (r *Runner) fork(ctx context.Context, rt string) []Metric {
 		case i >= r.o.Warmups:
 			m.Samples = append(m.Samples, ms(d))
 			for _, c := range fr.Sandboxes {
-				modes[cmp.Or(c.Lineage.ForkMode, fr.Mode)]++
+				modes[cmp.Or(c.Extra["fork_mode"], fr.Mode)]++
 			}
 		}
 		if len(m.Errors) > 3 && len(m.Samples) == 0 {
@@ -205,7 +202,7 @@ const (
 // forkSample forks parent ForkChildren times and waits for every child's
 // `echo ok`. Outside the clock it checks that a child has the parent's
 // 100 MiB, then removes the children and the fork's snapshot.
-func (r *Runner) forkSample(ctx context.Context, parent string) (time.Duration, checkpoint.ForkResult, error) {
+func (r *Runner) forkSample(ctx context.Context, parent string) (time.Duration, wire.ForkResult, error) {
 	start := time.Now()
 	fr, err := r.c.Fork(ctx, parent, ForkChildren)
 	if err != nil {
@@ -235,7 +232,7 @@ func (r *Runner) forkSample(ctx context.Context, parent string) (time.Duration, 
 	r.removeAll(ctx, ids)
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if derr := r.c.Call(dctx, "DELETE", "/v1/snapshots/"+url.PathEscape(fr.Snapshot), nil, nil); derr != nil {
+	if derr := r.c.DeleteSnapshot(dctx, fr.Snapshot); derr != nil {
 		r.logf("delete fork snapshot %s: %v", fr.Snapshot, derr)
 	}
 	return d, fr, err
@@ -319,7 +316,7 @@ func (r *Runner) fileIO(ctx context.Context, rt string) []Metric {
 		return fail(err)
 	}
 	defer os.RemoveAll(host)
-	sb, err := r.create(ctx, rt, func(c *server.CreateRequest) { c.DiskMiB = 1024 })
+	sb, err := r.create(ctx, rt, func(c *wire.CreateRequest) { c.DiskMiB = 1024 })
 	if err != nil {
 		return fail(fmt.Errorf("create failed: %w", err))
 	}
@@ -444,7 +441,7 @@ func (r *Runner) memoryPause(ctx context.Context, rt string) []Metric {
 	if info := r.runtimeInfo(rt); !info.Checkpoint {
 		return both("the server cannot checkpoint " + rt + ": " + info.Reason)
 	}
-	sb, err := r.create(ctx, rt, func(c *server.CreateRequest) { c.MemoryMiB = 2048 })
+	sb, err := r.create(ctx, rt, func(c *wire.CreateRequest) { c.MemoryMiB = 2048 })
 	if err != nil {
 		return both("create failed: " + err.Error())
 	}
@@ -465,7 +462,7 @@ func (r *Runner) memoryPause(ctx context.Context, rt string) []Metric {
 	}
 	rss := workloadRSS(ctx, r.c, sb.ID)
 	for i := 0; i < r.o.Warmups+r.o.Runs && ctx.Err() == nil; i++ {
-		dp, dr, err := r.pauseResume(ctx, sb.ID, sandbox.PauseMemory)
+		dp, dr, err := r.pauseResume(ctx, sb.ID, wire.PauseMemory)
 		if err != nil {
 			p.Errors = append(p.Errors, err.Error())
 			if len(p.Errors) > 2 {

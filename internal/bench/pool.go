@@ -3,11 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"time"
 
-	"github.com/berth-dev/berth/internal/daemon"
-	"github.com/berth-dev/berth/internal/server"
+	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/client"
 )
 
 // WarmPoolSize is the size of the warm pools the bench sets up; the pool
@@ -25,8 +24,8 @@ const (
 type warmPool struct {
 	r     *Runner
 	tpl   string
-	prior *daemon.PoolStatus // the server's own pool on tpl, restored afterwards
-	start daemon.PoolStatus  // status once first filled: hits and misses count from here
+	prior *wire.PoolStatus // the server's own pool on tpl, restored afterwards
+	start wire.PoolStatus  // status once first filled: hits and misses count from here
 }
 
 // setWarmPool sets a pool of WarmPoolSize for tpl on runtime rt ("" = the
@@ -42,7 +41,7 @@ func (r *Runner) setWarmPool(ctx context.Context, tpl, rt string) (*warmPool, er
 		wp.prior = &old
 	}
 	size := WarmPoolSize
-	if _, err := r.c.SetPool(ctx, tpl, server.PoolRequest{Size: &size, Runtime: rt}); err != nil {
+	if _, err := r.c.SetPool(ctx, tpl, wire.PoolRequest{Size: &size, Runtime: rt}); err != nil {
 		return nil, err
 	}
 	wp.start, err = wp.waitFull(ctx, poolFillLimit)
@@ -51,7 +50,7 @@ func (r *Runner) setWarmPool(ctx context.Context, tpl, rt string) (*warmPool, er
 
 // waitFull polls the pool until it has WarmPoolSize ready members and
 // none starting (a refill in progress would compete with the sample).
-func (wp *warmPool) waitFull(ctx context.Context, limit time.Duration) (daemon.PoolStatus, error) {
+func (wp *warmPool) waitFull(ctx context.Context, limit time.Duration) (wire.PoolStatus, error) {
 	deadline := time.Now().Add(limit)
 	for {
 		st, ok, err := wp.r.c.Pool(ctx, wp.tpl)
@@ -93,7 +92,7 @@ func (wp *warmPool) restore(ctx context.Context) {
 	defer cancel()
 	if p := wp.prior; p != nil {
 		size := p.Size
-		_, err := wp.r.c.SetPool(ctx, wp.tpl, server.PoolRequest{Size: &size, Runtime: p.Runtime,
+		_, err := wp.r.c.SetPool(ctx, wp.tpl, wire.PoolRequest{Size: &size, Runtime: p.Runtime,
 			CPU: float64(p.Resources.CPUMillis) / 1000, MemoryMiB: p.Resources.MemoryMiB, DiskMiB: p.Resources.DiskMiB,
 			Pids: p.Resources.Pids, Auto: p.Auto, Min: p.Min, Max: p.Max})
 		if err != nil {
@@ -107,15 +106,14 @@ func (wp *warmPool) restore(ctx context.Context) {
 	}
 	deadline := time.Now().Add(poolDrainLimit)
 	for {
-		var page server.ListResponse
-		q := url.Values{"owner": {daemon.PoolOwner}}
-		if err := wp.r.c.Call(ctx, "GET", "/v1/sandboxes?"+q.Encode(), nil, &page); err != nil {
+		page, err := wp.r.c.List(ctx, client.ListOptions{Owner: wire.PoolOwner})
+		if err != nil {
 			wp.r.logf("waiting for the pool of %s to drain: %v", wp.tpl, err)
 			return
 		}
 		left := 0
 		for _, sb := range page.Sandboxes {
-			if sb.Pool.Member == wp.tpl {
+			if sb.Extra["pool"] == wp.tpl {
 				left++
 			}
 		}

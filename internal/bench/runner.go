@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-dev/berth/internal/sandbox"
-	"github.com/berth-dev/berth/internal/server"
+	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/client"
 )
 
 // Options are `berth bench`'s flags.
@@ -44,7 +43,7 @@ type Runner struct {
 	o     Options
 	raw   *Raw
 	rawEr error
-	info  server.Info
+	info  wire.Info
 	label string // every sandbox the run creates carries berth-bench=<label>
 	out   []Metric
 }
@@ -151,8 +150,8 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 
 // create makes a bench sandbox: labelled for cleanup, with a TTL so that
 // an interrupted run leaves nothing behind for long.
-func (r *Runner) create(ctx context.Context, rt string, mut ...func(*server.CreateRequest)) (*sandbox.Sandbox, error) {
-	req := server.CreateRequest{Template: r.o.Template, Runtime: rt, TTL: "30m", Labels: map[string]string{"berth-bench": r.label}}
+func (r *Runner) create(ctx context.Context, rt string, mut ...func(*wire.CreateRequest)) (*wire.Sandbox, error) {
+	req := wire.CreateRequest{Template: r.o.Template, Runtime: rt, TTL: "30m", Labels: map[string]string{"berth-bench": r.label}}
 	for _, f := range mut {
 		f(&req)
 	}
@@ -172,9 +171,8 @@ func (r *Runner) remove(ctx context.Context, id string) {
 func (r *Runner) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var page server.ListResponse
-	q := url.Values{"label": {"berth-bench=" + r.label}}
-	if err := r.c.Call(ctx, "GET", "/v1/sandboxes?"+q.Encode(), nil, &page); err != nil {
+	page, err := r.c.List(ctx, client.ListOptions{Labels: map[string]string{"berth-bench": r.label}})
+	if err != nil {
 		r.logf("cleanup: %v", err)
 		return
 	}

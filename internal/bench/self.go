@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-dev/berth/client"
 	"github.com/berth-dev/berth/internal/rootfs"
-	"github.com/berth-dev/berth/internal/server"
 )
 
 // SelfServer is a `berth serve` the bench started on a fresh data dir.
@@ -97,18 +96,16 @@ func ImportTemplate(ctx context.Context, c *Client, name, tarPath string) error 
 		return err
 	}
 	defer f.Close()
-	resp, err := c.do(ctx, "PUT", "/v1/templates/"+url.PathEscape(name)+"/tar",
-		url.Values{"source": {"import " + filepath.Base(tarPath)}}, f, "application/x-tar")
-	if err != nil {
+	if _, err := c.ImportTemplate(ctx, name, f, "import "+filepath.Base(tarPath)); err != nil {
 		return fmt.Errorf("import template %s: %w", name, err)
 	}
-	return resp.Body.Close()
+	return nil
 }
 
 // TemplateReady reports whether the server has template name, ready.
 func TemplateReady(ctx context.Context, c *Client, name string) bool {
-	var t server.Template
-	if err := c.Call(ctx, "GET", "/v1/templates/"+url.PathEscape(name), nil, &t); err != nil {
+	t, err := c.Template(ctx, name)
+	if err != nil {
 		return false
 	}
 	return t.State == "ready"
@@ -122,8 +119,7 @@ func (s *SelfServer) Stop() error {
 	var errList []error
 	if s.Key != "" {
 		c := NewClient(s.URL, s.Key)
-		var page server.ListResponse
-		if err := c.Call(ctx, "GET", "/v1/sandboxes", nil, &page); err == nil {
+		if page, err := c.List(ctx, client.ListOptions{}); err == nil {
 			for _, sb := range page.Sandboxes {
 				if err := c.Delete(ctx, sb.ID); err != nil {
 					errList = append(errList, err)

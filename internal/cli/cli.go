@@ -31,6 +31,22 @@ type env struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
+	serve  ServeFunc
+}
+
+// ServeFunc runs `berth serve`. The binary's composition root (cmd/berth)
+// provides it, so this package does not link the server and builds for
+// every GOOS.
+type ServeFunc func(ctx context.Context, args []string, stderr io.Writer) error
+
+// UsageError is a bad invocation: exit code 2, the message on stderr.
+func UsageError(msg string) error { return usageError{msg} }
+
+func runServe(e *env, args []string) error {
+	if e.serve == nil {
+		return errs.E(errs.NotImplemented, "berth serve is not part of this build")
+	}
+	return e.serve(e.ctx, args, e.stderr)
 }
 
 type command struct {
@@ -74,10 +90,12 @@ func init() {
 	register("report", "report orphans [--days N] [--owner O] [--json]", runReport)
 	register("quota", "quota set OWNER [--sandboxes N] [--cpu N] [--memory MiB] [--disk MiB] [--snapshots N] | get OWNER | ls | rm OWNER", runQuota)
 	register("bench", benchUsage, runBench)
+	register("completion", completionUsage, runCompletion)
 }
 
-// Main runs one CLI invocation and returns the process exit code.
-func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// Main runs one CLI invocation and returns the process exit code; serve is
+// `berth serve` (nil: not in this build).
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, serve ServeFunc) int {
 	if len(args) == 0 || (args[0] == "help" && len(args) == 1) || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
 		return ExitOK
@@ -89,7 +107,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	if len(args) == 2 && args[0] == "help" {
 		args = []string{args[1], "--help"}
 	}
-	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, serve: serve}
 	for _, c := range commands {
 		if c.name == args[0] {
 			if wantsHelp(args[1:]) {
@@ -162,7 +180,7 @@ func exitCode(stderr io.Writer, err error) int {
 		return ExitUsage
 	}
 	fmt.Fprintln(stderr, "berth:", err)
-	switch errs.KindOf(err) {
+	switch kindOf(err) {
 	case errs.NotFound:
 		return ExitNotFound
 	case errs.Conflict, errs.FailedPrecondition, errs.AlreadyExists:

@@ -1,22 +1,17 @@
 package cli
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"errors"
 	"flag"
 	"io"
 	"os"
-	"os/signal"
-	"strconv"
 	"syscall"
 
 	"golang.org/x/term"
 
-	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/client"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/server"
 )
 
 func runExec(e *env, args []string) error {
@@ -46,7 +41,7 @@ func runExec(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := server.ExecRequest{Cmd: cmd, Env: envMap, Cwd: *cwd, User: *user, Timeout: *timeout, Stdin: *interactive}
+	req := wire.ExecRequest{Cmd: cmd, Env: envMap, Cwd: *cwd, User: *user, Timeout: *timeout, Stdin: *interactive}
 	var restore func()
 	if *tty {
 		cols, rows := 80, 24
@@ -58,7 +53,7 @@ func runExec(e *env, args []string) error {
 				restore = func() { _ = term.Restore(int(f.Fd()), st) }
 			}
 		}
-		req.TTY = &agentapi.TTYSize{Cols: uint16(cols), Rows: uint16(rows)}
+		req.TTY = &wire.TTYSize{Cols: uint16(cols), Rows: uint16(rows)}
 		req.Stdin = true
 		if _, ok := envMap["TERM"]; !ok {
 			if req.Env == nil {
@@ -74,43 +69,37 @@ func runExec(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	box := c.Sandbox(id)
 	// The stream lives on its own context: Ctrl-C is forwarded to the
 	// command as SIGINT instead of cutting the stream.
 	sctx, cancel := context.WithCancel(context.WithoutCancel(e.ctx))
 	defer cancel()
-	b, _ := json.Marshal(req)
-	resp, err := c.do(sctx, "POST", sbPath(id, "exec"), nil, bytesReader(b), "application/json")
+	p, err := box.Exec(sctx, req)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
-	pid := 0
+	defer p.Close()
 	for {
-		var ev agentapi.Event
-		if err := dec.Decode(&ev); err != nil {
-			if errors.Is(err, io.EOF) {
-				return errs.E(errs.Unavailable, "exec stream ended without an exit status")
-			}
-			return errs.Wrap(errs.Unavailable, err, "exec stream")
+		ev, err := p.Next()
+		if err != nil {
+			return err
 		}
 		switch ev.Type {
-		case "start":
-			pid = ev.Pid
+		case wire.ExecStart:
 			if req.Stdin {
-				go pumpStdin(sctx, c, id, pid, e.stdin, req.TTY != nil)
+				go pumpStdin(sctx, box, p.Pid, e.stdin, req.TTY != nil)
 			}
 			if req.TTY != nil {
-				go forwardResize(sctx, c, id, pid, e.stdin)
+				go forwardResize(sctx, box, p.Pid, e.stdin)
 			}
-			go forwardInterrupt(sctx, e.ctx, c, id, pid)
-		case "stdout", "pty":
+			go forwardInterrupt(sctx, e.ctx, box, p.Pid)
+		case wire.ExecStdout, wire.ExecPTY:
 			_, _ = e.stdout.Write(ev.Data)
-		case "stderr":
+		case wire.ExecStderr:
 			_, _ = e.stderr.Write(ev.Data)
-		case "error":
+		case wire.ExecError:
 			return errs.E(errs.Unavailable, "exec: %s", ev.Error)
-		case "exit":
+		case wire.ExecExit:
 			if restore != nil {
 				restore()
 				restore = nil
@@ -141,57 +130,28 @@ func signalNumber(name string) int {
 	return 1
 }
 
-func pumpStdin(ctx context.Context, c *client, id string, pid int, in io.Reader, tty bool) {
+func pumpStdin(ctx context.Context, box *client.Sandbox, pid int, in io.Reader, tty bool) {
 	buf := make([]byte, 32<<10)
-	p := sbPath(id, "processes", strconv.Itoa(pid))
 	for {
 		n, err := in.Read(buf)
 		if n > 0 {
-			resp, perr := c.do(ctx, "POST", p+"/stdin", nil, bytesReader(append([]byte(nil), buf[:n]...)), "application/octet-stream")
-			if perr != nil {
+			if box.WriteStdin(ctx, pid, append([]byte(nil), buf[:n]...)) != nil {
 				return
 			}
-			resp.Body.Close()
 		}
 		if err != nil {
 			if !tty {
-				if resp, err := c.do(ctx, "POST", p+"/close-stdin", nil, nil, ""); err == nil {
-					resp.Body.Close()
-				}
+				_ = box.CloseStdin(ctx, pid)
 			}
 			return
 		}
 	}
 }
 
-func forwardResize(ctx context.Context, c *client, id string, pid int, in io.Reader) {
-	f, ok := in.(*os.File)
-	if !ok || !term.IsTerminal(int(f.Fd())) {
-		return
-	}
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGWINCH)
-	defer signal.Stop(ch)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ch:
-			if cols, rows, err := term.GetSize(int(f.Fd())); err == nil {
-				_ = c.call(ctx, "POST", sbPath(id, "processes", strconv.Itoa(pid), "resize"), nil,
-					agentapi.ResizeRequest{Cols: uint16(cols), Rows: uint16(rows)}, nil)
-			}
-		}
-	}
-}
-
-func forwardInterrupt(ctx, interrupted context.Context, c *client, id string, pid int) {
+func forwardInterrupt(ctx, interrupted context.Context, box *client.Sandbox, pid int) {
 	select {
 	case <-ctx.Done():
 	case <-interrupted.Done():
-		_ = c.call(ctx, "POST", sbPath(id, "processes", strconv.Itoa(pid), "signal"), nil,
-			agentapi.SignalRequest{Signal: int(syscall.SIGINT)}, nil)
+		_ = box.Signal(ctx, pid, int(syscall.SIGINT))
 	}
 }
-
-func isNotFound(err error) bool { return errs.Is(err, errs.NotFound) }

@@ -14,7 +14,7 @@ func TestEveryVerbHasHelp(t *testing.T) {
 	for _, c := range commands {
 		for _, args := range [][]string{{c.name, "-h"}, {c.name, "--help"}, {"help", c.name}, {c.name, "x", "--help"}} {
 			var out, errOut bytes.Buffer
-			code := Main(context.Background(), args, strings.NewReader(""), &out, &errOut)
+			code := Main(context.Background(), args, strings.NewReader(""), &out, &errOut, nil)
 			if code != ExitOK || !strings.HasPrefix(out.String(), "Usage: berth "+c.name) || errOut.Len() != 0 {
 				t.Errorf("berth %s: exit %d, stdout %q, stderr %q", strings.Join(args, " "), code, out.String(), errOut.String())
 			}
@@ -24,7 +24,7 @@ func TestEveryVerbHasHelp(t *testing.T) {
 		t.Error("a -h after -- is the command's, not berth's")
 	}
 	var out, errOut bytes.Buffer
-	if code := Main(context.Background(), []string{"help", "nosuchverb"}, nil, &out, &errOut); code != ExitUsage {
+	if code := Main(context.Background(), []string{"help", "nosuchverb"}, nil, &out, &errOut, nil); code != ExitUsage {
 		t.Errorf("berth help nosuchverb: exit %d", code)
 	}
 }

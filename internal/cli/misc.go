@@ -4,16 +4,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/client"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/sandbox"
-	"github.com/berth-dev/berth/internal/server"
 )
 
 // remoteRef splits "ID:/path"; a local path has no colon before its first slash.
@@ -44,10 +43,6 @@ func runCp(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	q := url.Values{}
-	if *user != "" {
-		q.Set("user", *user)
-	}
 	if dstRemote {
 		var in io.Reader = e.stdin
 		mode := os.FileMode(0o644)
@@ -70,22 +65,16 @@ func runCp(e *env, args []string) error {
 				dstPath += filepath.Base(pos[0])
 			}
 		}
-		q.Set("path", dstPath)
-		q.Set("mode", fmt.Sprintf("%o", mode))
-		resp, err := c.do(e.ctx, "PUT", sbPath(dstID, "files"), q, in, "application/octet-stream")
-		if err != nil {
-			return err
-		}
-		return resp.Body.Close()
+		_, err := c.Sandbox(dstID).WriteFile(e.ctx, dstPath, in, client.WriteFileOptions{User: *user, Mode: uint32(mode)})
+		return err
 	}
-	q.Set("path", srcPath)
-	resp, err := c.do(e.ctx, "GET", sbPath(srcID, "files"), q, nil, "")
+	body, err := c.Sandbox(srcID).ReadFile(e.ctx, srcPath, *user)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer body.Close()
 	if pos[1] == "-" {
-		_, err := io.Copy(e.stdout, resp.Body)
+		_, err := io.Copy(e.stdout, body)
 		return err
 	}
 	dst := pos[1]
@@ -97,7 +86,7 @@ func runCp(e *env, args []string) error {
 	if err != nil {
 		return errs.Wrap(errs.InvalidArgument, err, "cp: destination")
 	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
+	if _, err := io.Copy(f, body); err != nil {
 		f.Close()
 		os.Remove(tmp)
 		return errs.Wrap(errs.Unavailable, err, "cp: download")
@@ -120,14 +109,16 @@ func runEvents(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	path := "/v1/events"
-	if len(pos) == 1 {
-		path = sbPath(pos[0], "events")
-	} else if len(pos) > 1 {
+	var list []wire.Event
+	switch len(pos) {
+	case 0:
+		list, err = c.Events(e.ctx, client.EventsOptions{})
+	case 1:
+		list, err = c.Sandbox(pos[0]).Events(e.ctx)
+	default:
 		return usageError{"events: at most one sandbox id"}
 	}
-	var list []sandbox.Event
-	if err := c.call(e.ctx, "GET", path, nil, nil, &list); err != nil {
+	if err != nil {
 		return err
 	}
 	if *asJSON {
@@ -157,8 +148,8 @@ func runTemplate(e *env, args []string) error {
 		if _, err := parse(fs, args[1:]); err != nil {
 			return err
 		}
-		var list []server.Template
-		if err := c.call(e.ctx, "GET", "/v1/templates", nil, nil, &list); err != nil {
+		list, err := c.Templates(e.ctx)
+		if err != nil {
 			return err
 		}
 		if *asJSON {
@@ -196,15 +187,9 @@ func runTemplate(e *env, args []string) error {
 			return errs.Wrap(errs.InvalidArgument, err, "template import: file")
 		}
 		defer f.Close()
-		q := url.Values{"source": {"import " + filepath.Base(pos[1])}}
 		fmt.Fprintf(e.stderr, "importing %s as %s ...\n", pos[1], pos[0])
-		var t server.Template
-		resp, err := c.do(e.ctx, "PUT", "/v1/templates/"+url.PathEscape(pos[0])+"/tar", q, f, "application/x-tar")
+		t, err := c.ImportTemplate(e.ctx, pos[0], f, "import "+filepath.Base(pos[1]))
 		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if err := decodeJSON(resp.Body, &t); err != nil {
 			return err
 		}
 		fmt.Fprintf(e.stdout, "%s %s %s\n", t.Name, t.State, t.Fingerprint)
@@ -229,10 +214,8 @@ func runKey(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var out struct {
-		Key string `json:"key"`
-	}
-	if err := c.call(e.ctx, "POST", "/v1/keys", nil, map[string]string{"owner": *own}, &out); err != nil {
+	out, err := c.CreateKey(e.ctx, *own)
+	if err != nil {
 		return err
 	}
 	fmt.Fprintln(e.stdout, out.Key)
@@ -249,8 +232,8 @@ func runInfo(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var in server.Info
-	if err := c.call(e.ctx, "GET", "/v1/info", nil, nil, &in); err != nil {
+	in, err := c.Info(e.ctx)
+	if err != nil {
 		return err
 	}
 	if *asJSON {

@@ -5,14 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/berth-dev/berth/internal/hostnet"
-	"github.com/berth-dev/berth/internal/server"
+	"github.com/berth-dev/berth/api/wire"
 )
 
 // policyFlags registers --allow, --deny and --network (create and net set).
@@ -47,9 +45,8 @@ func runNetSet(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var info hostnet.Info
-	req := server.NetworkRequest{Mode: *mode, Allow: *allow, Deny: *deny}
-	if err := c.call(e.ctx, "PUT", sbPath(id, "net"), nil, req, &info); err != nil {
+	info, err := c.Sandbox(id).SetNetwork(e.ctx, wire.NetworkRequest{Mode: *mode, Allow: *allow, Deny: *deny})
+	if err != nil {
 		return err
 	}
 	if *asJSON {
@@ -65,8 +62,8 @@ func runNetShow(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var info hostnet.Info
-	if err := c.call(e.ctx, "GET", sbPath(id, "net"), nil, nil, &info); err != nil {
+	info, err := c.Sandbox(id).Network(e.ctx)
+	if err != nil {
 		return err
 	}
 	if *asJSON {
@@ -75,7 +72,7 @@ func runNetShow(e *env, args []string) error {
 	return printNetwork(e.stdout, &info)
 }
 
-func printNetwork(w io.Writer, info *hostnet.Info) error {
+func printNetwork(w io.Writer, info *wire.NetworkInfo) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "sandbox\t%s\n", info.SandboxID)
 	fmt.Fprintf(tw, "mode\t%s\n", info.Policy.Mode)
@@ -111,26 +108,23 @@ func runNetLog(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var all []server.EgressEntry
-	q := url.Values{}
+	all := []wire.EgressEntry{}
+	var after int64
 	for {
-		var page server.EgressLogResponse
-		if err := c.call(e.ctx, "GET", sbPath(id, "net", "log"), q, nil, &page); err != nil {
+		page, err := c.Sandbox(id).EgressLog(e.ctx, after, 0)
+		if err != nil {
 			return err
 		}
 		all = append(all, page.Entries...)
 		if len(page.Entries) == 0 || (*limit > 0 && len(all) >= *limit) {
 			break
 		}
-		q.Set("after", strconv.FormatInt(page.Next, 10))
+		after = page.Next
 	}
 	if *limit > 0 && len(all) > *limit {
 		all = all[:*limit]
 	}
 	if *asJSON {
-		if all == nil {
-			all = []server.EgressEntry{}
-		}
 		return printJSON(e.stdout, all)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
@@ -175,10 +169,6 @@ func runSecret(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	q := url.Values{}
-	if *own != "" {
-		q.Set("owner", *own)
-	}
 	switch sub {
 	case "set":
 		name, err := one(fs, pos, "secret name")
@@ -194,9 +184,8 @@ func runSecret(e *env, args []string) error {
 			return err
 		}
 		val = bytes.TrimRight(val, "\r\n")
-		var info hostnet.SecretInfo
-		req := server.SecretRequest{Host: *host, Header: *header, Value: string(val)}
-		if err := c.call(e.ctx, "PUT", "/v1/secrets/"+url.PathEscape(name), q, req, &info); err != nil {
+		info, err := c.PutSecret(e.ctx, *own, name, wire.SecretRequest{Host: *host, Header: *header, Value: string(val)})
+		if err != nil {
 			return err
 		}
 		if *asJSON {
@@ -205,18 +194,16 @@ func runSecret(e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "%s (injected into requests to %s as %q)\n", info.Name, info.Host, info.Header)
 		return nil
 	case "ls":
-		var out struct {
-			Secrets []hostnet.SecretInfo `json:"secrets"`
-		}
-		if err := c.call(e.ctx, "GET", "/v1/secrets", q, nil, &out); err != nil {
+		list, err := c.Secrets(e.ctx, *own)
+		if err != nil {
 			return err
 		}
 		if *asJSON {
-			return printJSON(e.stdout, out.Secrets)
+			return printJSON(e.stdout, list)
 		}
 		tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tHOST\tHEADER\tUPDATED")
-		for _, s := range out.Secrets {
+		for _, s := range list {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, s.Host, s.Header, s.UpdatedAt.Local().Format(time.RFC3339))
 		}
 		return tw.Flush()
@@ -225,7 +212,7 @@ func runSecret(e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		return c.call(e.ctx, "DELETE", "/v1/secrets/"+url.PathEscape(name), q, nil, nil)
+		return c.DeleteSecret(e.ctx, *own, name)
 	}
 	return usageError{fmt.Sprintf("secret: unknown subcommand %q (want set, ls or rm)", sub)}
 }
@@ -245,16 +232,14 @@ func runPort(e *env, args []string) error {
 	}
 	switch len(pos) {
 	case 1:
-		var out struct {
-			Ports []server.PortResponse `json:"ports"`
-		}
-		if err := c.call(e.ctx, "GET", sbPath(pos[0], "ports"), nil, nil, &out); err != nil {
+		ports, err := c.Sandbox(pos[0]).Ports(e.ctx)
+		if err != nil {
 			return err
 		}
 		if *asJSON {
-			return printJSON(e.stdout, out.Ports)
+			return printJSON(e.stdout, ports)
 		}
-		for _, p := range out.Ports {
+		for _, p := range ports {
 			fmt.Fprintf(e.stdout, "%d\t%s\n", p.Port, p.URL)
 		}
 		return nil
@@ -267,10 +252,10 @@ func runPort(e *env, args []string) error {
 		return usageError{fmt.Sprintf("port: %q is not a port number", pos[1])}
 	}
 	if *closePort {
-		return c.call(e.ctx, "DELETE", sbPath(pos[0], "ports", strconv.Itoa(port)), nil, nil, nil)
+		return c.Sandbox(pos[0]).ClosePort(e.ctx, port)
 	}
-	var resp server.PortResponse
-	if err := c.call(e.ctx, "POST", sbPath(pos[0], "ports"), nil, server.PortRequest{Port: port, Token: *withToken}, &resp); err != nil {
+	resp, err := c.Sandbox(pos[0]).ExposePort(e.ctx, port, *withToken)
+	if err != nil {
 		return err
 	}
 	if *asJSON {

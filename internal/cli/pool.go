@@ -3,12 +3,10 @@ package cli
 import (
 	"flag"
 	"fmt"
-	"net/url"
 	"text/tabwriter"
 	"time"
 
-	"github.com/berth-dev/berth/internal/daemon"
-	"github.com/berth-dev/berth/internal/server"
+	"github.com/berth-dev/berth/api/wire"
 )
 
 const poolUsage = "pool set TEMPLATE --size N [--cpu C] [--memory MiB] [--disk MiB] [--runtime R] [--auto --min N --max N] | pool ls [--json] | pool rm TEMPLATE"
@@ -25,7 +23,7 @@ func runPool(e *env, args []string) error {
 	switch args[0] {
 	case "set":
 		fs := flag.NewFlagSet("pool set", flag.ContinueOnError)
-		var req server.PoolRequest
+		var req wire.PoolRequest
 		size := fs.Int("size", -1, "ready sandboxes to keep")
 		fs.Float64Var(&req.CPU, "cpu", 0, "CPU cores of each member (default: the server's default)")
 		fs.Int64Var(&req.MemoryMiB, "memory", 0, "memory limit in MiB")
@@ -42,8 +40,8 @@ func runPool(e *env, args []string) error {
 			return usageError{"pool set: usage: berth pool set TEMPLATE --size N [...]"}
 		}
 		req.Size = size
-		var st daemon.PoolStatus
-		if err := c.call(e.ctx, "PUT", "/v1/pools/"+url.PathEscape(pos[0]), nil, req, &st); err != nil {
+		st, err := c.SetPool(e.ctx, pos[0], req)
+		if err != nil {
 			return err
 		}
 		fmt.Fprintf(e.stdout, "pool %s: size %d, %s\n", st.Template, st.Size, st.State)
@@ -54,8 +52,8 @@ func runPool(e *env, args []string) error {
 		if _, err := parse(fs, args[1:]); err != nil {
 			return err
 		}
-		var list []daemon.PoolStatus
-		if err := c.call(e.ctx, "GET", "/v1/pools", nil, nil, &list); err != nil {
+		list, err := c.Pools(e.ctx)
+		if err != nil {
 			return err
 		}
 		if *asJSON {
@@ -82,7 +80,7 @@ func runPool(e *env, args []string) error {
 		if len(pos) != 1 {
 			return usageError{"pool rm: usage: berth pool rm TEMPLATE"}
 		}
-		return c.call(e.ctx, "DELETE", "/v1/pools/"+url.PathEscape(pos[0]), nil, nil, nil)
+		return c.DeletePool(e.ctx, pos[0])
 	}
 	return usageError{"pool: unknown subcommand " + args[0]}
 }

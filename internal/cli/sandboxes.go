@@ -1,18 +1,18 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/berth-dev/berth/internal/sandbox"
-	"github.com/berth-dev/berth/internal/server"
+	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/client"
 )
 
 func printJSON(w io.Writer, v any) error {
@@ -22,7 +22,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 // parseIDClient parses a verb's flags and its one sandbox id, and connects.
-func parseIDClient(fs *flag.FlagSet, args []string) (string, *client, error) {
+func parseIDClient(fs *flag.FlagSet, args []string) (string, *client.Client, error) {
 	pos, err := parse(fs, args)
 	if err != nil {
 		return "", nil, err
@@ -44,7 +44,7 @@ func one(fs *flag.FlagSet, pos []string, what string) (string, error) {
 
 func runCreate(e *env, args []string) error {
 	fs := flag.NewFlagSet("create", flag.ContinueOnError)
-	var req server.CreateRequest
+	var req wire.CreateRequest
 	var labels, envs multi
 	fs.StringVar(&req.Template, "template", "", "template name (default: the server's default)")
 	fs.StringVar(&req.Runtime, "runtime", "", "runc or runsc (default: the server's default)")
@@ -83,8 +83,8 @@ func runCreate(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var sb sandbox.Sandbox
-	if err := c.call(e.ctx, "POST", "/v1/sandboxes", nil, req, &sb); err != nil {
+	sb, err := c.Create(e.ctx, req)
+	if err != nil {
 		return err
 	}
 	if *asJSON {
@@ -108,32 +108,23 @@ func runList(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	q := url.Values{}
-	for _, l := range labels {
-		q.Add("label", l)
+	o := client.ListOptions{Owner: *own}
+	var err2 error
+	if o.Labels, err2 = kvs("label", labels); err2 != nil {
+		return err2
 	}
-	for _, s := range states {
-		q.Add("state", s)
-	}
-	if *own != "" {
-		q.Set("owner", *own)
-	}
-	var all []*sandbox.Sandbox
-	for {
-		var page server.ListResponse
-		if err := c.call(e.ctx, "GET", "/v1/sandboxes", q, nil, &page); err != nil {
-			return err
+	for _, st := range states {
+		for _, one := range strings.Split(st, ",") {
+			if one != "" {
+				o.States = append(o.States, wire.State(one))
+			}
 		}
-		all = append(all, page.Sandboxes...)
-		if page.Next == "" {
-			break
-		}
-		q.Set("cursor", page.Next)
+	}
+	all, err := c.ListAll(e.ctx, o)
+	if err != nil {
+		return err
 	}
 	if *asJSON {
-		if all == nil {
-			all = []*sandbox.Sandbox{}
-		}
 		return printJSON(e.stdout, all)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
@@ -141,7 +132,7 @@ func runList(e *env, args []string) error {
 	now := time.Now()
 	for _, sb := range all {
 		state := string(sb.State)
-		if sb.State == sandbox.Paused && sb.PauseActual != "" {
+		if sb.State == wire.StatePaused && sb.PauseActual != "" {
 			state += " (" + string(sb.PauseActual) + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s ago\t%s\t%s\n", sb.ID, state, sb.Template, sb.Runtime, sb.Owner,
@@ -188,20 +179,18 @@ func runInspect(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var sb map[string]any
-	if err := c.call(e.ctx, "GET", sbPath(id), nil, nil, &sb); err != nil {
+	sb, err := c.Sandbox(id).Get(e.ctx)
+	if err != nil {
 		return err
 	}
 	return printJSON(e.stdout, sb)
 }
 
-// simple runs a verb of the form `berth VERB ID` that POSTs body to /v1/sandboxes/ID/VERB.
-func simple(e *env, name string, args []string, setup func(fs *flag.FlagSet) func() (any, error)) error {
+// simple runs a verb of the form `berth VERB ID` that answers the sandbox;
+// setup registers the verb's flags and returns the call to make.
+func simple(e *env, name string, args []string, setup func(fs *flag.FlagSet) func(context.Context, *client.Sandbox) (*wire.Sandbox, error)) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	body := func() (any, error) { return nil, nil }
-	if setup != nil {
-		body = setup(fs)
-	}
+	do := setup(fs)
 	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -211,23 +200,22 @@ func simple(e *env, name string, args []string, setup func(fs *flag.FlagSet) fun
 	if err != nil {
 		return err
 	}
-	in, err := body()
-	if err != nil {
+	if _, err := do(e.ctx, nil); err != nil { // flag checks only: a nil handle is not called
 		return err
 	}
 	c, err := newClient()
 	if err != nil {
 		return err
 	}
-	var sb sandbox.Sandbox
-	if err := c.call(e.ctx, "POST", sbPath(id, name), nil, in, &sb); err != nil {
+	sb, err := do(e.ctx, c.Sandbox(id))
+	if err != nil {
 		return err
 	}
 	if *asJSON {
 		return printJSON(e.stdout, sb)
 	}
 	msg := fmt.Sprintf("%s %s", sb.ID, sb.State)
-	if sb.State == sandbox.Paused {
+	if sb.State == wire.StatePaused {
 		msg += " (mode " + string(sb.PauseActual) + ")"
 		if sb.PauseRequested != "" && sb.PauseRequested != sb.PauseActual {
 			msg += fmt.Sprintf(" — requested %s: %s", sb.PauseRequested, sb.Message)
@@ -243,37 +231,69 @@ func simple(e *env, name string, args []string, setup func(fs *flag.FlagSet) fun
 	return nil
 }
 
-func runStop(e *env, args []string) error   { return simple(e, "stop", args, nil) }
-func runStart(e *env, args []string) error  { return simple(e, "start", args, nil) }
-func runResume(e *env, args []string) error { return simple(e, "resume", args, nil) }
+// sandboxCall makes a verb's call; given a nil handle it only checks the
+// verb's flags (before a client is made) and answers nil, nil.
+type sandboxCall = func(context.Context, *client.Sandbox) (*wire.Sandbox, error)
+
+func noFlags(call func(*client.Sandbox, context.Context) (*wire.Sandbox, error)) func(*flag.FlagSet) sandboxCall {
+	return func(*flag.FlagSet) sandboxCall {
+		return func(ctx context.Context, s *client.Sandbox) (*wire.Sandbox, error) {
+			if s == nil {
+				return nil, nil
+			}
+			return call(s, ctx)
+		}
+	}
+}
+
+func runStop(e *env, args []string) error {
+	return simple(e, "stop", args, noFlags((*client.Sandbox).Stop))
+}
+func runStart(e *env, args []string) error {
+	return simple(e, "start", args, noFlags((*client.Sandbox).Start))
+}
+func runResume(e *env, args []string) error {
+	return simple(e, "resume", args, noFlags((*client.Sandbox).Resume))
+}
 
 func runPause(e *env, args []string) error {
-	return simple(e, "pause", args, func(fs *flag.FlagSet) func() (any, error) {
+	return simple(e, "pause", args, func(fs *flag.FlagSet) sandboxCall {
 		mode := fs.String("mode", "", "freeze, memory or disk (default: memory when the runtime can, else disk)")
-		return func() (any, error) { return map[string]string{"mode": *mode}, nil }
+		return func(ctx context.Context, s *client.Sandbox) (*wire.Sandbox, error) {
+			if s == nil {
+				return nil, nil
+			}
+			return s.Pause(ctx, wire.PauseMode(*mode))
+		}
 	})
 }
 
 func runExtend(e *env, args []string) error {
-	return simple(e, "extend", args, func(fs *flag.FlagSet) func() (any, error) {
+	return simple(e, "extend", args, func(fs *flag.FlagSet) sandboxCall {
 		ttl := fs.String("ttl", "", "new time to live from now, e.g. 30m")
-		return func() (any, error) {
+		return func(ctx context.Context, s *client.Sandbox) (*wire.Sandbox, error) {
 			if *ttl == "" {
 				return nil, usageError{"extend: --ttl is required"}
 			}
-			return map[string]string{"ttl": *ttl}, nil
+			if s == nil {
+				return nil, nil
+			}
+			return s.Extend(ctx, *ttl)
 		}
 	})
 }
 
 func runLease(e *env, args []string) error {
-	return simple(e, "lease", args, func(fs *flag.FlagSet) func() (any, error) {
+	return simple(e, "lease", args, func(fs *flag.FlagSet) sandboxCall {
 		d := fs.String("for", "", "how long the sandbox is busy, e.g. 30m (0 releases)")
-		return func() (any, error) {
+		return func(ctx context.Context, s *client.Sandbox) (*wire.Sandbox, error) {
 			if *d == "" {
 				return nil, usageError{"lease: --for is required"}
 			}
-			return map[string]string{"for": *d}, nil
+			if s == nil {
+				return nil, nil
+			}
+			return s.Lease(ctx, *d)
 		}
 	})
 }
@@ -294,7 +314,7 @@ func runRm(e *env, args []string) error {
 	}
 	var firstErr error
 	for _, id := range pos {
-		err := c.call(e.ctx, "DELETE", sbPath(id), nil, nil, nil)
+		err := c.Sandbox(id).Delete(e.ctx)
 		if err != nil && !(*force && isNotFound(err)) {
 			fmt.Fprintf(e.stderr, "berth: rm %s: %v\n", id, err)
 			if firstErr == nil {

@@ -3,13 +3,11 @@ package cli
 import (
 	"flag"
 	"fmt"
-	"net/url"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/berth-dev/berth/internal/checkpoint"
-	"github.com/berth-dev/berth/internal/server"
+	"github.com/berth-dev/berth/client"
 )
 
 // runSnapshot: `berth snapshot ID [--name N]`, `berth snapshot ls`, `berth snapshot rm S...`.
@@ -29,12 +27,8 @@ func runSnapshot(e *env, args []string) error {
 		if _, err := parse(fs, args[1:]); err != nil {
 			return err
 		}
-		q := url.Values{}
-		if *own != "" {
-			q.Set("owner", *own)
-		}
-		var list []server.Snapshot
-		if err := c.call(e.ctx, "GET", "/v1/snapshots", q, nil, &list); err != nil {
+		list, err := c.Snapshots(e.ctx, *own)
+		if err != nil {
 			return err
 		}
 		if *asJSON {
@@ -58,7 +52,7 @@ func runSnapshot(e *env, args []string) error {
 			return usageError{"snapshot rm: expected at least one snapshot id"}
 		}
 		for _, id := range pos {
-			if err := c.call(e.ctx, "DELETE", "/v1/snapshots/"+url.PathEscape(id), nil, nil, nil); err != nil {
+			if err := c.DeleteSnapshot(e.ctx, id); err != nil {
 				return err
 			}
 			fmt.Fprintln(e.stdout, id)
@@ -76,8 +70,8 @@ func runSnapshot(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var sn server.Snapshot
-	if err := c.call(e.ctx, "POST", sbPath(id, "snapshot"), nil, map[string]string{"name": *name}, &sn); err != nil {
+	sn, err := c.Sandbox(id).Snapshot(e.ctx, *name)
+	if err != nil {
 		return err
 	}
 	if *asJSON {
@@ -96,8 +90,8 @@ func runFork(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var res checkpoint.ForkResult
-	if err := c.call(e.ctx, "POST", sbPath(id, "fork"), nil, map[string]int{"count": *n}, &res); err != nil {
+	res, err := c.Sandbox(id).Fork(e.ctx, *n)
+	if err != nil {
 		return err
 	}
 	if *asJSON {
@@ -115,7 +109,7 @@ func runFork(e *env, args []string) error {
 }
 
 // templateFromSnapshot: `berth template from-snapshot SNAPSHOT NAME`.
-func templateFromSnapshot(e *env, c *client, args []string) error {
+func templateFromSnapshot(e *env, c *client.Client, args []string) error {
 	fs := flag.NewFlagSet("template from-snapshot", flag.ContinueOnError)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -124,8 +118,8 @@ func templateFromSnapshot(e *env, c *client, args []string) error {
 	if len(pos) != 2 {
 		return usageError{"template from-snapshot: usage: berth template from-snapshot SNAPSHOT NAME"}
 	}
-	var t server.Template
-	if err := c.call(e.ctx, "POST", "/v1/snapshots/"+url.PathEscape(pos[0])+"/template", nil, map[string]string{"name": pos[1]}, &t); err != nil {
+	t, err := c.PromoteSnapshot(e.ctx, pos[0], pos[1])
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "%s %s %s (%s)\n", t.Name, t.State, t.Fingerprint, strings.TrimSpace(t.Source))

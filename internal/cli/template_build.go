@@ -2,20 +2,18 @@ package cli
 
 import (
 	"archive/tar"
-	"bufio"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"io/fs"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/client"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/server"
 )
 
 const (
@@ -23,13 +21,7 @@ const (
 	buildUsage = "template build -t NAME [-f Dockerfile] [--build-arg K=V]... [--network allow-all|deny-all] [--no-cache] CONTEXT"
 )
 
-// multiFlag collects a repeated flag.
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
-
-func templatePull(e *env, c *client, args []string) error {
+func templatePull(e *env, c *client.Client, args []string) error {
 	fs := flag.NewFlagSet("template pull", flag.ContinueOnError)
 	user := fs.String("username", "", "registry user (basic auth)")
 	pwStdin := fs.Bool("password-stdin", false, "read the registry password from stdin")
@@ -41,7 +33,7 @@ func templatePull(e *env, c *client, args []string) error {
 	if len(pos) != 2 {
 		return usageError{"template pull: usage: berth " + pullUsage}
 	}
-	req := server.PullRequest{Image: pos[1], Username: *user, Insecure: *insecure}
+	req := wire.PullRequest{Image: pos[1], Username: *user, Insecure: *insecure}
 	if *pwStdin {
 		b, err := io.ReadAll(e.stdin)
 		if err != nil {
@@ -52,23 +44,22 @@ func templatePull(e *env, c *client, args []string) error {
 	if req.Password != "" && req.Username == "" {
 		return usageError{"template pull: --password-stdin needs --username"}
 	}
-	body, _ := json.Marshal(req)
 	start := time.Now()
-	resp, err := c.do(e.ctx, "POST", "/v1/templates/"+url.PathEscape(pos[0])+"/pull", nil, bytesReader(body), "application/json")
+	t, err := c.PullTemplate(e.ctx, pos[0], req, func(ev wire.BuildEvent) { printProgress(e.stderr, ev) })
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	return followBuild(e, resp.Body, start)
+	printResult(e, t, start)
+	return nil
 }
 
-func templateBuild(e *env, c *client, args []string) error {
+func templateBuild(e *env, c *client.Client, args []string) error {
 	fs := flag.NewFlagSet("template build", flag.ContinueOnError)
 	name := fs.String("t", "", "template name")
 	file := fs.String("f", "", "Dockerfile (default CONTEXT/Dockerfile)")
 	network := fs.String("network", "", "RUN steps' egress: allow-all (default) or deny-all")
 	noCache := fs.Bool("no-cache", false, "rebuild every step")
-	var buildArgs multiFlag
+	var buildArgs multi
 	fs.Var(&buildArgs, "build-arg", "NAME=VALUE for an ARG (repeatable)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -91,38 +82,26 @@ func templateBuild(e *env, c *client, args []string) error {
 		}
 		df = filepath.ToSlash(rel)
 	}
-	q := url.Values{"dockerfile": {df}}
-	for _, a := range buildArgs {
-		q.Add("build_arg", a)
-	}
-	if *network != "" {
-		q.Set("network", *network)
-	}
-	if *noCache {
-		q.Set("no_cache", "true")
-	}
+	o := client.BuildOptions{Dockerfile: df, BuildArgs: buildArgs, Network: *network, NoCache: *noCache}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(packContext(ctxDir, pw)) }()
 	defer pr.Close()
 	start := time.Now()
-	resp, err := c.do(e.ctx, "POST", "/v1/templates/"+url.PathEscape(*name)+"/build", q, pr, "application/x-tar")
+	t, err := c.BuildTemplate(e.ctx, *name, pr, o, func(ev wire.BuildEvent) { printProgress(e.stderr, ev) })
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	return followBuild(e, resp.Body, start)
+	printResult(e, t, start)
+	return nil
 }
 
-func templateRm(e *env, c *client, args []string) error {
+func templateRm(e *env, c *client.Client, args []string) error {
 	if len(args) == 0 {
 		return usageError{"template rm: usage: berth template rm NAME..."}
 	}
 	for _, n := range args {
-		var out struct {
-			Removed         string `json:"removed"`
-			LayersCollected int    `json:"layers_collected"`
-		}
-		if err := c.call(e.ctx, "DELETE", "/v1/templates/"+url.PathEscape(n), nil, nil, &out); err != nil {
+		out, err := c.DeleteTemplate(e.ctx, n)
+		if err != nil {
 			return err
 		}
 		fmt.Fprintf(e.stdout, "%s removed (%d layers garbage-collected)\n", out.Removed, out.LayersCollected)
@@ -130,39 +109,14 @@ func templateRm(e *env, c *client, args []string) error {
 	return nil
 }
 
-// followBuild prints a pull/build NDJSON stream: progress to stderr, the
-// result to stdout; an error line becomes the command's error.
-func followBuild(e *env, r io.Reader, start time.Time) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		var ev server.BuildEvent
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return errs.Wrap(errs.Unavailable, err, "bad progress line from server")
-		}
-		switch ev.Type {
-		case "progress":
-			printProgress(e.stderr, ev)
-		case "error":
-			k, ok := reasonKinds[ev.Error.Reason]
-			if !ok {
-				k = errs.Internal
-			}
-			return &errs.Error{Kind: k, Field: ev.Error.Field, Message: ev.Error.Message}
-		case "result":
-			t := ev.Template
-			fmt.Fprintf(e.stdout, "%s %s %s (%d layers, %s)\n", t.Name, t.State, t.Fingerprint, len(t.Layers),
-				time.Since(start).Round(time.Millisecond))
-			return nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return errs.Wrap(errs.Unavailable, err, "progress stream")
-	}
-	return errs.E(errs.Unavailable, "the server ended the stream without a result")
+// printResult prints a pull or build's template to stdout (progress went
+// to stderr as it came).
+func printResult(e *env, t wire.Template, start time.Time) {
+	fmt.Fprintf(e.stdout, "%s %s %s (%d layers, %s)\n", t.Name, t.State, t.Fingerprint, len(t.Layers),
+		time.Since(start).Round(time.Millisecond))
 }
 
-func printProgress(w io.Writer, ev server.BuildEvent) {
+func printProgress(w io.Writer, ev wire.BuildEvent) {
 	p := ev.BuildProgress
 	if p.Phase == "output" {
 		io.WriteString(w, p.Output)

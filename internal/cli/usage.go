@@ -3,14 +3,12 @@ package cli
 import (
 	"flag"
 	"fmt"
-	"net/url"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/berth-dev/berth/internal/admission"
-	"github.com/berth-dev/berth/internal/quota"
+	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/client"
 )
 
 // runUsage: berth usage [--owner O] [--since T] [--sandbox ID] [--json]
@@ -30,14 +28,8 @@ func runUsage(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	q := url.Values{}
-	for k, v := range map[string]string{"owner": *own, "since": *since, "sandbox": *sbID} {
-		if v != "" {
-			q.Set(k, v)
-		}
-	}
-	var rep admission.UsageReport
-	if err := c.call(e.ctx, "GET", "/v1/usage", q, nil, &rep); err != nil {
+	rep, err := c.Usage(e.ctx, client.UsageOptions{Owner: *own, SinceText: *since, SandboxID: *sbID})
+	if err != nil {
 		return err
 	}
 	if *asJSON {
@@ -81,12 +73,8 @@ func runReport(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	q := url.Values{"days": {strconv.Itoa(*days)}}
-	if *own != "" {
-		q.Set("owner", *own)
-	}
-	var rep admission.OrphanReport
-	if err := c.call(e.ctx, "GET", "/v1/reports/orphans", q, nil, &rep); err != nil {
+	rep, err := c.Orphans(e.ctx, *days, *own)
+	if err != nil {
 		return err
 	}
 	if *asJSON {
@@ -104,7 +92,7 @@ func runReport(e *env, args []string) error {
 // | quota get OWNER | quota ls | quota rm OWNER
 func runQuota(e *env, args []string) error {
 	fs := flag.NewFlagSet("quota", flag.ContinueOnError)
-	var l quota.Limits
+	var l wire.QuotaLimits
 	fs.IntVar(&l.Sandboxes, "sandboxes", 0, "max concurrent sandboxes (0 = unlimited)")
 	fs.Float64Var(&l.CPU, "cpu", 0, "max total vCPU")
 	fs.Int64Var(&l.MemoryMiB, "memory", 0, "max total memory, MiB")
@@ -123,24 +111,25 @@ func runQuota(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var out []admission.QuotaInfo
+	var out []wire.QuotaInfo
 	switch {
 	case pos[0] == "ls" && len(pos) == 1:
-		if err := c.call(e.ctx, "GET", "/v1/quotas", nil, nil, &out); err != nil {
+		if out, err = c.Quotas(e.ctx); err != nil {
 			return err
 		}
 	case pos[0] == "get" && len(pos) == 2, pos[0] == "set" && len(pos) == 2:
-		var qi admission.QuotaInfo
-		method, body := "GET", any(nil)
+		var qi wire.QuotaInfo
 		if pos[0] == "set" {
-			method, body = "PUT", l
+			qi, err = c.SetQuota(e.ctx, pos[1], l)
+		} else {
+			qi, err = c.Quota(e.ctx, pos[1])
 		}
-		if err := c.call(e.ctx, method, "/v1/quotas/"+url.PathEscape(pos[1]), nil, body, &qi); err != nil {
+		if err != nil {
 			return err
 		}
-		out = []admission.QuotaInfo{qi}
+		out = []wire.QuotaInfo{qi}
 	case pos[0] == "rm" && len(pos) == 2:
-		return c.call(e.ctx, "DELETE", "/v1/quotas/"+url.PathEscape(pos[1]), nil, nil, nil)
+		return c.DeleteQuota(e.ctx, pos[1])
 	default:
 		return bad
 	}

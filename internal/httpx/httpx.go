@@ -41,6 +41,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/errs"
 )
 
@@ -107,12 +108,7 @@ func KindOf(err error) errs.Kind {
 }
 
 // Error is the body of every non-2xx REST /v1 answer.
-type Error struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-	Field   string `json:"field,omitempty"`
-	Reason  string `json:"reason"`
-}
+type Error = wire.Error
 
 // ErrorBody is the REST body for err: its status, message, field and kind.
 func ErrorBody(err error) Error {

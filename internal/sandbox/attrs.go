@@ -193,30 +193,3 @@ func AttrsFromExtra(extra map[string]string) (Attrs, map[string]string) {
 	}
 	return a, left
 }
-
-// sandboxJSON is Sandbox without its methods, so MarshalJSON can reuse the
-// field tags.
-type sandboxJSON Sandbox
-
-// MarshalJSON writes the sandbox with its Attrs as the "extra" string map
-// clients have always read (secrets and port token hashes left out).
-func (sb Sandbox) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
-		sandboxJSON
-		Extra map[string]string `json:"extra,omitempty"`
-	}{sandboxJSON(sb), sb.LegacyExtra()})
-}
-
-// UnmarshalJSON reads what MarshalJSON wrote (clients decoding answers).
-func (sb *Sandbox) UnmarshalJSON(b []byte) error {
-	var v struct {
-		*sandboxJSON
-		Extra map[string]string `json:"extra"`
-	}
-	v.sandboxJSON = (*sandboxJSON)(sb)
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	sb.Attrs, _ = AttrsFromExtra(v.Extra)
-	return nil
-}

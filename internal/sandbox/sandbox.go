@@ -64,7 +64,8 @@ type Sandbox struct {
 	RestoreCount   int       `json:"restore_count,omitempty"`
 	AutoResume     bool      `json:"auto_resume,omitempty"`
 	// Attrs are the features' typed state (lineage, layers, pool, network...).
-	// In JSON they appear as the legacy "extra" map (MarshalJSON).
+	// The store keeps them as one JSON column; the REST answer (api/wire)
+	// shows them as the legacy "extra" map (LegacyExtra).
 	Attrs `json:"-"`
 	// Version increases on every write (optimistic concurrency in the store).
 	Version int64 `json:"-"`

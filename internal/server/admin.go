@@ -6,9 +6,9 @@ import (
 	goruntime "runtime"
 	"strconv"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -32,10 +32,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, f store.EventFil
 	if err != nil {
 		return err
 	}
-	if list == nil {
-		list = []sandbox.Event{}
-	}
-	writeJSON(w, http.StatusOK, list)
+	writeJSON(w, http.StatusOK, eventViews(list))
 	return nil
 }
 
@@ -50,14 +47,9 @@ func (s *Server) allEvents(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	return s.events(w, r, store.EventFilter{Owner: owner(r, p), SandboxID: r.URL.Query().Get("sandbox")})
 }
 
-type keyRequest struct {
-	Owner string `json:"owner"`
-}
+type keyRequest = wire.KeyRequest
 
-type keyResponse struct {
-	Owner string `json:"owner"`
-	Key   string `json:"key"`
-}
+type keyResponse = wire.KeyResponse
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
@@ -76,35 +68,12 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p daemon.Prin
 }
 
 // RuntimeInfo reports one backend's capabilities on this host.
-type RuntimeInfo struct {
-	Name             string `json:"name"`
-	Checkpoint       bool   `json:"checkpoint"`
-	CheckpointReason string `json:"checkpoint_reason,omitempty"`
-	Freeze           bool   `json:"freeze"`
-	Default          bool   `json:"default"`
-	// Isolation is how the runtime keeps a sandbox from the host:
-	// "namespaces+userns+seccomp" or "namespaces+seccomp" (runc), "gVisor" (runsc).
-	Isolation string `json:"isolation"`
-	// UserNS is the host id range new sandboxes' ids map to (runc).
-	UserNS *UserNSInfo `json:"userns,omitempty"`
-}
+type RuntimeInfo = wire.RuntimeInfo
 
-// UserNSInfo is a user namespace mapping: ids 0..size-1 inside are host ids host_id...
-type UserNSInfo struct {
-	HostID uint32 `json:"host_id"`
-	Size   uint32 `json:"size"`
-}
+type UserNSInfo = wire.UserNSInfo
 
 // Info is the body of GET /v1/info.
-type Info struct {
-	Version  string        `json:"version"`
-	Owner    string        `json:"owner"`
-	Admin    bool          `json:"admin"`
-	DataDir  string        `json:"data_dir,omitempty"`
-	Runtimes []RuntimeInfo `json:"runtimes"`
-	CPUs     int           `json:"cpus"`
-	Hostname string        `json:"hostname"`
-}
+type Info = wire.Info
 
 // Version is set by main.
 var Version = "dev"

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
@@ -14,17 +15,7 @@ import (
 )
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
-type ExecRequest struct {
-	Cmd     []string          `json:"cmd,omitempty"`
-	Shell   string            `json:"shell,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
-	Cwd     string            `json:"cwd,omitempty"`
-	User    string            `json:"user,omitempty"`
-	Timeout string            `json:"timeout,omitempty"`
-	Stdin   bool              `json:"stdin,omitempty"`
-	TTY     *agentapi.TTYSize `json:"tty,omitempty"`
-	Tag     string            `json:"tag,omitempty"`
-}
+type ExecRequest = wire.ExecRequest
 
 // exec starts a process and streams its events as NDJSON (one agentapi.Event
 // per line): start, stdout/stderr/pty data, exit. Closing the stream does
@@ -49,7 +40,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p daemon.Principal
 	paused := s.d.Checkpoints().PauseSignal(id)
 	st, err := c.Exec(r.Context(), agentapi.ExecRequest{
 		Argv: req.Cmd, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
-		Stdin: req.Stdin, TTY: req.TTY, Tag: req.Tag, TimeoutMs: timeout.Milliseconds(),
+		Stdin: req.Stdin, TTY: ttySize(req.TTY), Tag: req.Tag, TimeoutMs: timeout.Milliseconds(),
 	}, keepalive(r))
 	if err != nil {
 		return err

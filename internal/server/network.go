@@ -10,24 +10,20 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/hostnet"
 )
 
-// NetworkRequest is the body of PUT /v1/sandboxes/{id}/net: the new policy.
-type NetworkRequest struct {
-	Mode  string   `json:"mode,omitempty"` // deny-all | allow-all | rules; "" = server default
-	Allow []string `json:"allow,omitempty"`
-	Deny  []string `json:"deny,omitempty"`
-}
+// NetworkRequest is the body of PUT /v1/sandboxes/{id}/net.
+type NetworkRequest = wire.NetworkRequest
 
 func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	info, err := s.d.Net().Info(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, info)
+	writeJSON(w, http.StatusOK, networkView(info))
 	return nil
 }
 
@@ -44,33 +40,15 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, info)
+	writeJSON(w, http.StatusOK, networkView(info))
 	return nil
 }
 
 // EgressEntry is one egress log entry in the API.
-type EgressEntry struct {
-	Seq         int64     `json:"seq"`
-	Time        time.Time `json:"time"`
-	Proto       string    `json:"proto"`
-	DstIP       string    `json:"dst_ip,omitempty"`
-	DstPort     int       `json:"dst_port,omitempty"`
-	Host        string    `json:"host,omitempty"`
-	Verdict     string    `json:"verdict"`
-	Rule        string    `json:"rule"`
-	Reason      string    `json:"reason,omitempty"`
-	Intercepted bool      `json:"intercepted,omitempty"`
-	BytesOut    int64     `json:"bytes_out"`
-	BytesIn     int64     `json:"bytes_in"`
-	DurationMS  int64     `json:"duration_ms"`
-}
+type EgressEntry = wire.EgressEntry
 
 // EgressLogResponse is the body of GET /v1/sandboxes/{id}/net/log.
-type EgressLogResponse struct {
-	Entries []EgressEntry `json:"entries"`
-	// Next is the `after` of the following page (the last seq returned).
-	Next int64 `json:"next"`
-}
+type EgressLogResponse = wire.EgressLogResponse
 
 func (s *Server) egressLog(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	q := r.URL.Query()
@@ -106,17 +84,10 @@ func (s *Server) egressLog(w http.ResponseWriter, r *http.Request, p daemon.Prin
 }
 
 // PortRequest is the body of POST /v1/sandboxes/{id}/ports.
-type PortRequest struct {
-	Port  int  `json:"port"`
-	Token bool `json:"token,omitempty"`
-}
+type PortRequest = wire.PortRequest
 
 // PortResponse says where an exposed port is reachable.
-type PortResponse struct {
-	hostnet.PortInfo
-	URL         string `json:"url"`
-	AccessToken string `json:"access_token,omitempty"` // shown once
-}
+type PortResponse = wire.PortResponse
 
 func portURL(r *http.Request, id string, port int) string {
 	scheme := "http"
@@ -136,7 +107,7 @@ func (s *Server) exposePort(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	if err != nil {
 		return err
 	}
-	resp := PortResponse{PortInfo: info, URL: portURL(r, id, info.Port), AccessToken: tok}
+	resp := PortResponse{PortInfo: wire.PortInfo(info), URL: portURL(r, id, info.Port), AccessToken: tok}
 	if tok != "" {
 		resp.URL += "?token=" + url.QueryEscape(tok)
 	}
@@ -152,9 +123,9 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	}
 	out := make([]PortResponse, 0, len(list))
 	for _, pi := range list {
-		out = append(out, PortResponse{PortInfo: pi, URL: portURL(r, id, pi.Port)})
+		out = append(out, PortResponse{PortInfo: wire.PortInfo(pi), URL: portURL(r, id, pi.Port)})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"ports": out})
+	writeJSON(w, http.StatusOK, wire.PortList{Ports: out})
 	return nil
 }
 

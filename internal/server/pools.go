@@ -3,23 +3,14 @@ package server
 import (
 	"net/http"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
 // PoolRequest is the body of PUT /v1/pools/{template}.
-type PoolRequest struct {
-	Size      *int    `json:"size"`
-	Runtime   string  `json:"runtime,omitempty"`
-	CPU       float64 `json:"cpu,omitempty"`
-	MemoryMiB int64   `json:"memory_mib,omitempty"`
-	DiskMiB   int64   `json:"disk_mib,omitempty"`
-	Pids      int64   `json:"pids,omitempty"`
-	Auto      bool    `json:"auto,omitempty"`
-	Min       int     `json:"min,omitempty"`
-	Max       int     `json:"max,omitempty"`
-}
+type PoolRequest = wire.PoolRequest
 
 func adminOnly(p daemon.Principal, what string) error {
 	if !p.Admin {
@@ -36,7 +27,7 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, list)
+	writeJSON(w, http.StatusOK, poolViews(list))
 	return nil
 }
 
@@ -62,7 +53,7 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request, p daemon.Princi
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, http.StatusOK, poolView(st))
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/duration"
@@ -21,29 +22,7 @@ type Duration = duration.Duration
 func ParseDuration(s string) (time.Duration, error) { return duration.Parse(s) }
 
 // CreateRequest is the body of POST /v1/sandboxes.
-type CreateRequest struct {
-	Template     string            `json:"template,omitempty"`
-	Runtime      string            `json:"runtime,omitempty"`
-	TTL          string            `json:"ttl,omitempty"`
-	ExpiryAction string            `json:"expiry_action,omitempty"`
-	CPU          float64           `json:"cpu,omitempty"`
-	MemoryMiB    int64             `json:"memory_mib,omitempty"`
-	DiskMiB      int64             `json:"disk_mib,omitempty"`
-	Pids         int64             `json:"pids,omitempty"`
-	Labels       map[string]string `json:"labels,omitempty"`
-	Env          map[string]string `json:"env,omitempty"`
-	AutoResume   bool              `json:"auto_resume,omitempty"`
-	Workstation  bool              `json:"workstation,omitempty"`
-	Owner        string            `json:"owner,omitempty"` // admin key only
-	// Network is the egress policy mode (deny-all | allow-all | rules; "" =
-	// server default); Allow/Deny its rules; Secrets the secrets to grant.
-	Network      string   `json:"network,omitempty"`
-	Allow        []string `json:"allow,omitempty"`
-	Deny         []string `json:"deny,omitempty"`
-	Secrets      []string `json:"secrets,omitempty"`
-	FromSnapshot string   `json:"from_snapshot,omitempty"`
-	IdlePolicy   string   `json:"idle_policy,omitempty"` // reaper policy name, or "never"
-}
+type CreateRequest = wire.CreateRequest
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req CreateRequest
@@ -79,15 +58,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, sb)
+	writeJSON(w, http.StatusCreated, sandboxView(sb))
 	return nil
 }
 
 // ListResponse is the body of GET /v1/sandboxes.
-type ListResponse struct {
-	Sandboxes []*sandbox.Sandbox `json:"sandboxes"`
-	Next      string             `json:"next,omitempty"`
-}
+type ListResponse = wire.ListResponse
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	q := r.URL.Query()
@@ -120,10 +96,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p daemon.
 	if err != nil {
 		return err
 	}
-	if list == nil {
-		list = []*sandbox.Sandbox{}
-	}
-	writeJSON(w, http.StatusOK, ListResponse{Sandboxes: list, Next: next})
+	writeJSON(w, http.StatusOK, ListResponse{Sandboxes: sandboxViews(list), Next: next})
 	return nil
 }
 
@@ -132,7 +105,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, sandboxView(sb))
 	return nil
 }
 
@@ -149,7 +122,7 @@ func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request, p daemon.Pr
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, sandboxView(sb))
 	return nil
 }
 
@@ -158,13 +131,11 @@ func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request, p daemon.P
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, sandboxView(sb))
 	return nil
 }
 
-type ttlRequest struct {
-	TTL string `json:"ttl"`
-}
+type ttlRequest = wire.ExtendRequest
 
 func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req ttlRequest
@@ -179,13 +150,11 @@ func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, sandboxView(sb))
 	return nil
 }
 
-type pauseRequest struct {
-	Mode string `json:"mode,omitempty"`
-}
+type pauseRequest = wire.PauseRequest
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req pauseRequest
@@ -196,7 +165,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, p daemon.P
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, sandboxView(sb))
 	return nil
 }
 
@@ -205,13 +174,11 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, sandboxView(sb))
 	return nil
 }
 
-type leaseRequest struct {
-	For string `json:"for"`
-}
+type leaseRequest = wire.LeaseRequest
 
 func (s *Server) leaseSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req leaseRequest
@@ -226,6 +193,6 @@ func (s *Server) leaseSandbox(w http.ResponseWriter, r *http.Request, p daemon.P
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, sandboxView(sb))
 	return nil
 }

@@ -3,16 +3,13 @@ package server
 import (
 	"net/http"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 )
 
 // SecretRequest is the body of PUT /v1/secrets/{name}.
-type SecretRequest struct {
-	Host   string `json:"host"`
-	Header string `json:"header,omitempty"` // default "Authorization: Bearer {{value}}"
-	Value  string `json:"value"`
-}
+type SecretRequest = wire.SecretRequest
 
 // secretOwner is whose secrets a request manages: the key's owner, or for
 // the admin key ?owner= (default: the admin's own).
@@ -39,7 +36,7 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, info)
+	writeJSON(w, http.StatusOK, wire.SecretInfo(info))
 	return nil
 }
 
@@ -52,7 +49,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, p daemon.Pr
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"secrets": list})
+	writeJSON(w, http.StatusOK, wire.SecretList{Secrets: secretViews(list)})
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/api"
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/httpx"
@@ -38,7 +39,7 @@ func (s *Server) routes() {
 		_, _ = w.Write(api.OpenAPI)
 	})
 	s.mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"ok": true})
+		writeJSON(w, http.StatusOK, wire.Health{OK: true})
 	})
 	s.handle("GET /v1/info", s.info)
 
@@ -151,7 +152,7 @@ func owner(r *http.Request, p daemon.Principal) string {
 }
 
 // Error is the body of every non-2xx response.
-type Error = httpx.Error
+type Error = wire.Error
 
 // httpStatus is REST's error kind → HTTP status (httpx's table, shared with
 // the agent socket and the E2B control plane).

@@ -2,8 +2,8 @@ package server
 
 import (
 	"net/http"
-	"time"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
@@ -11,19 +11,7 @@ import (
 )
 
 // Snapshot is the API view of a snapshot.
-type Snapshot struct {
-	ID            string            `json:"id"`
-	Owner         string            `json:"owner"`
-	Name          string            `json:"name,omitempty"`
-	SourceSandbox string            `json:"source_sandbox"`
-	Template      string            `json:"template"`
-	TemplateID    string            `json:"template_id,omitempty"`
-	Runtime       string            `json:"runtime"`
-	Layers        []string          `json:"layers"`
-	Memory        bool              `json:"memory"`
-	CreatedAt     time.Time         `json:"created_at"`
-	Extra         map[string]string `json:"extra,omitempty"`
-}
+type Snapshot = wire.Snapshot
 
 func snapshotView(s store.Snapshot) Snapshot {
 	return Snapshot{ID: s.ID, Owner: s.Owner, Name: s.Name, SourceSandbox: s.SourceSandbox, Template: s.Template,
@@ -31,9 +19,7 @@ func snapshotView(s store.Snapshot) Snapshot {
 		CreatedAt: s.CreatedAt, Extra: s.Extra}
 }
 
-type snapshotRequest struct {
-	Name string `json:"name,omitempty"`
-}
+type snapshotRequest = wire.SnapshotRequest
 
 func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req snapshotRequest
@@ -78,9 +64,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, p daemon
 	return nil
 }
 
-type promoteRequest struct {
-	Name string `json:"name"`
-}
+type promoteRequest = wire.PromoteRequest
 
 // promoteSnapshot makes a template of a snapshot. Templates are shared by
 // every owner, so like an import it takes the admin key.
@@ -103,9 +87,7 @@ func (s *Server) promoteSnapshot(w http.ResponseWriter, r *http.Request, p daemo
 	return nil
 }
 
-type forkRequest struct {
-	Count *int `json:"count,omitempty"`
-}
+type forkRequest = wire.ForkRequest
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req forkRequest
@@ -120,6 +102,6 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, p daemon.Pr
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, res)
+	writeJSON(w, http.StatusCreated, forkView(res))
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/httpx"
@@ -17,12 +18,7 @@ import (
 
 // BuildEvent is one line of a pull or build stream (application/x-ndjson):
 // "progress" lines, then exactly one "result" or "error" line.
-type BuildEvent struct {
-	Type string `json:"type"` // progress | result | error
-	template.BuildProgress
-	Template *Template `json:"template,omitempty"`
-	Error    *Error    `json:"error,omitempty"`
-}
+type BuildEvent = wire.BuildEvent
 
 // progressStream starts the NDJSON response at the first progress line, so
 // an error before any (bad input) is still an ordinary error response.
@@ -46,7 +42,7 @@ func (s *progressStream) send(ev BuildEvent) {
 }
 
 func (s *progressStream) progress(p template.BuildProgress) {
-	s.send(BuildEvent{Type: "progress", BuildProgress: p})
+	s.send(BuildEvent{Type: "progress", BuildProgress: wire.BuildProgress(p)})
 }
 
 // finish writes the result or the error, in the stream once it has started.
@@ -68,12 +64,7 @@ func (s *progressStream) finish(t store.Template, err error) error {
 }
 
 // PullRequest is the body of POST /v1/templates/{name}/pull.
-type PullRequest struct {
-	Image    string `json:"image"`
-	Username string `json:"username,omitempty"`
-	Password string `json:"password,omitempty"`
-	Insecure bool   `json:"insecure,omitempty"`
-}
+type PullRequest = wire.PullRequest
 
 func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
@@ -135,6 +126,6 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p daemon
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"removed": r.PathValue("name"), "layers_collected": n})
+	writeJSON(w, http.StatusOK, wire.TemplateDeleted{Removed: r.PathValue("name"), LayersCollected: n})
 	return nil
 }

@@ -2,38 +2,22 @@ package server
 
 import (
 	"net/http"
-	"time"
 
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
 // Template is the API view of a template.
-type Template struct {
-	Name        string            `json:"name"`
-	Fingerprint string            `json:"fingerprint,omitempty"`
-	Layers      []string          `json:"layers"`
-	State       string            `json:"state"`
-	Progress    string            `json:"progress,omitempty"`
-	Error       string            `json:"error,omitempty"`
-	Source      string            `json:"source,omitempty"`
-	StartCmd    []string          `json:"start_cmd,omitempty"`
-	Env         map[string]string `json:"env,omitempty"`
-	Workdir     string            `json:"workdir,omitempty"`
-	User        string            `json:"user,omitempty"`
-	Resources   sandbox.Resources `json:"resources"`
-	CreatedAt   time.Time         `json:"created_at"`
-	UpdatedAt   time.Time         `json:"updated_at"`
-}
+type Template = wire.Template
 
 func templateView(t store.Template) Template {
 	if t.Layers == nil {
 		t.Layers = []string{}
 	}
 	return Template{Name: t.Name, Fingerprint: t.Fingerprint, Layers: t.Layers, State: t.State, Progress: t.Progress,
-		Error: t.Error, Source: t.Source, StartCmd: t.StartCmd, Env: t.Env, Workdir: t.Workdir, User: t.User, Resources: t.Resources,
+		Error: t.Error, Source: t.Source, StartCmd: t.StartCmd, Env: t.Env, Workdir: t.Workdir, User: t.User, Resources: wire.Resources(t.Resources),
 		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
 }
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berth-dev/berth/internal/admission"
+	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/quota"
@@ -38,7 +38,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request, p daemon.Principa
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, rep)
+	writeJSON(w, http.StatusOK, usageView(rep))
 	return nil
 }
 
@@ -56,7 +56,7 @@ func (s *Server) orphans(w http.ResponseWriter, r *http.Request, p daemon.Princi
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, rep)
+	writeJSON(w, http.StatusOK, orphanView(rep))
 	return nil
 }
 
@@ -67,14 +67,14 @@ func (s *Server) listQuotas(w http.ResponseWriter, r *http.Request, p daemon.Pri
 		if err != nil {
 			return err
 		}
-		writeJSON(w, http.StatusOK, []admission.QuotaInfo{qi})
+		writeJSON(w, http.StatusOK, []wire.QuotaInfo{quotaView(qi)})
 		return nil
 	}
 	list, err := s.d.Admission().Quotas(r.Context())
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, list)
+	writeJSON(w, http.StatusOK, quotaViews(list))
 	return nil
 }
 
@@ -87,7 +87,7 @@ func (s *Server) getQuota(w http.ResponseWriter, r *http.Request, p daemon.Princ
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, qi)
+	writeJSON(w, http.StatusOK, quotaView(qi))
 	return nil
 }
 
@@ -95,15 +95,15 @@ func (s *Server) putQuota(w http.ResponseWriter, r *http.Request, p daemon.Princ
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may set quotas")
 	}
-	var l quota.Limits
+	var l wire.QuotaLimits
 	if err := decode(r, &l); err != nil {
 		return err
 	}
-	qi, err := s.d.Admission().SetQuota(r.Context(), r.PathValue("owner"), l)
+	qi, err := s.d.Admission().SetQuota(r.Context(), r.PathValue("owner"), quota.Limits(l))
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, qi)
+	writeJSON(w, http.StatusOK, quotaView(qi))
 	return nil
 }
 

@@ -1,4 +1,6 @@
-package cli
+//go:build linux && !clientonly
+
+package main
 
 import (
 	"log/slog"

@@ -1,4 +1,6 @@
-package cli
+//go:build linux && !clientonly
+
+package main
 
 import (
 	"bytes"
@@ -16,6 +18,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/berth-dev/berth/internal/cli"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/e2b"
 	"github.com/berth-dev/berth/internal/errs"
@@ -55,6 +58,8 @@ type ServeConfig struct {
 	Quotas quota.Config    `json:"quotas,omitzero"`
 	Prices metering.Prices `json:"prices,omitzero"`
 }
+
+const defaultDataDir = "/var/lib/berth"
 
 func defaultServeConfig() ServeConfig {
 	return ServeConfig{
@@ -113,11 +118,14 @@ func envOverride(c *ServeConfig) {
 	}
 }
 
-func runServe(e *env, args []string) error {
+// runServe is `berth serve`: config (defaults, file, env, flags) → store →
+// runtimes → daemon → handlers. It is the composition root, and the only
+// code of the binary that links the server.
+func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	cfg := defaultServeConfig()
 	// The config file is applied before other flags, so find it first.
 	pre := flag.NewFlagSet("serve", flag.ContinueOnError)
-	pre.SetOutput(e.stderr)
+	pre.SetOutput(stderr)
 	cfgFile := pre.String("config", "", "JSON config file")
 	dataDir := pre.String("data-dir", "", "state directory (default /var/lib/berth)")
 	listen := pre.String("listen", "", "listen address (default 127.0.0.1:7070)")
@@ -127,7 +135,7 @@ func runServe(e *env, args []string) error {
 	noUserNS := pre.Bool("no-userns", false, "run new runc sandboxes without a user namespace (root inside is root on the host)")
 	applyNetFlags := networkFlags(pre)
 	if err := pre.Parse(args); err != nil {
-		return usageError{err.Error()}
+		return cli.UsageError(err.Error())
 	}
 	if *cfgFile != "" {
 		if err := loadConfigFile(*cfgFile, &cfg); err != nil {
@@ -151,7 +159,7 @@ func runServe(e *env, args []string) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	return serve(e.ctx, cfg, e.stderr)
+	return serve(ctx, cfg, stderr)
 }
 
 func lookBinary(explicit string, candidates ...string) string {
