@@ -12,7 +12,7 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-func (s *Server) events(w http.ResponseWriter, r *http.Request, f store.EventFilter) error {
+func (s adminAPI) events(w http.ResponseWriter, r *http.Request, f store.EventFilter) error {
 	q := r.URL.Query()
 	if a := q.Get("after"); a != "" {
 		n, err := strconv.ParseInt(a, 10, 64)
@@ -36,14 +36,14 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request, f store.EventFil
 	return nil
 }
 
-func (s *Server) sandboxEvents(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) sandboxEvents(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	id := r.PathValue("id")
 	own := owner(r, p)
 	// Events outlive the sandbox row, so check ownership on the events themselves.
 	return s.events(w, r, store.EventFilter{SandboxID: id, Owner: own})
 }
 
-func (s *Server) allEvents(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) allEvents(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	return s.events(w, r, store.EventFilter{Owner: owner(r, p), SandboxID: r.URL.Query().Get("sandbox")})
 }
 
@@ -51,7 +51,7 @@ type keyRequest = wire.KeyRequest
 
 type keyResponse = wire.KeyResponse
 
-func (s *Server) createKey(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) createKey(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may create API keys")
 	}
@@ -78,7 +78,7 @@ type Info = wire.Info
 // Version is set by main.
 var Version = "dev"
 
-func (s *Server) info(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) info(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	cfg := s.d.Config()
 	in := Info{Version: Version, Owner: p.Owner, Admin: p.Admin, CPUs: goruntime.NumCPU()}
 	in.Hostname, _ = os.Hostname()

@@ -20,7 +20,7 @@ type ExecRequest = wire.ExecRequest
 // exec starts a process and streams its events as NDJSON (one agentapi.Event
 // per line): start, stdout/stderr/pty data, exit. Closing the stream does
 // not kill the process; it can be re-attached.
-func (s *Server) exec(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) exec(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req ExecRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -61,7 +61,7 @@ type eventStream interface {
 
 // pipeEvents copies agent events to the client, flushing each, and ends
 // the stream with an error event if the sandbox is paused meanwhile.
-func (s *Server) pipeEvents(w http.ResponseWriter, r *http.Request, st eventStream, paused <-chan struct{}) {
+func (s sandboxAPI) pipeEvents(w http.ResponseWriter, r *http.Request, st eventStream, paused <-chan struct{}) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
@@ -118,7 +118,7 @@ func pid(r *http.Request) (int, error) {
 	return n, nil
 }
 
-func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) listProcesses(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	c, err := s.d.Agent(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
@@ -134,7 +134,7 @@ func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, p daemon.
 	return nil
 }
 
-func (s *Server) attach(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) attach(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	n, err := pid(r)
 	if err != nil {
 		return err
@@ -153,7 +153,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request, p daemon.Princip
 	return nil
 }
 
-func (s *Server) stdin(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) stdin(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	n, err := pid(r)
 	if err != nil {
 		return err
@@ -173,7 +173,7 @@ func (s *Server) stdin(w http.ResponseWriter, r *http.Request, p daemon.Principa
 	return nil
 }
 
-func (s *Server) closeStdin(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) closeStdin(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	n, err := pid(r)
 	if err != nil {
 		return err
@@ -189,7 +189,7 @@ func (s *Server) closeStdin(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	return nil
 }
 
-func (s *Server) signal(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) signal(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	n, err := pid(r)
 	if err != nil {
 		return err
@@ -212,7 +212,7 @@ func (s *Server) signal(w http.ResponseWriter, r *http.Request, p daemon.Princip
 	return nil
 }
 
-func (s *Server) resize(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) resize(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	n, err := pid(r)
 	if err != nil {
 		return err

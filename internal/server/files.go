@@ -14,7 +14,7 @@ import (
 // readFile streams a file out of the sandbox. Paths are resolved by the agent
 // inside the sandbox's own mount namespace, so "..", absolute symlinks and
 // symlink swaps cannot reach the host.
-func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) readFile(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	q := r.URL.Query()
 	if q.Get("path") == "" {
 		return errs.Field("path", "must be set")
@@ -35,7 +35,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request, p daemon.Princ
 	return nil
 }
 
-func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) writeFile(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	q := r.URL.Query()
 	if q.Get("path") == "" {
 		return errs.Field("path", "must be set")
@@ -61,7 +61,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, p daemon.Prin
 }
 
 // fsOp serves stat, list, mkdir, move and remove.
-func (s *Server) fsOp(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) fsOp(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	op := r.PathValue("op")
 	c, err := s.d.Agent(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {

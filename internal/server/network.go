@@ -18,7 +18,7 @@ import (
 // NetworkRequest is the body of PUT /v1/sandboxes/{id}/net.
 type NetworkRequest = wire.NetworkRequest
 
-func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s netAPI) getNetwork(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	info, err := s.d.Net().Info(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
@@ -27,7 +27,7 @@ func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	return nil
 }
 
-func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s netAPI) setNetwork(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req NetworkRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -50,7 +50,7 @@ type EgressEntry = wire.EgressEntry
 // EgressLogResponse is the body of GET /v1/sandboxes/{id}/net/log.
 type EgressLogResponse = wire.EgressLogResponse
 
-func (s *Server) egressLog(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s netAPI) egressLog(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	q := r.URL.Query()
 	var after int64
 	limit := 1000
@@ -97,7 +97,7 @@ func portURL(r *http.Request, id string, port int) string {
 	return scheme + "://" + r.Host + "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/"
 }
 
-func (s *Server) exposePort(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s netAPI) exposePort(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req PortRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -115,7 +115,7 @@ func (s *Server) exposePort(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	return nil
 }
 
-func (s *Server) listPorts(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s netAPI) listPorts(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	id := r.PathValue("id")
 	list, err := s.d.Net().Ports(r.Context(), owner(r, p), id)
 	if err != nil {
@@ -129,7 +129,7 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	return nil
 }
 
-func (s *Server) closePort(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s netAPI) closePort(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	n, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil {
 		return errs.Field("port", "must be 1-65535")
@@ -147,7 +147,7 @@ const portTokenHeader = "X-Berth-Port-Token"
 // portProxy relays any request under /v1/sandboxes/{id}/ports/{port}/ to
 // that port of the sandbox. It authenticates itself (owner's key or the
 // port's token) and strips berth's credentials before relaying.
-func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
+func (s netAPI) portProxy(w http.ResponseWriter, r *http.Request) {
 	id, port := r.PathValue("id"), r.PathValue("port")
 	token := r.URL.Query().Get("token")
 	if token == "" {

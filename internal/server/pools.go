@@ -19,7 +19,7 @@ func adminOnly(p daemon.Principal, what string) error {
 	return nil
 }
 
-func (s *Server) listPools(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) listPools(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if err := adminOnly(p, "see warm pools"); err != nil {
 		return err
 	}
@@ -31,7 +31,7 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	return nil
 }
 
-func (s *Server) setPool(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) setPool(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if err := adminOnly(p, "configure warm pools"); err != nil {
 		return err
 	}
@@ -57,7 +57,7 @@ func (s *Server) setPool(w http.ResponseWriter, r *http.Request, p daemon.Princi
 	return nil
 }
 
-func (s *Server) deletePool(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) deletePool(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if err := adminOnly(p, "configure warm pools"); err != nil {
 		return err
 	}

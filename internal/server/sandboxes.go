@@ -24,7 +24,7 @@ func ParseDuration(s string) (time.Duration, error) { return duration.Parse(s) }
 // CreateRequest is the body of POST /v1/sandboxes.
 type CreateRequest = wire.CreateRequest
 
-func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req CreateRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -65,7 +65,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 // ListResponse is the body of GET /v1/sandboxes.
 type ListResponse = wire.ListResponse
 
-func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) listSandboxes(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	q := r.URL.Query()
 	f := daemon.ListFilter{Owner: owner(r, p), Template: q.Get("template"), Order: q.Get("order"), Cursor: q.Get("cursor")}
 	for _, st := range q["state"] {
@@ -100,7 +100,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, p daemon.
 	return nil
 }
 
-func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) getSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	sb, err := s.d.Get(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
@@ -109,7 +109,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	return nil
 }
 
-func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) deleteSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if err := s.d.Delete(r.Context(), owner(r, p), r.PathValue("id")); err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 	return nil
 }
 
-func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) stopSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	sb, err := s.d.Stop(r.Context(), owner(r, p), r.PathValue("id"), p.Owner, "stopped")
 	if err != nil {
 		return err
@@ -126,7 +126,7 @@ func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request, p daemon.Pr
 	return nil
 }
 
-func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) startSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	sb, err := s.d.Start(r.Context(), owner(r, p), r.PathValue("id"), p.Owner)
 	if err != nil {
 		return err
@@ -137,7 +137,7 @@ func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request, p daemon.P
 
 type ttlRequest = wire.ExtendRequest
 
-func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) extendSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req ttlRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -156,7 +156,7 @@ func (s *Server) extendSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 
 type pauseRequest = wire.PauseRequest
 
-func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) pauseSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req pauseRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -169,7 +169,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request, p daemon.P
 	return nil
 }
 
-func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) resumeSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	sb, err := s.d.Checkpoints().Resume(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
@@ -180,7 +180,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 
 type leaseRequest = wire.LeaseRequest
 
-func (s *Server) leaseSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) leaseSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req leaseRequest
 	if err := decode(r, &req); err != nil {
 		return err

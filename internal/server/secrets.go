@@ -23,7 +23,7 @@ func secretOwner(r *http.Request, p daemon.Principal) (string, error) {
 	return p.Owner, nil
 }
 
-func (s *Server) putSecret(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s netAPI) putSecret(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req SecretRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -40,7 +40,7 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	return nil
 }
 
-func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s netAPI) listSecrets(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	own, err := secretOwner(r, p)
 	if err != nil {
 		return err
@@ -53,7 +53,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request, p daemon.Pr
 	return nil
 }
 
-func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s netAPI) deleteSecret(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	own, err := secretOwner(r, p)
 	if err != nil {
 		return err

@@ -15,6 +15,17 @@ import (
 	"github.com/berth-dev/berth/internal/httpx"
 )
 
+// The handler groups, one per domain of the API, so no type holds every
+// handler: sandboxes (lifecycle, exec, files), networking (policy, ports,
+// secrets), images (templates, builds, pools, snapshots, forks) and
+// administration (keys, events, usage, quotas, metrics).
+type (
+	sandboxAPI struct{ *Server }
+	netAPI     struct{ *Server }
+	imageAPI   struct{ *Server }
+	adminAPI   struct{ *Server }
+)
+
 // Server is the /v1 HTTP surface.
 type Server struct {
 	d   *daemon.Daemon
@@ -34,6 +45,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 type handler func(w http.ResponseWriter, r *http.Request, p daemon.Principal) error
 
 func (s *Server) routes() {
+	// Handlers are grouped by domain, each group a view of the server.
+	sb, nw, img, adm := sandboxAPI{s}, netAPI{s}, imageAPI{s}, adminAPI{s}
 	s.mux.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(api.OpenAPI)
@@ -41,67 +54,67 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, wire.Health{OK: true})
 	})
-	s.handle("GET /v1/info", s.info)
+	s.handle("GET /v1/info", adm.info)
 
-	s.handle("POST /v1/sandboxes", s.createSandbox)
-	s.handle("GET /v1/sandboxes", s.listSandboxes)
-	s.handle("GET /v1/sandboxes/{id}", s.getSandbox)
-	s.handle("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
-	s.handle("POST /v1/sandboxes/{id}/stop", s.stopSandbox)
-	s.handle("POST /v1/sandboxes/{id}/start", s.startSandbox)
-	s.handle("POST /v1/sandboxes/{id}/extend", s.extendSandbox)
-	s.handle("POST /v1/sandboxes/{id}/pause", s.pauseSandbox)
-	s.handle("POST /v1/sandboxes/{id}/resume", s.resumeSandbox)
-	s.handle("POST /v1/sandboxes/{id}/lease", s.leaseSandbox)
-	s.handle("GET /v1/sandboxes/{id}/events", s.sandboxEvents)
-	s.handle("GET /v1/sandboxes/{id}/net", s.getNetwork)
-	s.handle("PUT /v1/sandboxes/{id}/net", s.setNetwork)
-	s.handle("GET /v1/sandboxes/{id}/net/log", s.egressLog)
-	s.handle("POST /v1/sandboxes/{id}/ports", s.exposePort)
-	s.handle("GET /v1/sandboxes/{id}/ports", s.listPorts)
-	s.handle("DELETE /v1/sandboxes/{id}/ports/{port}", s.closePort)
-	s.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy) // any method; authenticates itself
-	s.handle("GET /v1/secrets", s.listSecrets)
-	s.handle("PUT /v1/secrets/{name}", s.putSecret)
-	s.handle("DELETE /v1/secrets/{name}", s.deleteSecret)
-	s.handle("POST /v1/sandboxes/{id}/snapshot", s.snapshotSandbox)
-	s.handle("POST /v1/sandboxes/{id}/fork", s.forkSandbox)
-	s.handle("GET /v1/snapshots", s.listSnapshots)
-	s.handle("GET /v1/snapshots/{id}", s.getSnapshot)
-	s.handle("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
-	s.handle("POST /v1/snapshots/{id}/template", s.promoteSnapshot)
-	s.handle("GET /v1/pools", s.listPools)
-	s.handle("PUT /v1/pools/{template}", s.setPool)
-	s.handle("DELETE /v1/pools/{template}", s.deletePool)
+	s.handle("POST /v1/sandboxes", sb.createSandbox)
+	s.handle("GET /v1/sandboxes", sb.listSandboxes)
+	s.handle("GET /v1/sandboxes/{id}", sb.getSandbox)
+	s.handle("DELETE /v1/sandboxes/{id}", sb.deleteSandbox)
+	s.handle("POST /v1/sandboxes/{id}/stop", sb.stopSandbox)
+	s.handle("POST /v1/sandboxes/{id}/start", sb.startSandbox)
+	s.handle("POST /v1/sandboxes/{id}/extend", sb.extendSandbox)
+	s.handle("POST /v1/sandboxes/{id}/pause", sb.pauseSandbox)
+	s.handle("POST /v1/sandboxes/{id}/resume", sb.resumeSandbox)
+	s.handle("POST /v1/sandboxes/{id}/lease", sb.leaseSandbox)
+	s.handle("GET /v1/sandboxes/{id}/events", adm.sandboxEvents)
+	s.handle("GET /v1/sandboxes/{id}/net", nw.getNetwork)
+	s.handle("PUT /v1/sandboxes/{id}/net", nw.setNetwork)
+	s.handle("GET /v1/sandboxes/{id}/net/log", nw.egressLog)
+	s.handle("POST /v1/sandboxes/{id}/ports", nw.exposePort)
+	s.handle("GET /v1/sandboxes/{id}/ports", nw.listPorts)
+	s.handle("DELETE /v1/sandboxes/{id}/ports/{port}", nw.closePort)
+	s.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{path...}", nw.portProxy) // any method; authenticates itself
+	s.handle("GET /v1/secrets", nw.listSecrets)
+	s.handle("PUT /v1/secrets/{name}", nw.putSecret)
+	s.handle("DELETE /v1/secrets/{name}", nw.deleteSecret)
+	s.handle("POST /v1/sandboxes/{id}/snapshot", img.snapshotSandbox)
+	s.handle("POST /v1/sandboxes/{id}/fork", img.forkSandbox)
+	s.handle("GET /v1/snapshots", img.listSnapshots)
+	s.handle("GET /v1/snapshots/{id}", img.getSnapshot)
+	s.handle("DELETE /v1/snapshots/{id}", img.deleteSnapshot)
+	s.handle("POST /v1/snapshots/{id}/template", img.promoteSnapshot)
+	s.handle("GET /v1/pools", img.listPools)
+	s.handle("PUT /v1/pools/{template}", img.setPool)
+	s.handle("DELETE /v1/pools/{template}", img.deletePool)
 
-	s.handle("POST /v1/sandboxes/{id}/exec", s.exec)
-	s.handle("GET /v1/sandboxes/{id}/processes", s.listProcesses)
-	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/attach", s.attach)
-	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/stdin", s.stdin)
-	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/close-stdin", s.closeStdin)
-	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/signal", s.signal)
-	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/resize", s.resize)
+	s.handle("POST /v1/sandboxes/{id}/exec", sb.exec)
+	s.handle("GET /v1/sandboxes/{id}/processes", sb.listProcesses)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/attach", sb.attach)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/stdin", sb.stdin)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/close-stdin", sb.closeStdin)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/signal", sb.signal)
+	s.handle("POST /v1/sandboxes/{id}/processes/{pid}/resize", sb.resize)
 
-	s.handle("GET /v1/sandboxes/{id}/files", s.readFile)
-	s.handle("PUT /v1/sandboxes/{id}/files", s.writeFile)
-	s.handle("POST /v1/sandboxes/{id}/fs/{op}", s.fsOp)
+	s.handle("GET /v1/sandboxes/{id}/files", sb.readFile)
+	s.handle("PUT /v1/sandboxes/{id}/files", sb.writeFile)
+	s.handle("POST /v1/sandboxes/{id}/fs/{op}", sb.fsOp)
 
-	s.handle("GET /v1/events", s.allEvents)
-	s.handle("GET /v1/templates", s.listTemplates)
-	s.handle("GET /v1/templates/{name}", s.getTemplate)
-	s.handle("PUT /v1/templates/{name}/tar", s.importTemplate)
-	s.handle("POST /v1/templates/{name}/pull", s.pullTemplate)
-	s.handle("POST /v1/templates/{name}/build", s.buildTemplate)
-	s.handle("DELETE /v1/templates/{name}", s.deleteTemplate)
-	s.handle("POST /v1/keys", s.createKey)
+	s.handle("GET /v1/events", adm.allEvents)
+	s.handle("GET /v1/templates", img.listTemplates)
+	s.handle("GET /v1/templates/{name}", img.getTemplate)
+	s.handle("PUT /v1/templates/{name}/tar", img.importTemplate)
+	s.handle("POST /v1/templates/{name}/pull", img.pullTemplate)
+	s.handle("POST /v1/templates/{name}/build", img.buildTemplate)
+	s.handle("DELETE /v1/templates/{name}", img.deleteTemplate)
+	s.handle("POST /v1/keys", adm.createKey)
 
-	s.handle("GET /v1/usage", s.usage)
-	s.handle("GET /v1/reports/orphans", s.orphans)
-	s.handle("GET /v1/quotas", s.listQuotas)
-	s.handle("GET /v1/quotas/{owner}", s.getQuota)
-	s.handle("PUT /v1/quotas/{owner}", s.putQuota)
-	s.handle("DELETE /v1/quotas/{owner}", s.deleteQuota)
-	s.handle("GET /metrics", s.metrics)
+	s.handle("GET /v1/usage", adm.usage)
+	s.handle("GET /v1/reports/orphans", adm.orphans)
+	s.handle("GET /v1/quotas", adm.listQuotas)
+	s.handle("GET /v1/quotas/{owner}", adm.getQuota)
+	s.handle("PUT /v1/quotas/{owner}", adm.putQuota)
+	s.handle("DELETE /v1/quotas/{owner}", adm.deleteQuota)
+	s.handle("GET /metrics", adm.metrics)
 
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route for %s %s", r.Method, r.URL.Path))

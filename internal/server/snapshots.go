@@ -21,7 +21,7 @@ func snapshotView(s store.Snapshot) Snapshot {
 
 type snapshotRequest = wire.SnapshotRequest
 
-func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) snapshotSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req snapshotRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -34,7 +34,7 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request, p daemo
 	return nil
 }
 
-func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) listSnapshots(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	list, err := s.d.Snapshots().ListSnapshots(r.Context(), owner(r, p))
 	if err != nil {
 		return err
@@ -47,7 +47,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, p daemon.
 	return nil
 }
 
-func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) getSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	sn, err := s.d.Snapshots().GetSnapshot(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
@@ -56,7 +56,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Pr
 	return nil
 }
 
-func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) deleteSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if err := s.d.Snapshots().DeleteSnapshot(r.Context(), owner(r, p), r.PathValue("id")); err != nil {
 		return err
 	}
@@ -68,7 +68,7 @@ type promoteRequest = wire.PromoteRequest
 
 // promoteSnapshot makes a template of a snapshot. Templates are shared by
 // every owner, so like an import it takes the admin key.
-func (s *Server) promoteSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) promoteSnapshot(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may create templates")
 	}
@@ -89,7 +89,7 @@ func (s *Server) promoteSnapshot(w http.ResponseWriter, r *http.Request, p daemo
 
 type forkRequest = wire.ForkRequest
 
-func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) forkSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	var req forkRequest
 	if err := decode(r, &req); err != nil {
 		return err

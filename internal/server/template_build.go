@@ -66,7 +66,7 @@ func (s *progressStream) finish(t store.Template, err error) error {
 // PullRequest is the body of POST /v1/templates/{name}/pull.
 type PullRequest = wire.PullRequest
 
-func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) pullTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may pull templates")
 	}
@@ -82,7 +82,7 @@ func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request, p daemon.P
 
 // buildTemplate takes the build context as a tar body; the Dockerfile's
 // path, build args, network and no_cache are query parameters.
-func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) buildTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may build templates")
 	}
@@ -118,7 +118,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request, p daemon.
 	return ps.finish(t, err)
 }
 
-func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) deleteTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may remove templates")
 	}

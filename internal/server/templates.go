@@ -21,7 +21,7 @@ func templateView(t store.Template) Template {
 		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt}
 }
 
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) listTemplates(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	list, err := s.d.Store().ListTemplates(r.Context())
 	if err != nil {
 		return err
@@ -34,7 +34,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, p daemon.
 	return nil
 }
 
-func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) getTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	t, err := s.d.Store().GetTemplate(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return err
@@ -44,7 +44,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request, p daemon.Pr
 }
 
 // importTemplate stores the request body (a rootfs tarball) as template {name}.
-func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s imageAPI) importTemplate(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may import templates")
 	}

@@ -28,7 +28,7 @@ func parseSince(v string, now time.Time) (time.Time, error) {
 
 // usage serves GET /v1/usage: metered usage per owner and per sandbox, priced
 // on both bases (reserved wall-clock vs active CPU and memory).
-func (s *Server) usage(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) usage(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	q := r.URL.Query()
 	since, err := parseSince(q.Get("since"), s.d.Config().Now())
 	if err != nil {
@@ -43,7 +43,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request, p daemon.Principa
 }
 
 // orphans serves GET /v1/reports/orphans?days=N.
-func (s *Server) orphans(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) orphans(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	days := 7
 	if v := r.URL.Query().Get("days"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -61,7 +61,7 @@ func (s *Server) orphans(w http.ResponseWriter, r *http.Request, p daemon.Princi
 }
 
 // listQuotas: the admin sees every owner with limits; others their own.
-func (s *Server) listQuotas(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) listQuotas(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		qi, err := s.d.Admission().Quota(r.Context(), p.Owner)
 		if err != nil {
@@ -78,7 +78,7 @@ func (s *Server) listQuotas(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	return nil
 }
 
-func (s *Server) getQuota(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) getQuota(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	o := r.PathValue("owner")
 	if !p.Admin && o != p.Owner {
 		return errs.E(errs.PermissionDenied, "only the admin key may read another owner's quota")
@@ -91,7 +91,7 @@ func (s *Server) getQuota(w http.ResponseWriter, r *http.Request, p daemon.Princ
 	return nil
 }
 
-func (s *Server) putQuota(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) putQuota(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may set quotas")
 	}
@@ -107,7 +107,7 @@ func (s *Server) putQuota(w http.ResponseWriter, r *http.Request, p daemon.Princ
 	return nil
 }
 
-func (s *Server) deleteQuota(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) deleteQuota(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may remove quotas")
 	}
@@ -121,7 +121,7 @@ func (s *Server) deleteQuota(w http.ResponseWriter, r *http.Request, p daemon.Pr
 // metrics serves GET /metrics in the Prometheus text format. It needs the
 // admin key (Prometheus: `authorization: {credentials_file: .../admin.key}`):
 // owner names and usage are not for anonymous eyes.
-func (s *Server) metrics(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s adminAPI) metrics(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "/metrics needs the admin key")
 	}
