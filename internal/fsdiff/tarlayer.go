@@ -71,6 +71,12 @@ func NewTarLayer(id string, r io.Reader, o TarOptions) (*TarLayer, error) {
 		if skipEntry(rel) {
 			continue
 		}
+		if sparse(hdr) {
+			// A sparse entry's size is a claim, not bytes in the stream: a
+			// few bytes of tar could make us hash a terabyte of zeros.
+			// runsc never writes one.
+			return nil, errs.Field("archive", "entry %q is a sparse file", hdr.Name)
+		}
 		e := &tarEntry{Entry: Entry{Node: Node{Mode: uint32(hdr.Mode) & 0o7777, UID: uint32(hdr.Uid), GID: uint32(hdr.Gid)}}}
 		switch hdr.Typeflag {
 		case tar.TypeDir:
@@ -145,6 +151,18 @@ func (l *TarLayer) add(rel string, e *tarEntry) {
 		l.dirs[parent] = append(l.dirs[parent], path.Base(rel))
 	}
 	l.entries[rel] = e // a later entry for the same name replaces the earlier (tar semantics)
+}
+
+func sparse(hdr *tar.Header) bool {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 func cleanTarName(name string) (string, error) {
