@@ -5,7 +5,8 @@
 # packets, the egress proxy's HTTP relay, and the fork/merge engines: line
 # diffs and three-way line merges of sandbox-written text
 # (internal/fsdiff/linediff FuzzHunks, internal/merge FuzzLines) and upper
-# tars a runsc sandbox exports (internal/fsdiff FuzzTarLayer). A crasher is written to the
+# tars a runsc sandbox exports (internal/fsdiff FuzzTarLayer). A crasher
+# is written to the
 # package's testdata/fuzz/ and fails the run; commit it with the fix, it
 # then runs as a regression test in every `go test`.
 #
