@@ -411,7 +411,11 @@ func TestDiffDirLayers(t *testing.T) {
 	lowerDir := writeDirLayer(t, dir("src"), file("src/main.go", "one\ntwo\nthree\n"), file("src/gone.go", "x\n"),
 		withMode(file("run.sh", "#!/bin/sh\n"), 0o644), dir("data"), file("data/a", "a\n"), dir("cfg"), file("cfg/k", "v\n"))
 	upperDir := writeDirLayer(t, dir("src"), file("src/main.go", "one\n2\nthree\n"), whiteout("src/gone.go"),
-		withMode(file("run.sh", "#!/bin/sh\n"), 0o755), symlink("cfg", "/etc"), file("new.txt", "hello\n"))
+		withMode(file("run.sh", "#!/bin/sh\n"), 0o755), symlink("cfg", "/etc"), file("new.txt", "hello\n"), dir("data"))
+	// A FIFO over a lower file: opening it would block the host forever.
+	if err := unix.Mkfifo(filepath.Join(upperDir, "data/a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	lower, upper := openDir(t, lowerDir, "lower"), openDir(t, upperDir, "upper")
 	r, err := Diff(context.Background(), NewTree(lower), NewTree(upper, lower), Options{})
 	if err != nil {
@@ -420,6 +424,7 @@ func TestDiffDirLayers(t *testing.T) {
 	want := []brief{
 		{Path: "cfg", Kind: Modified, TypeCh: true},
 		{Path: "cfg/k", Kind: Deleted, Minus: 1},
+		{Path: "data/a", Kind: Modified, TypeCh: true, Minus: 1},
 		{Path: "new.txt", Kind: Added, Plus: 1},
 		{Path: "run.sh", Kind: Modified, Mode: true},
 		{Path: "src/gone.go", Kind: Deleted, Minus: 1},
