@@ -208,6 +208,9 @@ func Compute(ctx context.Context, in Inputs, o Options) (*Plan, error) {
 	if err := m.parents(); err != nil {
 		return nil, err
 	}
+	if err := m.digestExpects(); err != nil {
+		return nil, err
+	}
 	m.finish()
 	return m.plan, nil
 }
@@ -453,6 +456,36 @@ func (m *merger) parents() error {
 		}
 	}
 	m.plan.Writes = append(m.plan.Writes, extra...)
+	return nil
+}
+
+// digestExpects records the content digest of every regular file the plan
+// expects in the target, so that Verify notices any edit made after
+// planning, even one that keeps the size.
+func (m *merger) digestExpects() error {
+	fill := func(p string, n **fsdiff.Node) error {
+		if *n == nil || (*n).Type != fsdiff.TypeFile || (*n).SHA256 != "" {
+			return nil
+		}
+		h, err := m.in.Ours.Hash(p)
+		if err != nil {
+			return err
+		}
+		c := **n
+		c.SHA256 = h
+		*n = &c
+		return nil
+	}
+	for i := range m.plan.Deletes {
+		if err := fill(m.plan.Deletes[i].Path, &m.plan.Deletes[i].Expect); err != nil {
+			return err
+		}
+	}
+	for i := range m.plan.Writes {
+		if err := fill(m.plan.Writes[i].Path, &m.plan.Writes[i].Expect); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
