@@ -18,7 +18,7 @@ import (
 
 // Journal states, in order.
 const (
-	JournalPrepared   = "prepared"   // everything staged, the target untouched
+	JournalPrepared   = "prepared"   // staging (or staged); the target untouched
 	JournalCommitting = "committing" // renames in progress: roll back on recovery
 	JournalCommitted  = "committed"  // done: only the staging dir is left to remove
 	JournalRolledBack = "rolled-back"
@@ -87,11 +87,12 @@ func Apply(ctx context.Context, root string, p *Plan, src Sources, id string, o 
 		}
 		j.Steps = append(j.Steps, Step{Op: op, Path: w.Path, N: len(j.Steps), Node: w.Node, Expect: w.Expect})
 	}
-	if err := stage(ctx, r, j, p, src); err != nil {
-		_ = os.RemoveAll(path.Join(root, j.Staging))
+	// Journal first: a crash while staging leaves a staging dir that
+	// Recover (state prepared) removes.
+	if err := o.Save(j); err != nil {
 		return err
 	}
-	if err := o.Save(j); err != nil {
+	if err := stage(ctx, r, j, p, src); err != nil {
 		_ = os.RemoveAll(path.Join(root, j.Staging))
 		return err
 	}
