@@ -72,9 +72,12 @@ type Options struct {
 	// Paths keeps only changes at or below these paths, or matching them
 	// as path.Match patterns ("src", "*.go", "src/*/main.go"). Empty: all.
 	Paths []string
-	// NoText skips unified text diffs (a --stat or a merge plan needs
-	// only nodes and digests).
+	// NoText skips unified text diffs but still counts changed lines
+	// (what --stat shows).
 	NoText bool
+	// DigestsOnly reads no content beyond what digests need: no line
+	// counts, no text/binary verdict (a merge plan, compare's sizes).
+	DigestsOnly bool
 	// MaxTextBytes is the largest file (per side) diffed as text; larger
 	// ones are reported as binary. 0 = 1 MiB.
 	MaxTextBytes int64
@@ -379,7 +382,7 @@ func (d *differ) text(c *Change, ai, bi int) error {
 		}
 		c.New.SHA256 = h
 	}
-	if c.Kind == Modified && !c.ContentChanged && !c.TypeChanged {
+	if d.o.DigestsOnly || (c.Kind == Modified && !c.ContentChanged && !c.TypeChanged) {
 		return nil
 	}
 	var oldText, newText []byte

@@ -465,3 +465,21 @@ func TestDiffDirOpaqueNeedsRoot(t *testing.T) {
 		t.Errorf("changes (-want +got):\n%s", d)
 	}
 }
+
+func TestDiffDigestsOnly(t *testing.T) {
+	lower := base(t)
+	upper := tarLayer(t, "upper", dir("src"), file("src/main.go", "changed\n"), file("src/new.go", "new\n"))
+	r, err := Diff(context.Background(), NewTree(lower), NewTree(upper, lower), Options{DigestsOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []brief{{Path: "src/main.go", Kind: Modified, Content: true}, {Path: "src/new.go", Kind: Added}}
+	if d := cmp.Diff(want, briefs(r)); d != "" {
+		t.Errorf("changes (-want +got):\n%s", d)
+	}
+	for _, c := range r.Changes {
+		if c.New.SHA256 != sum(map[string]string{"src/main.go": "changed\n", "src/new.go": "new\n"}[c.Path]) || c.Unified != "" {
+			t.Errorf("%s: digest %q, unified %q", c.Path, c.New.SHA256, c.Unified)
+		}
+	}
+}

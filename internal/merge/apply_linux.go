@@ -209,6 +209,11 @@ func stage(ctx context.Context, r *safefs.Root, j *Journal, p *Plan, src Sources
 			return err
 		}
 	}
+	// One flush for everything staged (not an fsync per file): after a
+	// power loss no commit may rename an unwritten file into place.
+	if err := unix.Syncfs(dfd); err != nil {
+		return errs.Wrap(errs.Internal, err, "sync staged files")
+	}
 	return nil
 }
 
@@ -234,9 +239,6 @@ func stageFile(dfd int, name string, w Write, src Sources) error {
 		}
 		_, err = io.Copy(f, in)
 		in.Close()
-	}
-	if err == nil {
-		err = f.Sync()
 	}
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "stage %s", w.Path)

@@ -175,7 +175,7 @@ func Compute(ctx context.Context, in Inputs, o Options) (*Plan, error) {
 	if o.MaxTextBytes == 0 {
 		o.MaxTextBytes = 1 << 20
 	}
-	dopts := fsdiff.Options{Paths: o.Paths, NoText: true, MaxTextBytes: o.MaxTextBytes}
+	dopts := fsdiff.Options{Paths: o.Paths, DigestsOnly: true, MaxTextBytes: o.MaxTextBytes}
 	dOurs, err := fsdiff.Diff(ctx, in.Base, in.Ours, dopts)
 	if err != nil {
 		return nil, fmt.Errorf("diff base..ours: %w", err)
