@@ -134,6 +134,9 @@ type Conflict struct {
 	Theirs  Version      `json:"theirs"`
 	// Merged is the line merge with conflict markers (content conflicts).
 	Merged []byte `json:"merged,omitempty"`
+	// Below are theirs' writes beneath Path (theirs made a directory
+	// there), held back until the conflict is resolved for theirs.
+	Below []Write `json:"below,omitempty"`
 }
 
 // Plan is a merge's result: apply Deletes (in order: deepest first), then
@@ -229,6 +232,9 @@ type merger struct {
 	st           Strategy
 	plan         *Plan
 	ours, theirs map[string]*fsdiff.Change
+	// keptOurs are conflicts strategy ours settled: nothing of theirs
+	// goes below them.
+	keptOurs map[string]bool
 }
 
 // oursKeepsBelow says ours added or changed something below dir p (so a
@@ -428,9 +434,20 @@ func (m *merger) parents() error {
 	for _, d := range m.plan.Deletes {
 		deleting[d.Path] = true
 	}
+	conflicted := map[string]bool{}
+	for _, c := range m.plan.Conflicts {
+		conflicted[c.Path] = true
+	}
+	for p := range m.keptOurs {
+		conflicted[p] = true
+	}
 	var extra []Write
+writes:
 	for _, w := range m.plan.Writes {
 		for dir := parentOf(w.Path); dir != "."; dir = parentOf(dir) {
+			if conflicted[dir] {
+				continue writes // held back with that conflict (finish)
+			}
 			if writing[dir] {
 				continue
 			}
@@ -449,7 +466,11 @@ func (m *merger) parents() error {
 				continue // cannot happen for a consistent theirs
 			}
 			if ok && n.Type != fsdiff.TypeDir {
-				return m.conflict(dir, ConflictType, "ours replaced a directory theirs added entries to", nil, &n, &t, nil)
+				if err := m.conflict(dir, ConflictType, "ours replaced a directory theirs added entries to", nil, &n, &t, nil); err != nil {
+					return err
+				}
+				conflicted[dir] = true
+				continue writes
 			}
 			writing[dir] = true
 			extra = append(extra, Write{Path: dir, Node: t})
@@ -491,13 +512,21 @@ func (m *merger) digestExpects() error {
 
 // finish orders the plan and drops writes under a conflicting path.
 func (m *merger) finish() {
-	conflicted := map[string]bool{}
-	for _, c := range m.plan.Conflicts {
-		conflicted[c.Path] = true
+	conflicted := map[string]int{}
+	for i, c := range m.plan.Conflicts {
+		conflicted[c.Path] = i
 	}
-	under := func(p string) bool {
+	under := func(p string) (int, bool) {
 		for d := p; d != "."; d = parentOf(d) {
-			if conflicted[d] {
+			if i, ok := conflicted[d]; ok {
+				return i, true
+			}
+		}
+		return 0, false
+	}
+	keptAbove := func(p string) bool {
+		for d := parentOf(p); d != "."; d = parentOf(d) {
+			if m.keptOurs[d] {
 				return true
 			}
 		}
@@ -505,7 +534,12 @@ func (m *merger) finish() {
 	}
 	ws := m.plan.Writes[:0]
 	for _, w := range m.plan.Writes {
-		if !under(w.Path) {
+		if keptAbove(w.Path) {
+			continue // strategy ours kept a non-directory there
+		}
+		if i, ok := under(w.Path); ok {
+			m.plan.Conflicts[i].Below = append(m.plan.Conflicts[i].Below, w)
+		} else {
 			ws = append(ws, w)
 		}
 	}
@@ -528,6 +562,10 @@ func (m *merger) finish() {
 func (m *merger) conflict(p string, kind ConflictKind, msg string, b, o, t *fsdiff.Node, merged []byte) error {
 	switch m.st {
 	case Ours:
+		if m.keptOurs == nil {
+			m.keptOurs = map[string]bool{}
+		}
+		m.keptOurs[p] = true
 		return nil
 	case Theirs:
 		if t == nil {

@@ -362,3 +362,50 @@ func TestTouched(t *testing.T) {
 		t.Error("unknown strategy accepted")
 	}
 }
+
+// Theirs made a directory where ours made a file: one type conflict, and
+// resolving it for theirs brings the directory's entries along.
+func TestResolveTypeConflictKeepsTheirsBelow(t *testing.T) {
+	in := inputs(t, []ent{file("x", "ours\n")}, []ent{dir("x"), file("x/a", "a\n"), dir("x/sub"), file("x/sub/b", "b\n")})
+	p, err := Compute(context.Background(), in, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]conflictBrief{{"x", ConflictType}}, conflicts(p)); d != "" {
+		t.Fatalf("conflicts (-want +got):\n%s", d)
+	}
+	if len(p.Writes) != 0 {
+		t.Fatalf("writes below a conflict were not held back: %v", steps(p))
+	}
+	for st, want := range map[Strategy][]step{
+		Ours: nil,
+		Theirs: {
+			{Op: "delete", Path: "x"},
+			{Op: "write", Path: "x", Mode: 0o755},
+			{Op: "write", Path: "x/a", From: SideTheirs, Mode: 0o644},
+			{Op: "write", Path: "x/sub", Mode: 0o755},
+			{Op: "write", Path: "x/sub/b", From: SideTheirs, Mode: 0o644},
+		},
+	} {
+		sp, err := Compute(context.Background(), in, Options{Strategy: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(want, steps(sp)); d != "" || !sp.Clean() {
+			t.Errorf("strategy %s: plan (-want +got):\n%s", st, d)
+		}
+	}
+	if err := p.Resolve(p.Conflicts[0].ID, Resolution{Side: SideTheirs}); err != nil {
+		t.Fatal(err)
+	}
+	want := []step{
+		{Op: "delete", Path: "x"},
+		{Op: "write", Path: "x", Mode: 0o755},
+		{Op: "write", Path: "x/a", From: SideTheirs, Mode: 0o644},
+		{Op: "write", Path: "x/sub", Mode: 0o755},
+		{Op: "write", Path: "x/sub/b", From: SideTheirs, Mode: 0o644},
+	}
+	if d := cmp.Diff(want, steps(p)); d != "" {
+		t.Errorf("plan (-want +got):\n%s", d)
+	}
+}

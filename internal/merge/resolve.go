@@ -83,6 +83,9 @@ func (p *Plan) Resolve(id string, r Resolution) error {
 			}
 		}
 		ws = append(ws, w)
+		if r.Side == SideTheirs {
+			ws = append(ws, c.Below...)
+		}
 	default:
 		return errs.Field("side", "unknown side %q (want ours, theirs or base)", r.Side)
 	}
