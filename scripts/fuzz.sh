@@ -2,7 +2,11 @@
 # Runs every Go fuzz target for a bounded time each (FUZZTIME, default 10s),
 # one after the other. Targets fuzz what a tenant controls: REST and E2B
 # request bodies, agent answers and events, Dockerfiles, tar imports, DNS
-# packets and the egress proxy's HTTP relay. A crasher is written to the
+# packets, the egress proxy's HTTP relay, and the fork/merge engines: line
+# diffs and three-way line merges of sandbox-written text
+# (internal/fsdiff/linediff FuzzHunks, internal/merge FuzzLines) and upper
+# tars a runsc sandbox exports (internal/fsdiff FuzzTarLayer). A crasher
+# is written to the
 # package's testdata/fuzz/ and fails the run; commit it with the fix, it
 # then runs as a regression test in every `go test`.
 #
