@@ -6,9 +6,10 @@
 # diffs and three-way line merges of sandbox-written text
 # (internal/fsdiff/linediff FuzzHunks, internal/merge FuzzLines) and upper
 # tars a runsc sandbox exports (internal/fsdiff FuzzTarLayer). A crasher
-# is written to the
-# package's testdata/fuzz/ and fails the run; commit it with the fix, it
-# then runs as a regression test in every `go test`.
+# is written to the package's testdata/fuzz/ and fails the run; commit it
+# with the fix, it then runs as a regression test in every `go test`.
+# Minimizing a new interesting input is capped too (FUZZMINIMIZE), so a
+# target with large seeds cannot run far past its FUZZTIME.
 #
 #   FUZZTIME=1m bash scripts/fuzz.sh            # longer
 #   bash scripts/fuzz.sh ./internal/egress      # one package
@@ -17,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 FUZZTIME=${FUZZTIME:-10s}
+FUZZMINIMIZE=${FUZZMINIMIZE:-5s}
 
 failed=()
 for pkg in $(go list -f '{{.Dir}}' "${@:-./...}"); do
@@ -26,7 +28,7 @@ for pkg in $(go list -f '{{.Dir}}' "${@:-./...}"); do
 	rel=./${pkg#"$PWD"/}
 	for t in $targets; do
 		printf '[fuzz] %s %s (%s)\n' "$rel" "$t" "$FUZZTIME" >&2
-		if ! go test -run '^$' -fuzz "^${t}\$" -fuzztime "$FUZZTIME" "$rel"; then
+		if ! go test -run '^$' -fuzz "^${t}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime "$FUZZMINIMIZE" "$rel"; then
 			failed+=("$rel:$t")
 		fi
 	done
