@@ -72,7 +72,7 @@ type Daemon struct {
 	log       *slog.Logger
 	store     store.Store
 	runtimes  map[string]runtime.Runtime
-	userNS    *rootfs.IDMap // runc sandboxes' id range (userns.go); nil: none
+	userns    *userNamespaces // runc sandboxes' user namespaces (userns.go)
 	templates *template.Store
 	auth      *auth.Service // API keys and envd tokens
 
@@ -80,6 +80,7 @@ type Daemon struct {
 	locks   map[string]*sync.Mutex
 
 	chans *channels // agent channels, with their own lock (channel.go)
+	watch *watcher  // expiry and the PID-1 watch (watch.go)
 
 	ckpt  *checkpoint.Service   // pause, resume, fork (internal/checkpoint)
 	snaps *checkpoint.Snapshots // snapshots and layer pins (internal/checkpoint)
@@ -139,9 +140,10 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	d := &Daemon{
-		cfg: cfg, agent: agent, auth: auth.New(st, cfg.DataDir, cfg.Now, tokenKey), log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
-		locks: map[string]*sync.Mutex{},
-		bg:    bg, cancel: cancel,
+		cfg: cfg, agent: agent, auth: auth.New(st, cfg.DataDir, cfg.Now, tokenKey), log: cfg.Log, store: st, runtimes: rts, templates: tpl,
+		userns: &userNamespaces{m: userNS, store: st, log: cfg.Log},
+		locks:  map[string]*sync.Mutex{},
+		bg:     bg, cancel: cancel,
 	}
 	wireCore(d, chanKey)
 	rtNames := make([]string, 0, len(rts))
@@ -149,8 +151,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		rtNames = append(rtNames, n)
 	}
 	d.poolSvc = pool.New(pool.Config{DefaultRuntime: cfg.DefaultRuntime, Runtimes: rtNames,
-		DefaultResources: cfg.DefaultResources, MaxResources: cfg.MaxResources}, d)
-	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, d)
+		DefaultResources: cfg.DefaultResources, MaxResources: cfg.MaxResources}, poolCore{d})
+	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
 	return d, nil
@@ -160,6 +162,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 // channel registry and the checkpoint services (checkpoint_core.go).
 func wireCore(d *Daemon, chanKey []byte) {
 	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
+	d.watch = newWatcher(watchAdapter{d})
 	d.ckpt, d.snaps = checkpoint.New(checkpointCore{d}, checkpoint.Config{
 		DataDir: d.cfg.DataDir, ReadyTimeout: d.cfg.ReadyTimeout,
 		CheckpointTimeout: d.cfg.CheckpointTimeout, CheckpointTimeoutPerGiB: d.cfg.CheckpointTimeoutPerGiB,
