@@ -62,15 +62,17 @@ func (c checkpointCore) CreateChild(ctx context.Context, r checkpoint.ChildReque
 	})
 }
 func (c checkpointCore) Admit(ctx context.Context, sb *sandbox.Sandbox) error {
-	return c.d.admit(ctx, sb)
+	return c.d.adm.Admit(ctx, sb)
 }
 func (c checkpointCore) CheckAdmit(ctx context.Context, owner string, r sandbox.Resources) error {
-	return c.d.checkAdmit(ctx, owner, r)
+	return c.d.adm.CheckAdmit(ctx, owner, r)
 }
 func (c checkpointCore) ReserveSnapshot(ctx context.Context, owner string) (func(), error) {
-	return c.d.reserveSnapshot(ctx, owner)
+	return c.d.adm.ReserveSnapshot(ctx, owner)
 }
-func (c checkpointCore) AccessTokenHash(id, owner string) string { return c.d.envdTokenHash(id, owner) }
+func (c checkpointCore) AccessTokenHash(id, owner string) string {
+	return c.d.auth.EnvdTokenHash(id, owner)
+}
 
 func (c checkpointCore) AgentClient(id string) *agentapi.Client { return c.d.AgentClient(id) }
 func (c checkpointCore) Channel(id string) (*agentapi.Channel, error) {
@@ -83,9 +85,9 @@ func (c checkpointCore) DropChannel(id string)                    { c.d.chans.dr
 func (c checkpointCore) AgentKey(id string) []byte                { return c.d.chans.agentKey(id) }
 func (c checkpointCore) EnsureChanDir(id string) error            { return c.d.chans.ensureDir(id) }
 func (c checkpointCore) WriteEnv(sb *sandbox.Sandbox) error       { return c.d.chans.writeEnv(sb) }
-func (c checkpointCore) UserNS(sb *sandbox.Sandbox) *rootfs.IDMap { return c.d.userNSOf(sb) }
+func (c checkpointCore) UserNS(sb *sandbox.Sandbox) *rootfs.IDMap { return c.d.userns.of(sb) }
 func (c checkpointCore) TemplateLowers(tpl *store.Template) ([]string, error) {
-	return c.d.layersOf(tpl)
+	return c.d.templates.Lowers(tpl.Name, tpl.Layers) // a template's layer digests as host paths, top first
 }
 
 // The root filesystem: the core's Config.Filesystem, as boot uses it
@@ -101,16 +103,18 @@ func (c checkpointCore) TeardownRoot(ctx context.Context, dir string) error {
 }
 
 func (c checkpointCore) PickUserNS(ctx context.Context, sb *sandbox.Sandbox) error {
-	return c.d.pickUserNS(ctx, sb)
+	return c.d.userns.pick(ctx, sb)
 }
-func (c checkpointCore) ShareSandboxDir(sb *sandbox.Sandbox) error { return c.d.shareSandboxDir(sb) }
+func (c checkpointCore) ShareSandboxDir(sb *sandbox.Sandbox) error {
+	return c.d.userns.share(sb, c.d.SandboxDir(sb.ID))
+}
 func (c checkpointCore) NetUp(ctx context.Context, sb *sandbox.Sandbox, root string) error {
-	return c.d.netUp(ctx, sb, root)
+	return c.d.net.Up(ctx, sb, root)
 }
 func (c checkpointCore) NetDown(ctx context.Context, sb *sandbox.Sandbox) error {
-	return c.d.netDown(ctx, sb)
+	return c.d.net.Down(ctx, sb)
 }
-func (c checkpointCore) NetTrust(sb *sandbox.Sandbox, root string) { c.d.netTrust(sb, root) }
+func (c checkpointCore) NetTrust(sb *sandbox.Sandbox, root string) { c.d.net.Trust(sb, root) }
 func (c checkpointCore) NetworkInherit(parent *sandbox.Sandbox) sandbox.NetState {
 	return inheritedNet(parent)
 }

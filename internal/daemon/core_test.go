@@ -191,13 +191,13 @@ func TestCoreExpiry(t *testing.T) {
 	}
 
 	n.clk.Add(10*time.Minute - time.Second)
-	n.d.expireDue(ctx)
+	n.d.watch.expireDue(ctx)
 	for _, id := range []string{stop.ID, del.ID, leased.ID} {
 		n.assertRunning(id)
 	}
 
 	n.clk.Add(time.Second)
-	n.d.expireDue(ctx)
+	n.d.watch.expireDue(ctx)
 	if sb := n.get(stop.ID); sb.State != sandbox.Stopped || sb.Reason != "expired" {
 		t.Errorf("%s is %s (%s) at its expiry, want stopped: expired", stop.ID, sb.State, sb.Reason)
 	}
@@ -212,7 +212,7 @@ func TestCoreExpiry(t *testing.T) {
 		t.Errorf("Start of an expired sandbox: %v, want failed_precondition", err)
 	}
 	n.clk.Add(20 * time.Minute) // the lease ends
-	n.d.expireDue(ctx)
+	n.d.watch.expireDue(ctx)
 	if sb := n.get(leased.ID); sb.State != sandbox.Stopped {
 		t.Errorf("leased sandbox is %s after its lease ended, want stopped", sb.State)
 	}
@@ -233,18 +233,17 @@ func TestCoreWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ooms := map[string]uint64{}
-	n.d.watchOne(ctx, sb, ooms)
+	n.d.watch.watchOne(ctx, sb)
 	n.assertRunning(sb.ID)
 	_ = n.rt.OOMKill(sb.ID)
-	n.d.watchOne(ctx, sb, ooms)
+	n.d.watch.watchOne(ctx, sb)
 	if got := n.reasons(sb.ID); !slices.Contains(got, "oom_kill") {
 		t.Errorf("no oom_kill event after an OOM kill: %v", got)
 	}
 	if err := n.rt.Exit(sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	n.d.watchOne(ctx, sb, ooms)
+	n.d.watch.watchOne(ctx, sb)
 	if got := n.get(sb.ID); got.State != sandbox.Failed || got.Reason != "exited" {
 		t.Fatalf("%s is %s (%s) after its PID 1 exited, want failed: exited", sb.ID, got.State, got.Reason)
 	}
@@ -350,8 +349,8 @@ func (n *fakeNode) intent(owner string) *sandbox.Sandbox {
 		Runtime: req.Runtime, State: sandbox.Creating, Labels: map[string]string{}, Resources: req.Resources,
 		CreatedAt: now, ExpiresAt: now.Add(req.TTL), ExpiryAction: req.ExpiryAction,
 		Attrs: checkpoint.WithPinnedLayers(sandbox.Attrs{}, tpl)}
-	n.d.presetUserNS(sb)
-	if err := n.d.admit(ctx, sb); err != nil {
+	n.d.userns.preset(sb)
+	if err := n.d.adm.Admit(ctx, sb); err != nil {
 		n.t.Fatal(err)
 	}
 	return sb

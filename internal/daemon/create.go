@@ -119,16 +119,16 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	release, err := d.admitClaim(ctx, req) // a pool claim is admitted under the quota lock (quota.go)
+	release, err := d.adm.AdmitClaim(ctx, req.Owner, req.Resources, req.Attrs.IdlePolicy) // a pool claim is admitted under the quota lock (quota.go)
 	if err != nil {
 		return nil, err
 	}
-	claimed, hit := d.claimFromPool(ctx, req, tpl)
+	claimed, hit := claimFromPool(ctx, d.poolSvc, req, tpl)
 	release()
 	if hit { // warm pool hit (pool.go)
 		return claimed, nil
 	}
-	if err := d.prepareNetwork(ctx, &req); err != nil {
+	if err := prepareNetwork(ctx, d.net, &req); err != nil {
 		return nil, err
 	}
 	now := d.cfg.Now()
@@ -139,18 +139,18 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		ExpiryAction: req.ExpiryAction, AutoResume: req.AutoResume,
 		Attrs: checkpoint.WithPinnedLayers(req.Attrs, tpl), // the layers are the sandbox's for life
 	}
-	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
+	sb.AccessTokenHash = d.auth.EnvdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {
 		sb.Labels = map[string]string{}
 	}
-	d.presetUserNS(sb) // recorded with the intent below, not in a write of its own
+	d.userns.preset(sb) // recorded with the intent below, not in a write of its own
 	actor := req.Actor
 	if actor == "" {
 		actor = req.Owner
 	}
 	// Intent first: a crash from here on leaves a "creating" row that
 	// reconciliation finishes or cleans up.
-	if err := d.admit(ctx, sb); err != nil { // quota check + intent, under one lock (quota.go)
+	if err := d.adm.Admit(ctx, sb); err != nil { // quota check + intent, under one lock (quota.go)
 		return nil, err
 	}
 	unlock := d.Lock(sb.ID)
@@ -169,7 +169,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		d.fail(ctx, sb, "create_failed", err)
 		return nil, err
 	}
-	d.observeCreate(d.cfg.Now().Sub(now))
+	d.adm.ObserveCreate(d.cfg.Now().Sub(now))
 	d.log.Info("sandbox created", "sandbox_id", sb.ID, "owner", sb.Owner, "template", sb.Template,
 		"runtime", sb.Runtime, "ms", time.Since(start).Milliseconds())
 	return out, nil
@@ -195,11 +195,6 @@ func (d *Daemon) fail(ctx context.Context, sb *sandbox.Sandbox, reason string, c
 // workspace is intact.
 func recoverHint(id string) string {
 	return "its workspace is kept: `berth start " + id + "` boots it again"
-}
-
-// layersOf resolves a template's layer digests to host paths, top first.
-func (d *Daemon) layersOf(tpl *store.Template) ([]string, error) {
-	return d.templates.Lowers(tpl.Name, tpl.Layers)
 }
 
 // teardownTimeout bounds the undo of a failed boot, as teardownCtx does.
@@ -229,14 +224,14 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	dir := d.SandboxDir(sb.ID)
 	_, statErr := os.Stat(filepath.Join(dir, "disk.img"))
 	if statErr != nil { // a fresh workspace: decide its user namespace first
-		if err := d.pickUserNS(ctx, sb); err != nil {
+		if err := d.userns.pick(ctx, sb); err != nil {
 			return err
 		}
 	}
 	if err := d.chans.ensureDir(sb.ID); err != nil {
 		return err
 	}
-	if err := d.shareSandboxDir(sb); err != nil {
+	if err := d.userns.share(sb, d.SandboxDir(sb.ID)); err != nil {
 		return err
 	}
 	var cleanup undo.Stack
@@ -246,18 +241,18 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	// one while the other is mounted (the network's few ip/nft commands
 	// are the slowest part of a cold create).
 	netErr := make(chan error, 1)
-	go func() { netErr <- d.netUp(ctx, sb, "") }()
+	go func() { netErr <- d.net.Up(ctx, sb, "") }()
 	var root string
 	if statErr == nil {
-		root, err = d.cfg.Filesystem.Remount(ctx, dir, lowers, d.userNSOf(sb))
+		root, err = d.cfg.Filesystem.Remount(ctx, dir, lowers, d.userns.of(sb))
 	} else {
-		root, err = d.cfg.Filesystem.Prepare(ctx, dir, lowers, sb.Resources.DiskMiB, d.userNSOf(sb))
+		root, err = d.cfg.Filesystem.Prepare(ctx, dir, lowers, sb.Resources.DiskMiB, d.userns.of(sb))
 	}
 	t1 := time.Now()
 	nerr := <-netErr
 	t2 := time.Now()
 	if nerr == nil {
-		cleanup.Push(func(c context.Context) error { return d.netDown(c, sb) })
+		cleanup.Push(func(c context.Context) error { return d.net.Down(c, sb) })
 	}
 	if err != nil {
 		return errors.Join(errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "prepare filesystem"), nerr)
@@ -266,7 +261,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if nerr != nil {
 		return nerr
 	}
-	d.netTrust(sb, root)
+	d.net.Trust(sb, root)
 	if err := d.chans.writeEnv(sb); err != nil {
 		return err
 	}
@@ -288,7 +283,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	if _, err := ch.Client().WaitReady(wctx, 2*time.Millisecond); err != nil {
 		return errs.Reclassify(errs.Unavailable, err, "agent did not become ready within %s", d.cfg.ReadyTimeout)
 	}
-	d.runStartCommand(ctx, sb, tpl)
+	runStartCommand(ctx, d, sb, tpl)
 	d.log.Debug("sandbox booted", "sandbox_id", sb.ID, "runtime", sb.Runtime,
 		"fs_ms", ms(t1.Sub(t0)), "net_wait_ms", ms(t2.Sub(t1)), "run_ms", ms(t3.Sub(t2)), "ready_ms", ms(time.Since(t3)))
 	return nil
@@ -312,14 +307,14 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 		Mounts: append([]runtime.Mount{
 			{Source: d.agent.Dir, Target: agentMount, ReadOnly: true},
 			{Source: d.chans.dir(sb.ID), Target: agentapi.SocketDir, ReadOnly: true},
-		}, d.netMounts(sb)...),
+		}, d.net.Mounts(sb)...),
 		Resources: runtime.Resources{
 			CPUMillis:   sb.Resources.CPUMillis,
 			MemoryBytes: sb.Resources.MemoryMiB << 20,
 			Pids:        sb.Resources.Pids,
 		},
-		NetNSPath: d.netnsPath(sb),
-		UserNS:    d.runtimeUserNS(sb),
+		NetNSPath: d.net.NetNSPath(sb),
+		UserNS:    d.userns.forRuntime(sb),
 		// The runtime's log is in the bundle dir, which the sandbox never sees.
 		LogPath: filepath.Join(d.SandboxDir(sb.ID), "runtime.log"),
 	}
@@ -336,7 +331,7 @@ func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
 	} else {
 		errList = append(errList, err)
 	}
-	if err := d.netDown(ctx, sb); err != nil {
+	if err := d.net.Down(ctx, sb); err != nil {
 		errList = append(errList, err)
 	}
 	if err := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {

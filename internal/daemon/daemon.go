@@ -1,12 +1,20 @@
 // Package daemon is berth's lifecycle core on one host: it turns API
 // requests into store intents, runtime effects and events (create, start,
 // stop, delete, exec and files through the agent), owns the state table's
-// transitions and reconciles the store against the runtime after a crash.
-// The domains around it are services of their own that reach it through a
-// narrow interface declared on their side: internal/checkpoint (pause,
-// resume, fork, snapshots, layer pins; through checkpoint_core.go), and,
-// as they move out, templates, pools, host networking, admission, auth and
-// the reaper loop (docs/LAYOUT.md has the map).
+// transitions, reconciles the store against the runtime after a crash, and
+// runs expiry and the PID-1 watch (watcher, watch.go). It owns the
+// per-sandbox lock, the agent-channel registry (channels, channel.go) and
+// the runc user-namespace choice (userNamespaces, userns.go).
+//
+// The domains around it are services of their own, each reaching the core
+// through a narrow interface declared on its side and exposed here by one
+// accessor: checkpoint (Checkpoints, Snapshots; checkpointCore,
+// checkpoint_core.go), template (Templates; templateCore, templates.go),
+// pool (Pools; poolCore, pool.go), hostnet (Net), admission (Admission; the
+// reaper loop through reaperCore, reaper.go) and auth (Auth). The adapters
+// carry the lifecycle steps a service needs, so those steps are not API of
+// the Daemon; the lifecycle code calls the services directly (d.net.Up,
+// d.adm.Admit, d.auth.EnvdTokenHash). docs/LAYOUT.md has the map.
 //
 // # Lock order
 //
@@ -15,29 +23,36 @@
 // below it; while a leaf lock (4) is held no other lock of this list is
 // taken.
 //
-//  1. template GC (templateWork.gc, an RWMutex): read-held by an import or
-//     build for its whole run, which may create and boot a build sandbox
-//     (taking 2); write-held by layer GC, which takes nothing else.
+//  1. template GC (template's templateWork.gc, an RWMutex): read-held by an
+//     import or build for its whole run, which may create and boot a build
+//     sandbox (taking 2); write-held by layer GC, which takes nothing else.
 //  2. a sandbox's lock (Daemon.Lock(id)): serialises lifecycle operations
 //     on one sandbox; held across a whole create, start, stop, delete,
-//     pause, resume, snapshot or fork capture, and after a memory pause by
-//     the background release until the sandbox's filesystem and network
-//     are released. One operation holds one sandbox's lock at a time: a
-//     fork releases its parent's lock before it locks each child.
-//  3. admission (accounting.admitMu): quota check + intent insert; taken
-//     with a sandbox's lock held (start, fork, snapshot reservations). A
-//     warm-pool claim is the one inversion: it holds admitMu while it takes
-//     a pool member's lock (2); pool members are never started, forked or
-//     snapshotted by owners, so the two orders never meet on one sandbox.
+//     pause, resume, snapshot or fork capture, the watcher's check of a
+//     running sandbox's PID 1, and after a memory pause by the background
+//     release until the sandbox's filesystem and network are released. One
+//     operation holds one sandbox's lock at a time: a fork releases its
+//     parent's lock before it locks each child.
+//  3. admission (admission.Service.admitMu): quota check + intent insert;
+//     taken with a sandbox's lock held (start, fork, snapshot reservations).
+//     A warm-pool claim is the one inversion: it holds admitMu while it
+//     takes a pool member's lock (2); pool members are never started,
+//     forked or snapshotted by owners, so the two orders never meet on one
+//     sandbox.
 //  4. leaves, each independent of the others: Daemon.locksMu (finds the
 //     per-sandbox mutex inside Lock), channels.mu (the agent-channel
-//     registry, channel.go), checkpoint.Service.pauseMu (streams' pause
-//     signals), netState.mu (network owners and pending egress log),
-//     warmPools.mu (pool bookkeeping; released before a member is claimed),
-//     accounting.mu and accounting.mMu (live signals, metrics counters).
+//     registry), checkpoint.Service.pauseMu (streams' pause signals),
+//     hostnet.Service.mu (network owners and pending egress log),
+//     pool.Service.mu (pool bookkeeping; released before a member is
+//     claimed), admission.Service.mu and .mMu (live signals, metrics
+//     counters).
 //
-// The store's transactions are below all of these: a store call may be
-// made holding any of 1–3, and the store never calls back into the core.
+// The watcher and userNamespaces have no lock of their own: the watcher's
+// OOM counters belong to its watch loop's goroutine, the user-namespace
+// mapping is fixed at New and a sandbox's choice is written under that
+// sandbox's lock. The store's transactions are below all of these: a store
+// call may be made holding any of 1–3, and the store never calls back into
+// the core.
 package daemon
 
 import (
@@ -72,7 +87,7 @@ type Daemon struct {
 	log       *slog.Logger
 	store     store.Store
 	runtimes  map[string]runtime.Runtime
-	userNS    *rootfs.IDMap // runc sandboxes' id range (userns.go); nil: none
+	userns    *userNamespaces // runc sandboxes' user namespaces (userns.go)
 	templates *template.Store
 	auth      *auth.Service // API keys and envd tokens
 
@@ -80,6 +95,7 @@ type Daemon struct {
 	locks   map[string]*sync.Mutex
 
 	chans *channels // agent channels, with their own lock (channel.go)
+	watch *watcher  // expiry and the PID-1 watch (watch.go)
 
 	ckpt  *checkpoint.Service   // pause, resume, fork (internal/checkpoint)
 	snaps *checkpoint.Snapshots // snapshots and layer pins (internal/checkpoint)
@@ -139,9 +155,10 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	d := &Daemon{
-		cfg: cfg, agent: agent, auth: auth.New(st, cfg.DataDir, cfg.Now, tokenKey), log: cfg.Log, store: st, runtimes: rts, templates: tpl, userNS: userNS,
-		locks: map[string]*sync.Mutex{},
-		bg:    bg, cancel: cancel,
+		cfg: cfg, agent: agent, auth: auth.New(st, cfg.DataDir, cfg.Now, tokenKey), log: cfg.Log, store: st, runtimes: rts, templates: tpl,
+		userns: &userNamespaces{m: userNS, store: st, log: cfg.Log},
+		locks:  map[string]*sync.Mutex{},
+		bg:     bg, cancel: cancel,
 	}
 	wireCore(d, chanKey)
 	rtNames := make([]string, 0, len(rts))
@@ -149,8 +166,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		rtNames = append(rtNames, n)
 	}
 	d.poolSvc = pool.New(pool.Config{DefaultRuntime: cfg.DefaultRuntime, Runtimes: rtNames,
-		DefaultResources: cfg.DefaultResources, MaxResources: cfg.MaxResources}, d)
-	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, d)
+		DefaultResources: cfg.DefaultResources, MaxResources: cfg.MaxResources}, poolCore{d})
+	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
 	return d, nil
@@ -160,6 +177,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 // channel registry and the checkpoint services (checkpoint_core.go).
 func wireCore(d *Daemon, chanKey []byte) {
 	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
+	d.watch = newWatcher(watchAdapter{d})
 	d.ckpt, d.snaps = checkpoint.New(checkpointCore{d}, checkpoint.Config{
 		DataDir: d.cfg.DataDir, ReadyTimeout: d.cfg.ReadyTimeout,
 		CheckpointTimeout: d.cfg.CheckpointTimeout, CheckpointTimeoutPerGiB: d.cfg.CheckpointTimeoutPerGiB,

@@ -89,7 +89,7 @@ func (d *Daemon) Start(ctx context.Context, owner, id, actor string) (*sandbox.S
 	}
 	// A stopped sandbox holds no CPU or memory: running it again is admitted
 	// like a create (quota.go).
-	release, err := d.reserveStart(ctx, sb)
+	release, err := d.adm.ReserveStart(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +171,7 @@ func (d *Daemon) Agent(ctx context.Context, owner, id string) (*agentapi.Client,
 	if err != nil {
 		return nil, err
 	}
-	d.noteAPI(id) // reaper signal: last API activity
+	d.adm.NoteAPI(id) // reaper signal: last API activity
 	if sb.State == sandbox.Paused && sb.AutoResume {
 		if _, err := d.ckpt.ResumeAs(ctx, owner, id, "auto-resume", false); err != nil && !errs.Is(err, errs.Conflict) {
 			return nil, err

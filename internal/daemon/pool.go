@@ -27,8 +27,6 @@ func IsPoolMember(sb *sandbox.Sandbox) bool { return pool.IsMember(sb) }
 // Pools is the warm pool service.
 func (d *Daemon) Pools() *pool.Service { return d.poolSvc }
 
-func (d *Daemon) poolLoop(ctx context.Context) { d.poolSvc.Run(ctx) }
-
 // poolable reports whether a normalized create request differs from the
 // plain "template, runtime, resources" request only in what a claim can
 // personalise (owner, labels, env, expiry, auto-resume). Anything else — a
@@ -39,45 +37,48 @@ func poolable(req CreateRequest) bool {
 	return reflect.DeepEqual(k, CreateRequest{Template: req.Template, Runtime: req.Runtime, Resources: req.Resources})
 }
 
-// claimFromPool hands out a ready member matching req (pool.Service.Claim).
-func (d *Daemon) claimFromPool(ctx context.Context, req CreateRequest, tpl *store.Template) (*sandbox.Sandbox, bool) {
-	return d.poolSvc.Claim(ctx, pool.ClaimRequest{
+// claimFromPool hands out a ready member of pools matching req
+// (pool.Service.Claim).
+func claimFromPool(ctx context.Context, pools *pool.Service, req CreateRequest, tpl *store.Template) (*sandbox.Sandbox, bool) {
+	return pools.Claim(ctx, pool.ClaimRequest{
 		Owner: req.Owner, Actor: req.Actor, Runtime: req.Runtime, Resources: req.Resources,
 		Labels: req.Labels, Env: req.Env, TTL: req.TTL, ExpiryAction: req.ExpiryAction, AutoResume: req.AutoResume,
 		Poolable: poolable(req),
 	}, tpl)
 }
 
-// CreatePoolMember creates one warm pool member (pool.Core).
-func (d *Daemon) CreatePoolMember(ctx context.Context, spec pool.Spec, m sandbox.PoolState) (*sandbox.Sandbox, error) {
+// poolCore is the core as pool.Core sees it: the primitives are the
+// Daemon's (embedded); creating, draining and inspecting members are
+// defined on the adapter only, so they are no API of the Daemon.
+type poolCore struct{ *Daemon }
+
+var _ pool.Core = poolCore{}
+
+// CreatePoolMember creates one warm pool member.
+func (d poolCore) CreatePoolMember(ctx context.Context, spec pool.Spec, m sandbox.PoolState) (*sandbox.Sandbox, error) {
 	return d.Create(ctx, CreateRequest{
 		Owner: PoolOwner, Actor: "pool", Template: spec.Template, Runtime: spec.Runtime,
 		Resources: spec.Resources, TTL: d.cfg.MaxTTL, Attrs: sandbox.Attrs{Pool: m},
 	})
 }
 
-// DrainPoolMember deletes an unclaimed member (pool.Core).
-func (d *Daemon) DrainPoolMember(ctx context.Context, id string) error {
+// DrainPoolMember deletes an unclaimed member.
+func (d poolCore) DrainPoolMember(ctx context.Context, id string) error {
 	return d.delete(ctx, PoolOwner, id, "pool", "pool_drained")
 }
 
-// EnvdTokenHash is the access token hash of sandbox id owned by owner (pool.Core).
-func (d *Daemon) EnvdTokenHash(id, owner string) string { return d.envdTokenHash(id, owner) }
+// EnvdTokenHash is the access token hash of sandbox id owned by owner.
+func (d poolCore) EnvdTokenHash(id, owner string) string { return d.auth.EnvdTokenHash(id, owner) }
 
-// PublishEnv hands sb's environment to its agent (pool.Core).
-func (d *Daemon) PublishEnv(sb *sandbox.Sandbox) error { return d.chans.writeEnv(sb) }
+// PublishEnv hands sb's environment to its agent.
+func (d poolCore) PublishEnv(sb *sandbox.Sandbox) error { return d.chans.writeEnv(sb) }
 
-// PoolMemberMemory is a member's memory use (pool.Core).
-func (d *Daemon) PoolMemberMemory(ctx context.Context, rt, id string) (uint64, error) {
+// PoolMemberMemory is a member's memory use.
+func (d poolCore) PoolMemberMemory(ctx context.Context, rt, id string) (uint64, error) {
 	r, ok := d.runtimes[rt]
 	if !ok {
 		return 0, nil
 	}
 	s, err := r.Stats(ctx, id)
 	return s.MemoryBytes, err
-}
-
-// HasPool reports whether template name has a warm pool (template.Core).
-func (d *Daemon) HasPool(ctx context.Context, name string) (bool, error) {
-	return d.poolSvc.Has(ctx, name)
 }

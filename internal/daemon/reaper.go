@@ -14,9 +14,6 @@ import (
 // The reaper loop is the admission service's (admission.Reaper); this is
 // the core's side of it: the actions it takes and what it asks the core.
 
-// reaperLoop runs the reaper on the daemon's lifetime (Reconcile starts it).
-func (d *Daemon) reaperLoop(ctx context.Context) { d.adm.NewReaper(reaperCore{d}).Run(ctx) }
-
 // reaperCore gives the reaper loop the core's actions (admission.ReaperCore).
 type reaperCore struct{ d *Daemon }
 
@@ -40,10 +37,6 @@ func (c reaperCore) Pause(ctx context.Context, sb *sandbox.Sandbox, mode sandbox
 	return err
 }
 
-func (c reaperCore) DemoteToDisk(ctx context.Context, id, reason string) error {
-	return c.d.demoteToDisk(ctx, id, reason)
-}
-
 func (c reaperCore) Stop(ctx context.Context, id, reason string) error {
 	_, err := c.d.Stop(ctx, "", id, "reaper", reason)
 	return err
@@ -53,10 +46,11 @@ func (c reaperCore) Delete(ctx context.Context, id, reason string) error {
 	return c.d.delete(ctx, "", id, "reaper", reason)
 }
 
-// demoteToDisk turns a memory or freeze pause into a disk pause: the frozen
+// DemoteToDisk turns a memory or freeze pause into a disk pause: the frozen
 // processes are killed (SIGKILL while frozen, so no user code runs again)
 // and any memory image is removed. The workspace stays: disk is the promise.
-func (d *Daemon) demoteToDisk(ctx context.Context, id, reason string) error {
+func (c reaperCore) DemoteToDisk(ctx context.Context, id, reason string) error {
+	d := c.d
 	unlock := d.Lock(id)
 	defer unlock()
 	sb, err := d.Visible(ctx, "", id)

@@ -60,7 +60,7 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 		}
 		errList = append(errList, os.RemoveAll(dir))
 	}
-	errList = append(errList, d.reconcileNetwork(ctx))
+	errList = append(errList, d.net.Reconcile(ctx))
 	return errors.Join(errList...)
 }
 
@@ -112,114 +112,12 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
 	}
 }
 
-// Run starts the daemon's background loops (expiry, health/OOM watch).
+// Run starts the daemon's background loops: expiry and the PID-1 watch
+// (watch.go), the warm pools' fill loop and the reaper (signals, metering,
+// idle ladder; admission.Reaper with reaperCore, reaper.go).
 func (d *Daemon) Run() {
-	d.GoBackground("expiry", d.expiryLoop)
-	d.GoBackground("watch", d.watchLoop)
-	d.GoBackground("pools", d.poolLoop)    // pool_fill.go
-	d.GoBackground("reaper", d.reaperLoop) // reaper.go: signals, metering, idle ladder
-}
-
-func (d *Daemon) expiryLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			d.expireDue(ctx)
-		}
-	}
-}
-
-// expireDue applies the expiry action of every sandbox past its expiry.
-func (d *Daemon) expireDue(ctx context.Context) {
-	now := d.cfg.Now()
-	list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{sandbox.Running, sandbox.Paused}})
-	if err != nil {
-		d.log.Error("expiry scan", "err", err)
-		return
-	}
-	for _, sb := range list {
-		if now.Before(sb.ExpiresAt) || now.Before(LeaseUntil(sb)) {
-			continue
-		}
-		if err := d.expire(ctx, sb); err != nil && !errs.Is(err, errs.NotFound) {
-			d.log.Error("expire", "sandbox_id", sb.ID, "err", err)
-		}
-	}
-}
-
-func (d *Daemon) expire(ctx context.Context, sb *sandbox.Sandbox) error {
-	switch sb.ExpiryAction {
-	case sandbox.ExpireDelete:
-		return d.delete(ctx, "", sb.ID, "expiry", "expired")
-	case sandbox.ExpirePause:
-		if sb.State == sandbox.Paused {
-			return nil
-		}
-		_, err := d.ckpt.PauseAs(ctx, "", sb.ID, d.ckpt.DefaultMode(sb), "expiry", "expired")
-		return err
-	default:
-		if sb.State == sandbox.Stopped {
-			return nil
-		}
-		_, err := d.Stop(ctx, "", sb.ID, "expiry", "expired")
-		return err
-	}
-}
-
-// watchLoop notices sandboxes whose PID 1 died and OOM kills inside them.
-func (d *Daemon) watchLoop(ctx context.Context) {
-	t := time.NewTicker(2 * time.Second)
-	defer t.Stop()
-	ooms := map[string]uint64{}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		list, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{sandbox.Running}})
-		if err != nil {
-			continue
-		}
-		seen := map[string]bool{}
-		for _, sb := range list {
-			seen[sb.ID] = true
-			d.watchOne(ctx, sb, ooms)
-		}
-		for id := range ooms {
-			if !seen[id] {
-				delete(ooms, id)
-			}
-		}
-	}
-}
-
-func (d *Daemon) watchOne(ctx context.Context, sb *sandbox.Sandbox, ooms map[string]uint64) {
-	rt, err := d.RuntimeFor(sb)
-	if err != nil {
-		return
-	}
-	if st, err := rt.Stats(ctx, sb.ID); err == nil {
-		if st.OOMKills > ooms[sb.ID] {
-			if _, had := ooms[sb.ID]; had || st.OOMKills > 0 {
-				d.Event(ctx, sb, "kernel", "oom", "oom_kill", "a process was killed for exceeding the memory limit",
-					map[string]string{"memory_limit_mib": formatInt(sb.Resources.MemoryMiB)})
-			}
-		}
-		ooms[sb.ID] = st.OOMKills
-	}
-	unlock := d.Lock(sb.ID)
-	defer unlock()
-	cur, err := d.store.GetSandbox(ctx, sb.ID)
-	if err != nil || cur.State != sandbox.Running {
-		return
-	}
-	if st, err := rt.State(ctx, sb.ID); err == nil && (st.State == "running" || st.State == "paused") {
-		return
-	}
-	d.fail(ctx, cur, "exited", errors.New("the sandbox's init process exited"))
+	d.GoBackground("expiry", d.watch.expiryLoop)
+	d.GoBackground("watch", d.watch.watchLoop)
+	d.GoBackground("pools", d.poolSvc.Run)
+	d.GoBackground("reaper", d.adm.NewReaper(reaperCore{d}).Run)
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 
@@ -16,7 +17,7 @@ import (
 // workdir, tagged "start" so it can be found with the process list. A
 // start command that cannot start is an event, not a failed sandbox: the
 // sandbox itself is fine and the owner can look at why.
-func (d *Daemon) runStartCommand(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) {
+func runStartCommand(ctx context.Context, d startCore, sb *sandbox.Sandbox, tpl *store.Template) {
 	if tpl == nil || len(tpl.StartCmd) == 0 {
 		return
 	}
@@ -36,8 +37,15 @@ func (d *Daemon) runStartCommand(ctx context.Context, sb *sandbox.Sandbox, tpl *
 			err = errStartEvent(ev)
 		}
 	}
-	d.log.Warn("template start command did not start", "sandbox_id", sb.ID, "template", tpl.Name, "err", err)
+	d.Log().Warn("template start command did not start", "sandbox_id", sb.ID, "template", tpl.Name, "err", err)
 	d.Event(ctx, sb, "berth", "start_command", "failed", shortError(err), nil)
+}
+
+// startCore is what starting a start command needs of the core.
+type startCore interface {
+	AgentClient(id string) *agentapi.Client
+	Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string)
+	Log() *slog.Logger
 }
 
 type startEventError struct{ ev agentapi.Event }

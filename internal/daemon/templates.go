@@ -12,7 +12,7 @@ import (
 
 // The template domain (import, pull, Dockerfile build, remove, layer GC)
 // is template.Service; this file is the core's side of its narrow
-// interface (template.Core).
+// interface.
 
 // Names kept for callers of the daemon package; the types live in
 // internal/template.
@@ -34,9 +34,25 @@ func fingerprint(t store.Template) string { return template.FingerprintOf(t) }
 // Templates is the template service (import, pull, build, remove, GC).
 func (d *Daemon) Templates() *template.Service { return d.tplSvc }
 
+// templateCore is the core as template.Core sees it: the primitives are
+// the Daemon's (embedded); the build-sandbox steps, workspace capture and
+// the usage queries below are defined on the adapter only, so they are no
+// API of the Daemon.
+type templateCore struct{ *Daemon }
+
+var _ template.Core = templateCore{}
+
+// OpenStream marks a client stream on sandbox id (admission.Service.OpenStream).
+func (d templateCore) OpenStream(id string) (done func()) { return d.adm.OpenStream(id) }
+
+// HasPool reports whether template name has a warm pool.
+func (d templateCore) HasPool(ctx context.Context, name string) (bool, error) {
+	return d.poolSvc.Has(ctx, name)
+}
+
 // StartBuildSandbox starts a sandbox on the given layers for one RUN step
-// (template.Core).
-func (d *Daemon) StartBuildSandbox(ctx context.Context, layers []string, network string, note func(msg string)) (*sandbox.Sandbox, error) {
+// .
+func (d templateCore) StartBuildSandbox(ctx context.Context, layers []string, network string, note func(msg string)) (*sandbox.Sandbox, error) {
 	req := CreateRequest{Owner: BuildOwner, Network: network, Attrs: sandbox.Attrs{Layers: slices.Clone(layers)}}
 	if network == "" {
 		req.Network = "allow-all" // builds install packages
@@ -45,7 +61,7 @@ func (d *Daemon) StartBuildSandbox(ctx context.Context, layers []string, network
 			note("networking is disabled on this server: RUN has no network")
 		}
 	}
-	if err := d.prepareNetwork(ctx, &req); err != nil {
+	if err := prepareNetwork(ctx, d.net, &req); err != nil {
 		return nil, err
 	}
 	now := d.cfg.Now()
@@ -56,8 +72,8 @@ func (d *Daemon) StartBuildSandbox(ctx context.Context, layers []string, network
 		Resources: d.cfg.DefaultResources, CreatedAt: now, ExpiresAt: now.Add(time.Hour),
 		ExpiryAction: sandbox.ExpireDelete, Attrs: req.Attrs,
 	}
-	sb.AccessTokenHash = d.envdTokenHash(sb.ID, sb.Owner)
-	if err := d.admit(ctx, sb); err != nil {
+	sb.AccessTokenHash = d.auth.EnvdTokenHash(sb.ID, sb.Owner)
+	if err := d.adm.Admit(ctx, sb); err != nil {
 		return nil, err
 	}
 	note("starting build sandbox " + sb.ID)
@@ -81,20 +97,20 @@ func (d *Daemon) StartBuildSandbox(ctx context.Context, layers []string, network
 	return out, nil
 }
 
-// RemoveBuildSandbox deletes a build step's sandbox (template.Core).
-func (d *Daemon) RemoveBuildSandbox(ctx context.Context, id string) error {
+// RemoveBuildSandbox deletes a build step's sandbox.
+func (d templateCore) RemoveBuildSandbox(ctx context.Context, id string) error {
 	return d.delete(ctx, "", id, "build", "build_step_done")
 }
 
 // CaptureWorkspace stores a running sandbox's workspace as a layer; the
-// caller holds its lock (template.Core).
-func (d *Daemon) CaptureWorkspace(ctx context.Context, sb *sandbox.Sandbox) (template.Layer, error) {
+// caller holds its lock.
+func (d templateCore) CaptureWorkspace(ctx context.Context, sb *sandbox.Sandbox) (template.Layer, error) {
 	return d.snaps.CaptureUpper(ctx, sb, true)
 }
 
 // TemplateUsers lists the sandboxes that keep template name from being
-// removed: every one not deleted, except unclaimed pool members (template.Core).
-func (d *Daemon) TemplateUsers(ctx context.Context, name string) ([]string, error) {
+// removed: every one not deleted, except unclaimed pool members.
+func (d templateCore) TemplateUsers(ctx context.Context, name string) ([]string, error) {
 	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{Template: name})
 	if err != nil {
 		return nil, err
@@ -108,8 +124,8 @@ func (d *Daemon) TemplateUsers(ctx context.Context, name string) ([]string, erro
 	return users, nil
 }
 
-// PinnedLayers is every layer a sandbox record pins (template.Core).
-func (d *Daemon) PinnedLayers(ctx context.Context) (map[string]bool, error) {
+// PinnedLayers is every layer a sandbox record pins.
+func (d templateCore) PinnedLayers(ctx context.Context) (map[string]bool, error) {
 	used := map[string]bool{}
 	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
 	if err != nil {

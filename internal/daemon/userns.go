@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // runcUserNS is the host id range root and every other id of a runc sandbox
@@ -76,46 +78,57 @@ func shareDir(dir string, uid, gid uint32, mode os.FileMode) error {
 	return errs.Wrap(errs.Internal, os.Chmod(dir, perm), "chmod %s", dir)
 }
 
-// userNSOf is the mapping sb's workspace was made for; nil: none.
-func (d *Daemon) userNSOf(sb *sandbox.Sandbox) *rootfs.IDMap {
+// userNamespaces is the core's runc user-namespace choice: the one host id
+// range runc sandboxes map to (nil: none, runsc only or --no-userns), and
+// per sandbox the mapping its workspace was made for (Attrs.UserNS). It has
+// no lock: the mapping is fixed at New, and a sandbox's record is changed
+// only under that sandbox's lock by its caller.
+type userNamespaces struct {
+	m     *rootfs.IDMap
+	store store.Store
+	log   *slog.Logger
+}
+
+// of is the mapping sb's workspace was made for; nil: none.
+func (u *userNamespaces) of(sb *sandbox.Sandbox) *rootfs.IDMap {
 	v := sb.UserNS
 	if v == "" || v == userNSNone {
 		return nil
 	}
 	m, err := rootfs.ParseIDMap(v)
 	if err != nil {
-		d.log.Error("bad user namespace on sandbox; running it without", "sandbox_id", sb.ID, "err", err)
+		u.log.Error("bad user namespace on sandbox; running it without", "sandbox_id", sb.ID, "err", err)
 		return nil
 	}
 	return &m
 }
 
-// userNSChoice is what a new workspace of runtime gets: the mapping for
-// runc (unless disabled), none otherwise.
-func (d *Daemon) userNSChoice(runtime string) string {
-	if runtime == "runc" && d.userNS != nil {
-		return d.userNS.String()
+// choice is what a new workspace of runtime gets: the mapping for runc
+// (unless disabled), none otherwise.
+func (u *userNamespaces) choice(runtime string) string {
+	if runtime == "runc" && u.m != nil {
+		return u.m.String()
 	}
 	return userNSNone
 }
 
-// presetUserNS records the choice on a sandbox not yet stored (Create).
-func (d *Daemon) presetUserNS(sb *sandbox.Sandbox) {
+// preset records the choice on a sandbox not yet stored (Create).
+func (u *userNamespaces) preset(sb *sandbox.Sandbox) {
 	if sb.UserNS != "" {
 		return
 	}
-	sb.UserNS = d.userNSChoice(sb.Runtime)
+	sb.UserNS = u.choice(sb.Runtime)
 }
 
-// pickUserNS decides, before a sandbox's workspace is made, whether it runs
-// in a user namespace (runc, unless disabled; a memory fork child already
+// pick decides, before a sandbox's workspace is made, whether it runs in a
+// user namespace (runc, unless disabled; a memory fork child already
 // carries its parent's choice), and records it before the workspace exists.
-func (d *Daemon) pickUserNS(ctx context.Context, sb *sandbox.Sandbox) error {
+func (u *userNamespaces) pick(ctx context.Context, sb *sandbox.Sandbox) error {
 	if sb.UserNS != "" {
 		return nil
 	}
-	v := d.userNSChoice(sb.Runtime)
-	if _, err := d.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
+	v := u.choice(sb.Runtime)
+	if _, err := u.store.UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
 		s.UserNS = v
 		return nil
 	}); err != nil {
@@ -125,31 +138,31 @@ func (d *Daemon) pickUserNS(ctx context.Context, sb *sandbox.Sandbox) error {
 	return nil
 }
 
-// shareSandboxDir lets the mapped root of a user-namespaced sandbox reach
-// its root filesystem (search on the sandbox dir). Its channel dir stays
+// share lets the mapped root of a user-namespaced sandbox reach its root
+// filesystem (search on the sandbox dir, dir). Its channel dir stays
 // root's (0711, socket 0666): the sandbox connects there, never writes.
-func (d *Daemon) shareSandboxDir(sb *sandbox.Sandbox) error {
-	m := d.userNSOf(sb)
+func (u *userNamespaces) share(sb *sandbox.Sandbox, dir string) error {
+	m := u.of(sb)
 	if m == nil {
 		return nil
 	}
-	return shareDir(d.SandboxDir(sb.ID), 0, m.HostID, 0o710)
+	return shareDir(dir, 0, m.HostID, 0o710)
 }
 
-// runtimeUserNS is the runtime's view of sb's mapping.
-func (d *Daemon) runtimeUserNS(sb *sandbox.Sandbox) *runtime.IDMap {
-	m := d.userNSOf(sb)
+// forRuntime is the runtime's view of sb's mapping.
+func (u *userNamespaces) forRuntime(sb *sandbox.Sandbox) *runtime.IDMap {
+	m := u.of(sb)
 	if m == nil {
 		return nil
 	}
 	return &runtime.IDMap{HostID: m.HostID, Size: m.Size}
 }
 
-// Isolation says how sandboxes of a runtime are isolated from the host.
-func (d *Daemon) Isolation(runtime string) string {
+// isolation says how sandboxes of a runtime are isolated from the host.
+func (u *userNamespaces) isolation(runtime string) string {
 	switch runtime {
 	case "runc":
-		if d.userNS != nil {
+		if u.m != nil {
 			return "namespaces+userns+seccomp"
 		}
 		return "namespaces+seccomp"
@@ -159,5 +172,12 @@ func (d *Daemon) Isolation(runtime string) string {
 	return ""
 }
 
-// UserNS is the host id range runc sandboxes' ids map to; nil: none.
-func (d *Daemon) UserNS() *rootfs.IDMap { return d.userNS }
+// Isolation says how sandboxes of a runtime are isolated from the host,
+// and the host id range their ids map to (runc with user namespaces; nil
+// otherwise).
+func (d *Daemon) Isolation(runtime string) (string, *rootfs.IDMap) {
+	if runtime != "runc" {
+		return d.userns.isolation(runtime), nil
+	}
+	return d.userns.isolation(runtime), d.userns.m
+}

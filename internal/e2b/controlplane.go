@@ -64,7 +64,7 @@ func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
 			writeStatus(w, http.StatusUnauthorized, "missing X-API-KEY header")
 			return
 		}
-		p, err := s.d.Authenticate(r.Context(), key)
+		p, err := s.d.Auth().Authenticate(r.Context(), key)
 		if err != nil {
 			s.writeAPIError(w, r, err)
 			return

@@ -129,7 +129,7 @@ func (s *Server) handleCreate(v2 bool) http.HandlerFunc {
 			return
 		}
 		s.log.Info("e2b sandbox created", "sandbox_id", sb.ID, "template", sb.Template, "owner", sb.Owner)
-		tok, err := s.d.EnvdToken(r.Context(), sb)
+		tok, err := s.d.Auth().EnvdToken(r.Context(), sb)
 		if err != nil {
 			s.writeAPIError(w, r, err)
 			return

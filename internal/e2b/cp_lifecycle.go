@@ -14,7 +14,7 @@ func (s *Server) handleGetInfo(w http.ResponseWriter, r *http.Request) {
 		s.writeAPIError(w, r, err)
 		return
 	}
-	tok, err := s.d.EnvdToken(r.Context(), sb)
+	tok, err := s.d.Auth().EnvdToken(r.Context(), sb)
 	if err != nil {
 		s.writeAPIError(w, r, err)
 		return
@@ -167,7 +167,7 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	tok, err := s.d.EnvdToken(ctx, sb)
+	tok, err := s.d.Auth().EnvdToken(ctx, sb)
 	if err != nil {
 		s.writeAPIError(w, r, err)
 		return

@@ -163,7 +163,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, start, end
 	}
 	samples := s.metrics.series(id)
 	if state == "running" && (end == 0 || end >= s.opts.Now().Unix()) {
-		st, err := s.d.SandboxStats(ctx, owner, id)
+		st, err := s.d.Admission().SandboxStats(ctx, owner, id)
 		if err != nil {
 			s.writeAPIError(w, r, err)
 			return

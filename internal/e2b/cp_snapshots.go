@@ -248,7 +248,7 @@ func (s *Server) handleFork(w http.ResponseWriter, r *http.Request) {
 		}
 		var tok string
 		if err == nil {
-			tok, err = s.d.EnvdToken(ctx, child)
+			tok, err = s.d.Auth().EnvdToken(ctx, child)
 		}
 		if err != nil {
 			// A child the caller is not told about would run unseen until expiry.

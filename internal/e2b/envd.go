@@ -73,7 +73,7 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		writeStatus(w, http.StatusUnauthorized, "missing X-Access-Token header (the envdAccessToken of sandbox "+strconv.Quote(id)+")")
 		return
 	}
-	sb, err := s.d.SandboxByToken(ctx, token)
+	sb, err := s.d.Auth().SandboxByToken(ctx, token)
 	switch {
 	case errs.Is(err, errs.NotFound):
 		// A live sandbox addressed with someone else's (or a made-up) token

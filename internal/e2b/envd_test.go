@@ -25,6 +25,7 @@ import (
 	"github.com/berth-dev/berth/api/gen/process/processconnect"
 	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
@@ -34,30 +35,28 @@ import (
 )
 
 // agentBackend is the in-test Backend: one sandbox whose agent is a real
-// berth-agent process on the host. Only the envd path (SandboxByToken,
-// Agent) is served; the daemon is tested in its own package and the
-// control plane end to end by test/e2b.
+// berth-agent process on the host. Only the envd path (Auth's
+// SandboxByToken over a real store holding the sandbox, Agent) is served;
+// the daemon is tested in its own package and the control plane end to end
+// by test/e2b.
 type agentBackend struct {
 	mu    sync.Mutex
 	sb    sandbox.Sandbox
-	token string // the envd token of sb
 	agent *agentapi.Client
+	st    store.Store
+	auth  *auth.Service
 }
 
 func (b *agentBackend) setState(st sandbox.State) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.sb.State = st
-}
-
-func (b *agentBackend) SandboxByToken(_ context.Context, token string) (*sandbox.Sandbox, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if token != b.token {
-		return nil, errs.E(errs.NotFound, "no sandbox with this token")
+	if _, err := b.st.UpdateSandbox(context.Background(), b.sb.ID, func(s *sandbox.Sandbox) error {
+		s.State = st
+		return nil
+	}); err != nil {
+		panic(err)
 	}
-	sb := b.sb
-	return &sb, nil
 }
 
 func (b *agentBackend) Agent(_ context.Context, owner, id string) (*agentapi.Client, error) {
@@ -87,21 +86,17 @@ func (b *agentBackend) Delete(context.Context, string, string) error { return er
 func (b *agentBackend) SetExpiry(context.Context, string, string, time.Time) (*sandbox.Sandbox, error) {
 	return nil, errControlPlaneUnused
 }
-func (b *agentBackend) Authenticate(context.Context, string) (daemon.Principal, error) {
-	return daemon.Principal{}, errs.E(errs.Unauthenticated, "no API keys in the envd test backend")
-}
-func (b *agentBackend) EnvdToken(context.Context, *sandbox.Sandbox) (string, error) {
-	return "", errControlPlaneUnused
-}
 
-func (b *agentBackend) SandboxStats(context.Context, string, string) (admission.SandboxStats, error) {
-	return admission.SandboxStats{}, errControlPlaneUnused
-}
+// Auth is real: the store has no API keys, and the sandbox's token hash.
+func (b *agentBackend) Auth() *auth.Service { return b.auth }
+
+// Sandbox stats are the control plane's, unused here.
+func (b *agentBackend) Admission() *admission.Service { return nil }
 
 // The control plane's pause, fork and snapshots are not used by the envd tests.
 func (b *agentBackend) Checkpoints() *checkpoint.Service { return nil }
 func (b *agentBackend) Snapshots() *checkpoint.Snapshots { return nil }
-func (b *agentBackend) Store() store.Store               { return nil }
+func (b *agentBackend) Store() store.Store               { return b.st }
 
 var _ Backend = (*daemon.Daemon)(nil)
 
@@ -181,9 +176,19 @@ func newEnvdEnv(t *testing.T) *envdEnv {
 	if _, err := client.WaitReady(ctx, 20*time.Millisecond); err != nil {
 		t.Fatalf("agent not ready: %v\n%s", err, logBuf.String())
 	}
-	b := &agentBackend{agent: client, token: testToken, sb: sandbox.Sandbox{
-		ID: "sbxe2btest1", Owner: "alice", State: sandbox.Running, AccessTokenHash: "unused", Template: "default",
-	}}
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	sb := sandbox.Sandbox{
+		ID: "sbxe2btest1", Owner: "alice", State: sandbox.Running, AccessTokenHash: auth.TokenHash(testToken), Template: "default",
+	}
+	if err := st.CreateSandbox(ctx, &sb); err != nil {
+		t.Fatal(err)
+	}
+	b := &agentBackend{agent: client, sb: sb, st: st,
+		auth: auth.New(st, t.TempDir(), time.Now, bytes.Repeat([]byte{7}, auth.TokenKeySize))}
 	s := New(b, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	srv := httptest.NewServer(s.Handler(nil))
 	hc := &http.Client{Transport: &http.Transport{}}

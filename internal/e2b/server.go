@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -39,10 +40,11 @@ type Backend interface {
 	Delete(ctx context.Context, owner, id string) error
 	SetExpiry(ctx context.Context, owner, id string, at time.Time) (*sandbox.Sandbox, error)
 	Agent(ctx context.Context, owner, id string) (*agentapi.Client, error)
-	SandboxByToken(ctx context.Context, token string) (*sandbox.Sandbox, error)
-	EnvdToken(ctx context.Context, sb *sandbox.Sandbox) (string, error)
-	Authenticate(ctx context.Context, apiKey string) (daemon.Principal, error)
-	SandboxStats(ctx context.Context, owner, id string) (admission.SandboxStats, error)
+
+	// API keys and envd access tokens (Authenticate, EnvdToken,
+	// SandboxByToken); sandbox stats (cp_metrics.go).
+	Auth() *auth.Service
+	Admission() *admission.Service
 
 	// Pause, resume and fork (cp_lifecycle.go, cp_snapshots.go); snapshots.
 	Checkpoints() *checkpoint.Service

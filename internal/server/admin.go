@@ -91,10 +91,11 @@ func (s adminAPI) info(w http.ResponseWriter, r *http.Request, p daemon.Principa
 			continue
 		}
 		c := rt.Capabilities(r.Context())
+		iso, m := s.d.Isolation(name)
 		ri := RuntimeInfo{Name: name, Checkpoint: c.Checkpoint,
 			CheckpointReason: c.CheckpointReason, Freeze: c.Freeze, Default: name == cfg.DefaultRuntime,
-			Isolation: s.d.Isolation(name)}
-		if m := s.d.UserNS(); m != nil && name == "runc" {
+			Isolation: iso}
+		if m != nil {
 			ri.UserNS = &UserNSInfo{HostID: m.HostID, Size: m.Size}
 		}
 		in.Runtimes = append(in.Runtimes, ri)

@@ -1,0 +1,169 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/runtime"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// watcher runs the core's two periodic checks on its running sandboxes:
+// expiry (every second, the expiry action of each sandbox past its expiry
+// and its lease) and the PID-1 watch (every two seconds, a running sandbox
+// whose init process died fails; an OOM kill inside one becomes an event).
+// It reaches the core through watchCore only. Its one piece of state, the
+// OOM counters, belongs to the watch loop's goroutine (no lock).
+type watcher struct {
+	c    watchCore
+	ooms map[string]uint64 // sandbox id → OOM kills seen (watchLoop only)
+}
+
+// watchCore is what the watcher needs of the core: primitives and the
+// three actions an expiry or a dead PID 1 takes.
+type watchCore interface {
+	Store() store.Store
+	Log() *slog.Logger
+	Now() time.Time
+	Lock(id string) func()
+	RuntimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error)
+	Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string)
+
+	// ExpireDelete, ExpirePause and ExpireStop apply an expiry action, as
+	// admin, with actor "expiry" and reason "expired".
+	ExpireDelete(ctx context.Context, id string) error
+	ExpirePause(ctx context.Context, sb *sandbox.Sandbox) error
+	ExpireStop(ctx context.Context, id string) error
+	// Fail records that a running sandbox failed and halts it.
+	Fail(ctx context.Context, sb *sandbox.Sandbox, reason string, cause error)
+}
+
+func newWatcher(c watchCore) *watcher { return &watcher{c: c, ooms: map[string]uint64{}} }
+
+// watchAdapter is the core as the watcher sees it.
+type watchAdapter struct{ *Daemon }
+
+var _ watchCore = watchAdapter{}
+
+func (d watchAdapter) ExpireDelete(ctx context.Context, id string) error {
+	return d.delete(ctx, "", id, "expiry", "expired")
+}
+
+func (d watchAdapter) ExpirePause(ctx context.Context, sb *sandbox.Sandbox) error {
+	_, err := d.ckpt.PauseAs(ctx, "", sb.ID, d.ckpt.DefaultMode(sb), "expiry", "expired")
+	return err
+}
+
+func (d watchAdapter) ExpireStop(ctx context.Context, id string) error {
+	_, err := d.Stop(ctx, "", id, "expiry", "expired")
+	return err
+}
+
+func (d watchAdapter) Fail(ctx context.Context, sb *sandbox.Sandbox, reason string, cause error) {
+	d.fail(ctx, sb, reason, cause)
+}
+
+func (w *watcher) expiryLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			w.expireDue(ctx)
+		}
+	}
+}
+
+// expireDue applies the expiry action of every sandbox past its expiry.
+func (w *watcher) expireDue(ctx context.Context) {
+	now := w.c.Now()
+	list, _, err := w.c.Store().ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{sandbox.Running, sandbox.Paused}})
+	if err != nil {
+		w.c.Log().Error("expiry scan", "err", err)
+		return
+	}
+	for _, sb := range list {
+		if now.Before(sb.ExpiresAt) || now.Before(LeaseUntil(sb)) {
+			continue
+		}
+		if err := w.expire(ctx, sb); err != nil && !errs.Is(err, errs.NotFound) {
+			w.c.Log().Error("expire", "sandbox_id", sb.ID, "err", err)
+		}
+	}
+}
+
+func (w *watcher) expire(ctx context.Context, sb *sandbox.Sandbox) error {
+	switch sb.ExpiryAction {
+	case sandbox.ExpireDelete:
+		return w.c.ExpireDelete(ctx, sb.ID)
+	case sandbox.ExpirePause:
+		if sb.State == sandbox.Paused {
+			return nil
+		}
+		return w.c.ExpirePause(ctx, sb)
+	default:
+		if sb.State == sandbox.Stopped {
+			return nil
+		}
+		return w.c.ExpireStop(ctx, sb.ID)
+	}
+}
+
+// watchLoop notices sandboxes whose PID 1 died and OOM kills inside them.
+func (w *watcher) watchLoop(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		list, _, err := w.c.Store().ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{sandbox.Running}})
+		if err != nil {
+			continue
+		}
+		seen := map[string]bool{}
+		for _, sb := range list {
+			seen[sb.ID] = true
+			w.watchOne(ctx, sb)
+		}
+		for id := range w.ooms {
+			if !seen[id] {
+				delete(w.ooms, id)
+			}
+		}
+	}
+}
+
+func (w *watcher) watchOne(ctx context.Context, sb *sandbox.Sandbox) {
+	rt, err := w.c.RuntimeFor(sb)
+	if err != nil {
+		return
+	}
+	if st, err := rt.Stats(ctx, sb.ID); err == nil {
+		if st.OOMKills > w.ooms[sb.ID] {
+			if _, had := w.ooms[sb.ID]; had || st.OOMKills > 0 {
+				w.c.Event(ctx, sb, "kernel", "oom", "oom_kill", "a process was killed for exceeding the memory limit",
+					map[string]string{"memory_limit_mib": formatInt(sb.Resources.MemoryMiB)})
+			}
+		}
+		w.ooms[sb.ID] = st.OOMKills
+	}
+	unlock := w.c.Lock(sb.ID)
+	defer unlock()
+	cur, err := w.c.Store().GetSandbox(ctx, sb.ID)
+	if err != nil || cur.State != sandbox.Running {
+		return
+	}
+	if st, err := rt.State(ctx, sb.ID); err == nil && (st.State == "running" || st.State == "paused") {
+		return
+	}
+	w.c.Fail(ctx, cur, "exited", errors.New("the sandbox's init process exited"))
+}
