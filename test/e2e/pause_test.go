@@ -16,7 +16,9 @@ import (
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
-const counterScript = "i=0\nwhile true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.05; done\n"
+// counterScript records its own pid (its forked children, a subshell before
+// exec, would otherwise show up in ps as count.sh too).
+const counterScript = "echo $$ > /tmp/counter.pid\ni=0\nwhile true; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; sleep 0.05; done\n"
 
 // startCounter runs a process that keeps a counter in memory and mirrors it to /tmp/counter.
 func startCounter(t *testing.T, s *server, id string) {
@@ -56,7 +58,8 @@ func waitCounter(t *testing.T, s *server, id string, atLeast int) int {
 }
 
 func counterPid(s *server, id string) string {
-	out, _, _ := s.runSplit(s.key, nil, "exec", id, "--", "sh", "-c", "ps | grep count.sh | grep -v grep | awk '{print $1}'")
+	out, _, _ := s.runSplit(s.key, nil, "exec", id, "--", "sh", "-c",
+		"p=$(cat /tmp/counter.pid 2>/dev/null) && grep -q count.sh /proc/$p/cmdline 2>/dev/null && echo $p")
 	return strings.TrimSpace(out)
 }
 
