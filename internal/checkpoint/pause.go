@@ -443,10 +443,21 @@ func (s *Service) ReconcilePaused(ctx context.Context, sb *sandbox.Sandbox, aliv
 		if hasImage {
 			actual = sandbox.PauseMemory
 		}
-		_, err := s.core.Transition(ctx, sb.ID, sandbox.Paused, "berth", reason, "settled after a daemon restart", func(s *sandbox.Sandbox) error {
+		set := func(s *sandbox.Sandbox) error {
 			s.PauseActual = actual
 			return nil
-		})
+		}
+		const msg = "settled after a daemon restart"
+		if sb.State == sandbox.Paused {
+			// Already paused (a lost freeze): Paused → Paused is no move in
+			// the state table, only what it is paused with changes.
+			_, err := s.core.Store().UpdateSandbox(ctx, sb.ID, func(s *sandbox.Sandbox) error {
+				s.Reason, s.Message = reason, msg
+				return set(s)
+			})
+			return err
+		}
+		_, err := s.core.Transition(ctx, sb.ID, sandbox.Paused, "berth", reason, msg, set)
 		return err
 	}
 	switch sb.State {

@@ -193,7 +193,12 @@ func (a *inProcessAgents) boot(ctx context.Context, spec runtime.Spec, from *run
 		}
 	}
 	state := filepath.Join(spec.BundleDir, "agent-state")
+	// The in-process agent has no root of its own: it reads its users from
+	// the sandbox's (empty) root filesystem, so a request naming a user
+	// (a fork's /etc/machine-id write as root) is refused instead of acting
+	// on the host's files.
 	ag := agent.New(agent.Config{
+		PasswdPath: filepath.Join(spec.RootFS, "etc", "passwd"), GroupPath: filepath.Join(spec.RootFS, "etc", "group"),
 		SocketPath: filepath.Join(runDir, agentapi.SocketName), EnvFile: filepath.Join(runDir, "env.json"),
 		HookDir: filepath.Join(state, "hooks"), HookLog: filepath.Join(state, "on-restore.log"),
 		RestoreCountFile: filepath.Join(state, "restore-count"),
