@@ -30,6 +30,9 @@ func startCounter(t *testing.T, s *server, id string) {
 	s.must("cp", p, id+":/home/user/count.sh")
 	s.must("exec", id, "--", "sh", "-c", "sh /home/user/count.sh >/dev/null 2>&1 &")
 	waitCounter(t, s, id, 1)
+	if counterPid(s, id) == "" {
+		t.Fatal("the counter runs but counterPid does not find it")
+	}
 }
 
 // counter reads /tmp/counter; -1 when it is missing.
@@ -59,7 +62,7 @@ func waitCounter(t *testing.T, s *server, id string, atLeast int) int {
 
 func counterPid(s *server, id string) string {
 	out, _, _ := s.runSplit(s.key, nil, "exec", id, "--", "sh", "-c",
-		"p=$(cat /tmp/counter.pid 2>/dev/null) && grep -q count.sh /proc/$p/cmdline 2>/dev/null && echo $p")
+		`p=$(cat /tmp/counter.pid 2>/dev/null) && [ "$(tr '\000' ' ' </proc/$p/cmdline 2>/dev/null)" = "sh /home/user/count.sh " ] && echo $p`)
 	return strings.TrimSpace(out)
 }
 
