@@ -1,11 +1,13 @@
 package e2b
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -56,6 +58,10 @@ type portTarget struct {
 // send back; bodies are streamed, never buffered.
 const maxPortResponseHeader = 64 << 10
 
+// maxBufferedPortBody is the largest request body read before relaying;
+// larger ones (and bodies of unknown length) stream through.
+const maxBufferedPortBody = 1 << 20
+
 // serveSandboxPort relays a request to port of sandbox id.
 func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, port string) {
 	ctx := r.Context()
@@ -99,6 +105,18 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 	if sb.CreatedAt.After(started) {
 		started = sb.CreatedAt
 	}
+	if r.Body != nil && r.ContentLength >= 0 && r.ContentLength <= maxBufferedPortBody {
+		// A small body is read here and sent from memory: the upstream
+		// write then never waits on the client's connection (with the
+		// client's body streamed through, ~1% of runCode streams were cut
+		// short by the transport closing the sandbox connection).
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxBufferedPortBody+1))
+		if err != nil || int64(len(body)) != r.ContentLength {
+			writeStatus(w, http.StatusBadRequest, "request body shorter or longer than its Content-Length")
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
 	ctx = context.WithValue(ctx, portTargetKey{}, portTarget{id: id, port: port, started: started})
 	s.ports.ServeHTTP(w, r.WithContext(ctx))
 }
@@ -125,48 +143,56 @@ func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox
 		headerTrafficToken + " (trafficAccessToken)")
 }
 
-// portProxy is the reverse proxy for every sandbox port; the target comes
-// from the request's context (serveSandboxPort).
+// portProxy relays one request to its target (from the request's
+// context, set by serveSandboxPort). Like berth's own port proxy it uses a
+// transport per request: nothing pooled is shared between sandboxes or
+// outlives a pause, and a shared transport was seen to cut streamed bodies
+// short (a connection closed under a body being copied).
 func (s *Server) portProxy() http.Handler {
-	transport := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			t, _ := ctx.Value(portTargetKey{}).(portTarget)
-			return s.dialPort(ctx, t)
-		},
-		// A connection per request: a paused and resumed sandbox, or a
-		// restarted server, would leave pooled connections dead.
-		DisableKeepAlives:      true,
-		ResponseHeaderTimeout:  5 * time.Minute,
-		MaxResponseHeaderBytes: maxPortResponseHeader,
-		DisableCompression:     true,
-	}
-	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			t, _ := pr.In.Context().Value(portTargetKey{}).(portTarget)
-			out := pr.Out
-			out.URL.Scheme, out.URL.Host = "http", "sandbox:"+t.port
-			out.Host = pr.In.Host
-			for _, h := range []string{headerSandboxID, headerSandboxPort, headerAccessToken, headerTrafficToken, headerAPIKey} {
-				out.Header.Del(h)
-			}
-			pr.SetXForwarded()
-		},
-		Transport:     transport,
-		FlushInterval: -1, // newline-delimited streams (runCode) go out as they come
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			t, _ := r.Context().Value(portTargetKey{}).(portTarget)
-			if r.Context().Err() != nil {
-				return // the client went away
-			}
-			s.log.Debug("sandbox port unreachable", "sandbox_id", t.id, "port", t.port, "err", err)
-			writeJSON(w, http.StatusBadGateway, struct {
-				SandboxID string `json:"sandboxId"`
-				Message   string `json:"message"`
-				Port      int    `json:"port"`
-				Code      int    `json:"code"`
-			}{t.id, "The sandbox is running but port is not open", atoiOr0(t.port), http.StatusBadGateway})
-		},
-	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t, _ := r.Context().Value(portTargetKey{}).(portTarget)
+		transport := &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return s.dialPort(ctx, t)
+			},
+			// Keep-alive within this one request: the sandbox's server does
+			// not close the connection under the end of the body (a
+			// server-side close raced the last chunk, ~1% of runCode
+			// streams cut short); the connection closes when it is done.
+			MaxIdleConnsPerHost:    1,
+			IdleConnTimeout:        time.Second,
+			ResponseHeaderTimeout:  5 * time.Minute,
+			MaxResponseHeaderBytes: maxPortResponseHeader,
+		}
+		defer transport.CloseIdleConnections()
+		rp := &httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				out := pr.Out
+				out.URL.Scheme, out.URL.Host = "http", "sandbox:"+t.port
+				out.Host = pr.In.Host
+				for _, h := range []string{headerSandboxID, headerSandboxPort, headerAccessToken, headerTrafficToken, headerAPIKey} {
+					out.Header.Del(h)
+				}
+				pr.SetXForwarded()
+			},
+			Transport: transport,
+			// A response without Content-Length (runCode's newline-delimited
+			// stream) is flushed after every write by ReverseProxy itself.
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				if r.Context().Err() != nil {
+					return // the client went away
+				}
+				s.log.Debug("sandbox port unreachable", "sandbox_id", t.id, "port", t.port, "err", err)
+				writeJSON(w, http.StatusBadGateway, struct {
+					SandboxID string `json:"sandboxId"`
+					Message   string `json:"message"`
+					Port      int    `json:"port"`
+					Code      int    `json:"code"`
+				}{t.id, "The sandbox is running but port is not open", atoiOr0(t.port), http.StatusBadGateway})
+			},
+		}
+		rp.ServeHTTP(w, r)
+	})
 }
 
 func atoiOr0(s string) int {
