@@ -102,21 +102,20 @@ class Context:
             km = KernelManager(kernel_name=spec, transport="ipc",
                                ip=os.path.join(RUNTIME_DIR, "k-" + self.id))
             km.connection_file = os.path.join(RUNTIME_DIR, "k-%s.json" % self.id)
-            km.start_kernel(cwd=self.cwd, env=dict(os.environ))
+            env = dict(os.environ)
+            # Figures inline (PNG + text), as in Jupyter; matplotlib is
+            # imported on first use, not at kernel start.
+            env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+            km.start_kernel(cwd=self.cwd, env=env)
             kc = km.blocking_client()
             kc.start_channels()
             kc.wait_for_ready(timeout=KERNEL_START_TIMEOUT)
             self.km, self.kc = km, kc
-            self._setup()
         except Exception as e:  # noqa: BLE001 - reported to every caller
             self.start_error = "kernel for %s did not start: %s" % (self.language, e)
             print(self.start_error, file=sys.stderr, flush=True)
         finally:
             self.ready.set()
-
-    def _setup(self):
-        # Inline figures as PNG (and the text fallback), like Jupyter.
-        self._silent("%matplotlib inline\n" if self.language == "python" else "")
 
     def _silent(self, code):
         if not code:
@@ -152,7 +151,6 @@ class Context:
             kc.start_channels()
             kc.wait_for_ready(timeout=KERNEL_START_TIMEOUT)
             self.kc = kc
-            self._setup()
 
     def shutdown(self):
         try:
