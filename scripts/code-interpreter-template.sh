@@ -35,7 +35,7 @@ base_layers=$(tpl_json default | python3 -c 'import json,sys; print(",".join(jso
 [ -n "$base_layers" ] || { log "the default template has no layers"; exit 1; }
 hash=$( (
 	cd "$CTX"
-	find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+	find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
 	echo "FROM default layers $base_layers"
 ) | sha256sum | cut -c1-16)
 tar="$CACHE/code-interpreter-$hash.tar"
