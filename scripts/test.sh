@@ -59,7 +59,10 @@ if [ -f test/e2b/package.json ]; then
 	e2b() {
 		(cd test/e2b && npm ci --no-audit --no-fund) || return
 		if [ -f test/e2b/run.sh ]; then
-			# run.sh starts `berth serve` on a scratch data dir and runs `npm test` against it.
+			# run.sh starts `berth serve` on a scratch data dir, puts the
+			# code-interpreter-v1 template in (built once per recipe, then
+			# imported from /var/cache/berth/rootfs: scripts/code-interpreter-template.sh)
+			# and runs `npm test` against it.
 			bash test/e2b/run.sh
 		else
 			(cd test/e2b && npm test)

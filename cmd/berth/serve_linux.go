@@ -300,5 +300,5 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 // (routing headers, access token, or Host) and E2B control-plane paths go
 // to it, everything else to berth's own API.
 func routes(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	return e2b.New(d, log, e2b.Options{}).Handler(server.New(d, log))
+	return e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort}).Handler(server.New(d, log))
 }

@@ -157,9 +157,11 @@ func (s *Server) domain() *string {
 }
 
 // toSandboxJSON renders Sandbox; token is its envd access token (the
-// store keeps only its hash, Backend.EnvdToken derives it).
+// store keeps only its hash, Backend.EnvdToken derives it). The traffic
+// access token, derived from it, authenticates requests to the sandbox's
+// other ports (sandboxport.go).
 func (s *Server) toSandboxJSON(sb *sandbox.Sandbox, token string) sandboxJSON {
-	return sandboxJSON{
+	out := sandboxJSON{
 		SandboxID:       sb.ID,
 		TemplateID:      s.e2bTemplate(sb),
 		ClientID:        clientID,
@@ -167,6 +169,10 @@ func (s *Server) toSandboxJSON(sb *sandbox.Sandbox, token string) sandboxJSON {
 		EnvdAccessToken: token,
 		Domain:          s.domain(),
 	}
+	if tt := trafficToken(token); tt != "" {
+		out.TrafficAccessToken = &tt
+	}
+	return out
 }
 
 // toDetailJSON renders SandboxDetail (detail=true, with the envd token) or

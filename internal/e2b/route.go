@@ -10,11 +10,16 @@ import (
 // ("49983-<id>.<domain>") and in the E2b-Sandbox-Port header.
 const EnvdPort = "49983"
 
-// Request headers of the envd protocol (§2, §5.1).
+// Request headers of the envd protocol (§2, §5.1). E2b-Sandbox-Port names
+// the sandbox port a request is for (envd when absent); E2B-Traffic-Access-
+// Token is what SDKs send to ports other than envd (@e2b/code-interpreter's
+// /contexts calls carry no X-Access-Token).
 const (
-	headerSandboxID   = "E2b-Sandbox-Id"
-	headerAccessToken = "X-Access-Token"
-	headerAPIKey      = "X-API-KEY"
+	headerSandboxID    = "E2b-Sandbox-Id"
+	headerSandboxPort  = "E2b-Sandbox-Port"
+	headerAccessToken  = "X-Access-Token"
+	headerTrafficToken = "E2B-Traffic-Access-Token"
+	headerAPIKey       = "X-API-KEY"
 )
 
 type destination int
@@ -23,6 +28,7 @@ const (
 	toNext destination = iota
 	toControlPlane
 	toEnvd
+	toPort // another port of the sandbox (the code interpreter's 49999, a user's server)
 )
 
 func (d destination) String() string {
@@ -31,6 +37,8 @@ func (d destination) String() string {
 		return "control-plane"
 	case toEnvd:
 		return "envd"
+	case toPort:
+		return "port"
 	default:
 		return "next"
 	}
@@ -38,10 +46,12 @@ func (d destination) String() string {
 
 // route is where one request goes. For envd, SandboxID is the addressed
 // sandbox, or "" when only the access token identifies it (old SDKs send
-// /files and /health without routing headers).
+// /files and /health without routing headers). For toPort, Port is the
+// sandbox port (as sent: serveSandboxPort validates it).
 type route struct {
 	Dest      destination
 	SandboxID string
+	Port      string
 }
 
 // controlPlanePrefixes are the E2B control-plane path roots.
@@ -50,6 +60,9 @@ var controlPlanePrefixes = []string{"/sandboxes", "/v2/sandboxes", "/snapshots",
 // decideRoute picks a destination from headers, Host and path alone.
 func decideRoute(r *http.Request) route {
 	if id := r.Header.Get(headerSandboxID); id != "" {
+		if port := strings.TrimSpace(r.Header.Get(headerSandboxPort)); port != "" && port != EnvdPort {
+			return route{Dest: toPort, SandboxID: stripClientID(id), Port: port}
+		}
 		return route{Dest: toEnvd, SandboxID: stripClientID(id)}
 	}
 	if id, ok := hostSandboxID(r.Host); ok {

@@ -9,6 +9,7 @@ package e2b
 import (
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
@@ -65,15 +66,24 @@ type Options struct {
 	MaxTimeout time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// DialPort connects from the host to a port of a running sandbox
+	// (hostnet's DialPort, the path berth's own port proxy uses). nil:
+	// requests for sandbox ports other than envd answer 502.
+	DialPort func(ctx context.Context, id, port string) (net.Conn, error)
+	// PortWait bounds how long a request to a sandbox port waits for the
+	// port to accept connections when the sandbox has just started (its
+	// start command may still be binding it). Default 30s.
+	PortWait time.Duration
 }
 
 // Server is the E2B surface. Create it with New and mount Handler.
 type Server struct {
-	d    Backend
-	log  *slog.Logger
-	opts Options
-	cp   http.Handler
-	envd http.Handler
+	d     Backend
+	log   *slog.Logger
+	opts  Options
+	cp    http.Handler
+	envd  http.Handler
+	ports http.Handler // sandbox ports other than envd (sandboxport.go)
 
 	metrics metricsHistory
 }
@@ -92,16 +102,21 @@ func New(d Backend, log *slog.Logger, opts Options) *Server {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.PortWait <= 0 {
+		opts.PortWait = 30 * time.Second
+	}
 	s := &Server{d: d, log: log.With("component", "e2b"), opts: opts}
 	s.cp = s.controlPlane()
 	s.envd = s.envdMux()
+	s.ports = s.portProxy()
 	return s
 }
 
 // Handler routes E2B traffic and hands everything else to next (berth's own
 // /v1 API): requests addressed to a sandbox (E2b-Sandbox-Id, Host
 // "49983-<id>.<domain>", or an X-Access-Token without an API key) go to
-// envd, E2B control-plane paths to the control plane.
+// envd, or with E2b-Sandbox-Port naming another port to that port of the
+// sandbox; E2B control-plane paths go to the control plane.
 func (s *Server) Handler(next http.Handler) http.Handler {
 	if next == nil {
 		next = http.NotFoundHandler()
@@ -110,6 +125,8 @@ func (s *Server) Handler(next http.Handler) http.Handler {
 		switch rt := decideRoute(r); rt.Dest {
 		case toEnvd:
 			s.serveEnvd(w, r, rt.SandboxID)
+		case toPort:
+			s.serveSandboxPort(w, r, rt.SandboxID, rt.Port)
 		case toControlPlane:
 			s.cp.ServeHTTP(w, r)
 		default:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the E2B SDK suite against a real berth server: builds berth and
 # berth-agent, starts `berth serve` on a temporary data dir and a free port,
-# reads the admin key, runs `npm test`, and stops the server.
+# reads the admin key, puts the code-interpreter-v1 template in (built once,
+# then from the host cache), runs `npm test`, and stops the server.
 #   test/e2b/run.sh [extra node --test args]
 # Needs root (berth serve runs sandboxes) and node >= 20.
 set -euo pipefail
@@ -54,6 +55,12 @@ for _ in $(seq 1 1200); do
   sleep 0.5
 done
 [ "$state" = ready ] || { echo "default template not ready after 600 s"; cat "$work/serve.log"; exit 1; }
+
+# @e2b/code-interpreter's template: built once per recipe, then imported
+# from the host cache (scripts/code-interpreter-template.sh).
+BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$key" \
+  bash "$root/scripts/code-interpreter-template.sh" "$work/bin/berth" "$data" ||
+  { echo "code-interpreter-v1 template failed:"; tail -n 50 "$work/serve.log"; exit 1; }
 
 cd "$here"
 [ -d node_modules ] || npm ci --no-audit --no-fund
