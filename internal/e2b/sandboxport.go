@@ -126,14 +126,14 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 // never reaches a sandbox).
 func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox.Sandbox) error {
 	if tok := r.Header.Get(headerAccessToken); tok != "" {
-		owner, err := s.d.SandboxByToken(ctx, tok)
+		owner, err := s.d.Auth().SandboxByToken(ctx, tok)
 		if err == nil && owner.ID == sb.ID {
 			return nil
 		}
 		return errors.New("X-Access-Token is not valid for sandbox " + strconv.Quote(sb.ID))
 	}
 	if tok := r.Header.Get(headerTrafficToken); tok != "" {
-		envd, err := s.d.EnvdToken(ctx, sb)
+		envd, err := s.d.Auth().EnvdToken(ctx, sb)
 		if err == nil && envd != "" && subtle.ConstantTimeCompare([]byte(trafficToken(envd)), []byte(tok)) == 1 {
 			return nil
 		}
