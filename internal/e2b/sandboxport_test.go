@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,8 +18,10 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 func TestTrafficToken(t *testing.T) {
@@ -36,13 +40,38 @@ func TestTrafficToken(t *testing.T) {
 	}
 }
 
-// portBackend serves two sandboxes (by id and by envd token) for the
-// port relay; the rest of Backend is agentBackend's "unused" answers.
+// portBackend serves sandboxes (by id) for the port relay, with a real
+// auth service over a real store for their envd tokens; the rest of
+// Backend is agentBackend's "unused" answers.
 type portBackend struct {
 	agentBackend
 	mu  sync.Mutex
 	sbs map[string]*sandbox.Sandbox // by id
-	tok map[string]string           // envd token by id
+}
+
+// newPortBackend stores sbs and returns the backend and each sandbox's
+// envd access token (derived by auth, as the daemon hands them out).
+func newPortBackend(t *testing.T, sbs ...*sandbox.Sandbox) (*portBackend, map[string]string) {
+	t.Helper()
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	a := auth.New(st, t.TempDir(), time.Now, bytes.Repeat([]byte{9}, auth.TokenKeySize))
+	b := &portBackend{agentBackend: agentBackend{st: st, auth: a}, sbs: map[string]*sandbox.Sandbox{}}
+	tok := map[string]string{}
+	for _, sb := range sbs {
+		sb.Template, sb.AccessTokenHash = "default", a.EnvdTokenHash(sb.ID, sb.Owner)
+		if err := st.CreateSandbox(t.Context(), sb); err != nil {
+			t.Fatal(err)
+		}
+		if tok[sb.ID], err = a.EnvdToken(t.Context(), sb); err != nil {
+			t.Fatal(err)
+		}
+		b.sbs[sb.ID] = sb
+	}
+	return b, tok
 }
 
 func (b *portBackend) Get(_ context.Context, _, id string) (*sandbox.Sandbox, error) {
@@ -54,24 +83,6 @@ func (b *portBackend) Get(_ context.Context, _, id string) (*sandbox.Sandbox, er
 	}
 	c := *sb
 	return &c, nil
-}
-
-func (b *portBackend) SandboxByToken(_ context.Context, token string) (*sandbox.Sandbox, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for id, t := range b.tok {
-		if t == token {
-			c := *b.sbs[id]
-			return &c, nil
-		}
-	}
-	return nil, errs.E(errs.NotFound, "no sandbox with this token")
-}
-
-func (b *portBackend) EnvdToken(_ context.Context, sb *sandbox.Sandbox) (string, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.tok[sb.ID], nil
 }
 
 func (b *portBackend) Agent(_ context.Context, _, id string) (*agentapi.Client, error) {
@@ -103,14 +114,10 @@ func TestSandboxPortRelay(t *testing.T) {
 	closed.Close() // nothing listens here: refused
 
 	now := time.Now()
-	b := &portBackend{
-		sbs: map[string]*sandbox.Sandbox{
-			"sbxa": {ID: "sbxa", Owner: "alice", State: sandbox.Running, StartedAt: now.Add(-time.Hour), CreatedAt: now.Add(-time.Hour)},
-			"sbxb": {ID: "sbxb", Owner: "alice", State: sandbox.Running, StartedAt: now.Add(-time.Hour), CreatedAt: now.Add(-time.Hour)},
-			"sbxp": {ID: "sbxp", Owner: "alice", State: sandbox.Paused, StartedAt: now.Add(-time.Hour), CreatedAt: now.Add(-time.Hour)},
-		},
-		tok: map[string]string{"sbxa": "envd-a", "sbxb": "envd-b", "sbxp": "envd-p"},
-	}
+	b, envd := newPortBackend(t,
+		&sandbox.Sandbox{ID: "sbxa", Owner: "alice", State: sandbox.Running, StartedAt: now.Add(-time.Hour), CreatedAt: now.Add(-time.Hour)},
+		&sandbox.Sandbox{ID: "sbxb", Owner: "alice", State: sandbox.Running, StartedAt: now.Add(-time.Hour), CreatedAt: now.Add(-time.Hour)},
+		&sandbox.Sandbox{ID: "sbxp", Owner: "alice", State: sandbox.Paused, StartedAt: now.Add(-time.Hour), CreatedAt: now.Add(-time.Hour)})
 	var dialed []string
 	dial := func(ctx context.Context, id, port string) (net.Conn, error) {
 		mu.Lock()
@@ -154,9 +161,9 @@ func TestSandboxPortRelay(t *testing.T) {
 	}{
 		{"no token", nil},
 		{"forged traffic token", map[string]string{"E2B-Traffic-Access-Token": "btt_forged"}},
-		{"other sandbox's envd token", map[string]string{"X-Access-Token": "envd-b"}},
-		{"other sandbox's traffic token", map[string]string{"E2B-Traffic-Access-Token": trafficToken("envd-b")}},
-		{"envd token as traffic token", map[string]string{"E2B-Traffic-Access-Token": "envd-a"}},
+		{"other sandbox's envd token", map[string]string{"X-Access-Token": envd["sbxb"]}},
+		{"other sandbox's traffic token", map[string]string{"E2B-Traffic-Access-Token": trafficToken(envd["sbxb"])}},
+		{"envd token as traffic token", map[string]string{"E2B-Traffic-Access-Token": envd["sbxa"]}},
 		{"api key", map[string]string{"X-API-Key": "some-key"}},
 	}
 	for _, tt := range refused {
@@ -171,8 +178,8 @@ func TestSandboxPortRelay(t *testing.T) {
 	mu.Unlock()
 
 	for _, hdr := range []map[string]string{
-		{"E2B-Traffic-Access-Token": trafficToken("envd-a")},
-		{"X-Access-Token": "envd-a"},
+		{"E2B-Traffic-Access-Token": trafficToken(envd["sbxa"])},
+		{"X-Access-Token": envd["sbxa"]},
 	} {
 		code, body := do("sbxa", "49999", hdr)
 		if code != http.StatusOK {
@@ -204,7 +211,7 @@ func TestSandboxPortRelay(t *testing.T) {
 	}
 	mu.Unlock()
 
-	tok := map[string]string{"E2B-Traffic-Access-Token": trafficToken("envd-a")}
+	tok := map[string]string{"E2B-Traffic-Access-Token": trafficToken(envd["sbxa"])}
 	for _, port := range []string{"0", "65536", "http", "049999"} {
 		if code, body := do("sbxa", port, tok); code != http.StatusBadRequest {
 			t.Errorf("port %q: status %d (%s), want 400", port, code, body)
@@ -218,7 +225,7 @@ func TestSandboxPortRelay(t *testing.T) {
 	if d := time.Since(start); d > 500*time.Millisecond {
 		t.Errorf("closed port of an old sandbox took %s (no retry expected)", d)
 	}
-	if code, _ := do("sbxp", "49999", map[string]string{"X-Access-Token": "envd-p"}); code != http.StatusBadGateway {
+	if code, _ := do("sbxp", "49999", map[string]string{"X-Access-Token": envd["sbxp"]}); code != http.StatusBadGateway {
 		t.Errorf("paused sandbox: status %d, want 502", code)
 	}
 	if code, _ := do("nosuch", "49999", tok); code != http.StatusBadGateway {
@@ -231,10 +238,8 @@ func TestSandboxPortRelay(t *testing.T) {
 func TestSandboxPortWaitsForAFreshServer(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "up") }))
 	defer up.Close()
-	b := &portBackend{
-		sbs: map[string]*sandbox.Sandbox{"sbxa": {ID: "sbxa", Owner: "alice", State: sandbox.Running, StartedAt: time.Now(), CreatedAt: time.Now()}},
-		tok: map[string]string{"sbxa": "envd-a"},
-	}
+	b, envd := newPortBackend(t,
+		&sandbox.Sandbox{ID: "sbxa", Owner: "alice", State: sandbox.Running, StartedAt: time.Now(), CreatedAt: time.Now()})
 	listening := time.Now().Add(300 * time.Millisecond)
 	var refusals int
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -251,7 +256,7 @@ func TestSandboxPortWaitsForAFreshServer(t *testing.T) {
 	req, _ := http.NewRequest("GET", front.URL+"/health", nil)
 	req.Header.Set("E2b-Sandbox-Id", "sbxa")
 	req.Header.Set("E2b-Sandbox-Port", "49999")
-	req.Header.Set("X-Access-Token", "envd-a")
+	req.Header.Set("X-Access-Token", envd["sbxa"])
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
