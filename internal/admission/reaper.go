@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -335,7 +334,7 @@ func (r *Reaper) reapOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked, 
 	}
 	if err != nil && !errs.Is(err, errs.NotFound) {
 		r.a.core.Log().Warn("reaper action failed", "sandbox_id", sb.ID, "action", dec.Action, "err", err)
-		r.core.Event(ctx, sb, "reaper", "reaper_failed", dec.Reason, shortError(err), map[string]string{"action": string(dec.Action)})
+		r.core.Event(ctx, sb, "reaper", "reaper_failed", dec.Reason, errs.Short(err), map[string]string{"action": string(dec.Action)})
 	}
 }
 
@@ -363,24 +362,3 @@ func (a *Service) DiskBytes(id string) uint64 {
 
 // memoryDir is where a sandbox's memory images live (the daemon's memoryDir).
 func (a *Service) memoryDir(id string) string { return filepath.Join(a.core.SandboxDir(id), "memory") }
-
-// shortError keeps an event message readable: the first line plus the
-// lines that say "Error", at most ~600 bytes (as the daemon's shortError).
-func shortError(err error) string {
-	s := err.Error()
-	if len(s) <= 600 {
-		return s
-	}
-	lines := strings.Split(s, "\n")
-	out := []string{lines[0]}
-	for _, l := range lines[1:] {
-		if strings.Contains(l, "Error") || strings.Contains(l, "error") {
-			out = append(out, strings.TrimSpace(l))
-		}
-	}
-	msg := strings.Join(out, "\n")
-	if len(msg) > 600 {
-		msg = msg[:600] + "…"
-	}
-	return msg
-}

@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -164,27 +163,6 @@ func teardownCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // workspace is intact.
 func recoverHint(id string) string {
 	return "its workspace is kept: `berth start " + id + "` boots it again"
-}
-
-// shortError keeps an event message readable: the first line plus the
-// lines that say "Error", at most ~600 bytes. The full text goes to the log.
-func shortError(err error) string {
-	s := err.Error()
-	if len(s) <= 600 {
-		return s
-	}
-	lines := strings.Split(s, "\n")
-	out := []string{lines[0]}
-	for _, l := range lines[1:] {
-		if strings.Contains(l, "Error") || strings.Contains(l, "error") {
-			out = append(out, strings.TrimSpace(l))
-		}
-	}
-	msg := strings.Join(out, "\n")
-	if len(msg) > 600 {
-		msg = msg[:600] + "…"
-	}
-	return msg
 }
 
 func syncDir(dir string) error {

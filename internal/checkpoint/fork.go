@@ -113,7 +113,7 @@ func (s *Service) Fork(ctx context.Context, owner, id, actor string, count int) 
 		if len(made) == 0 {
 			return ForkResult{}, err
 		}
-		failed := fmt.Sprintf("%d of %d children failed: %s", count-len(made), count, shortError(err))
+		failed := fmt.Sprintf("%d of %d children failed: %s", count-len(made), count, errs.Short(err))
 		if res.Reason != "" {
 			failed = res.Reason + "; " + failed
 		}
@@ -166,7 +166,7 @@ func (s *Service) forkCapture(ctx context.Context, parent *sandbox.Sandbox, acto
 	timedOut := err != nil && cctx.Err() != nil
 	ccancel()
 	if err != nil {
-		mode, reason = ForkDisk, "memory checkpoint failed: "+shortError(err)
+		mode, reason = ForkDisk, "memory checkpoint failed: "+errs.Short(err)
 		if timedOut {
 			reason = fmt.Sprintf("memory checkpoint did not finish within %s; the runtime's checkpoint helper was killed", limit)
 		}
@@ -266,7 +266,7 @@ func (s *Service) restoreParent(ctx context.Context, sb *sandbox.Sandbox, img st
 		return err
 	}
 	s.log.Warn("fork: parent restore failed; booting it from its workspace", "sandbox_id", sb.ID, "err", err)
-	s.core.Event(ctx, sb, "berth", "fork", "parent_rebooted", "restoring the parent from the fork image failed: "+shortError(err), nil)
+	s.core.Event(ctx, sb, "berth", "fork", "parent_rebooted", "restoring the parent from the fork image failed: "+errs.Short(err), nil)
 	rt, _ := s.core.RuntimeFor(sb)
 	if rt != nil {
 		_ = rt.Delete(ctx, sb.ID)
@@ -405,7 +405,7 @@ func (s *Service) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn s
 	}
 	why := ""
 	if err := s.restoreFrom(tctx, sb, lowers, sn.MemoryPath, 1, parent.ID, sb.Resources.DiskMiB); err != nil {
-		why = "memory restore failed: " + shortError(err)
+		why = "memory restore failed: " + errs.Short(err)
 		s.log.Warn("fork: child restore failed; booting from the snapshot's files", "sandbox_id", sb.ID, "err", err)
 		_ = s.core.Halt(tctx, sb)
 		if err := s.core.Boot(tctx, sb); err != nil {

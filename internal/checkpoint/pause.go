@@ -93,13 +93,13 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 	case sandbox.PauseFreeze:
 		if err := rt.Freeze(tctx, id); err != nil {
 			// Fall back to a disk pause: still honest, still keeps every file.
-			actual, why = sandbox.PauseDisk, "freeze failed: "+shortError(err)
+			actual, why = sandbox.PauseDisk, "freeze failed: "+errs.Short(err)
 		}
 	case sandbox.PauseMemory:
 		if why = memoryRefusal(sb.Runtime, rt.Capabilities(tctx)); why != "" {
 			actual = sandbox.PauseDisk
 		} else if release, err = s.boundedCheckpoint(tctx, sb); err != nil {
-			actual, why = sandbox.PauseDisk, shortError(err)
+			actual, why = sandbox.PauseDisk, errs.Short(err)
 			s.log.Warn("checkpoint failed", "sandbox_id", id, "err", err)
 		}
 	}
@@ -201,7 +201,7 @@ func (s *Service) haltForDisk(ctx context.Context, sb *sandbox.Sandbox) error {
 func (s *Service) pauseRefused(ctx context.Context, sb *sandbox.Sandbox, actor string, mode sandbox.PauseMode, why string, cause error) error {
 	fctx, cancel := teardownCtx(ctx)
 	defer cancel()
-	msg := "could not stop the sandbox for a disk pause: " + shortError(cause)
+	msg := "could not stop the sandbox for a disk pause: " + errs.Short(cause)
 	if why != "" {
 		msg = why + "; then " + msg
 	}
@@ -318,11 +318,11 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 	switch {
 	case thaw:
 		if err := rt.Thaw(tctx, id); err != nil {
-			from, why = sandbox.PauseDisk, "thaw failed: "+shortError(err)
+			from, why = sandbox.PauseDisk, "thaw failed: "+errs.Short(err)
 		}
 	case restore:
 		if err := s.restore(tctx, sb, restores+1); err != nil {
-			from, why = sandbox.PauseDisk, "memory restore failed: "+shortError(err)
+			from, why = sandbox.PauseDisk, "memory restore failed: "+errs.Short(err)
 			s.log.Warn("restore failed", "sandbox_id", id, "err", err)
 		} else {
 			restores++

@@ -125,24 +125,3 @@ func sharedLibs(bin string) ([]string, error) {
 	}
 	return libs, nil
 }
-
-// shortError keeps an event message readable: the first line plus the
-// lines that say "Error", at most ~600 bytes. The full text goes to the log.
-func shortError(err error) string {
-	s := err.Error()
-	if len(s) <= 600 {
-		return s
-	}
-	lines := strings.Split(s, "\n")
-	out := []string{lines[0]}
-	for _, l := range lines[1:] {
-		if strings.Contains(l, "Error") || strings.Contains(l, "error") {
-			out = append(out, strings.TrimSpace(l))
-		}
-	}
-	msg := strings.Join(out, "\n")
-	if len(msg) > 600 {
-		msg = msg[:600] + "…"
-	}
-	return msg
-}

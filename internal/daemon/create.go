@@ -182,7 +182,7 @@ func (d *Daemon) fail(ctx context.Context, sb *sandbox.Sandbox, reason string, c
 	if err := d.halt(tctx, sb); err != nil {
 		d.log.Error("teardown after failure", "sandbox_id", sb.ID, "err", err)
 	}
-	msg := shortError(cause)
+	msg := errs.Short(cause)
 	if _, err := os.Stat(filepath.Join(d.SandboxDir(sb.ID), "disk.img")); err == nil {
 		msg += "; " + recoverHint(sb.ID)
 	}

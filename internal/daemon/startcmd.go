@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -38,7 +39,7 @@ func runStartCommand(ctx context.Context, d startCore, sb *sandbox.Sandbox, tpl 
 		}
 	}
 	d.Log().Warn("template start command did not start", "sandbox_id", sb.ID, "template", tpl.Name, "err", err)
-	d.Event(ctx, sb, "berth", "start_command", "failed", shortError(err), nil)
+	d.Event(ctx, sb, "berth", "start_command", "failed", errs.Short(err), nil)
 }
 
 // startCore is what starting a start command needs of the core.

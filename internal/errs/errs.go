@@ -29,6 +29,7 @@ package errs
 
 import (
 	"fmt"
+	"strings"
 )
 
 // Kind classifies an error for callers and protocols.
@@ -237,3 +238,25 @@ func FieldOf(err error) string {
 
 // Is reports whether err is of kind k.
 func Is(err error, k Kind) bool { return err != nil && KindOf(err) == k }
+
+// Short keeps an error readable in an event message: the first line plus
+// the lines that say "error", at most ~600 bytes. The full text belongs in
+// the log.
+func Short(err error) string {
+	s := err.Error()
+	if len(s) <= 600 {
+		return s
+	}
+	lines := strings.Split(s, "\n")
+	out := []string{lines[0]}
+	for _, l := range lines[1:] {
+		if strings.Contains(l, "Error") || strings.Contains(l, "error") {
+			out = append(out, strings.TrimSpace(l))
+		}
+	}
+	msg := strings.Join(out, "\n")
+	if len(msg) > 600 {
+		msg = msg[:600] + "…"
+	}
+	return msg
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"testing"
 )
 
@@ -136,5 +137,16 @@ func TestHide(t *testing.T) {
 	}
 	if err := Hide(gone, Internal, NotFound); err.Error() != gone.Error() || !errors.Is(err, gone) {
 		t.Errorf("Hide must keep the message and chain: %v", err)
+	}
+}
+
+func TestShort(t *testing.T) {
+	if got := Short(E(Internal, "plain")); got != "plain" {
+		t.Errorf("short error changed: %q", got)
+	}
+	long := "first line\n" + strings.Repeat("noise\n", 200) + "  Error: the cause\n" + strings.Repeat("x", 700)
+	got := Short(errors.New(long))
+	if !strings.HasPrefix(got, "first line\nError: the cause") || len(got) > 600+len("…") {
+		t.Errorf("Short = %q", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -136,7 +137,7 @@ func (s *Service) startMember(ctx context.Context, wp *warmPool, spec Spec, key 
 		wp.failures++
 		backoff := Backoff(wp.failures)
 		wp.retryAt = s.now().Add(backoff)
-		wp.lastErr = "cannot start a member: " + shortError(err)
+		wp.lastErr = "cannot start a member: " + errs.Short(err)
 		wp.state = StateBackoff
 		s.mu.Unlock()
 		s.log.Warn("pool member failed to start", "template", spec.Template, "backoff", backoff, "err", err)
