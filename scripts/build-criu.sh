@@ -45,7 +45,12 @@ fi
 #   task CRIU restored is (its mm comes from CRIU's fork): without the
 #   patch a user-namespaced runc sandbox (berth-agent, PID 1, is not
 #   dumpable) checkpoints once and never again after its restore.
-PATCHES="$HERE/criu-rlimit-eperm.patch $HERE/criu-no-hw-breakpoints.patch $HERE/criu-userns-check-fds.patch"
+# - criu-sockopt-eopnotsupp.patch: on recent kernels (seen on 6.18)
+#   getsockopt(SO_PASSCRED / SO_PASSSEC) on a TCP or UDP socket fails with
+#   EOPNOTSUPP, which made every dump of a process holding one fail (any
+#   sandbox running a server: its memory pause fell back to disk). Such a
+#   socket cannot have the option set, so the dump records it as off.
+PATCHES="$HERE/criu-rlimit-eperm.patch $HERE/criu-no-hw-breakpoints.patch $HERE/criu-userns-check-fds.patch $HERE/criu-sockopt-eopnotsupp.patch"
 STAMP=$(cat $PATCHES | sha256sum | cut -c1-16)
 
 if [ -x "$DEST" ] && [ "$(cat "$DEST.stamp" 2>/dev/null)" = "$STAMP" ] && "$DEST" check >/dev/null 2>&1; then
