@@ -53,8 +53,9 @@ if [ ! -s "$tar" ] || [ ! -s "$meta" ]; then
 	lowers=$(python3 -c 'import json,sys; print(":".join(sys.argv[1] + "/layers/" + d for d in json.load(open(sys.argv[2]))["layers"]))' "$DATA" "$meta.tmp")
 	mnt=$(mktemp -d /tmp/berth-ci-squash-XXXXXX)
 	trap 'umount "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true' EXIT
-	# Read-only overlay of the layers alone: whiteouts resolved, nothing written.
-	mount -t overlay overlay -o "ro,lowerdir=$lowers" "$mnt"
+	# Read-only overlay of the layers alone: whiteouts resolved, nothing written;
+	# nosuid,nodev,noexec like every other mount of sandbox-written content.
+	mount -t overlay overlay -o "ro,nosuid,nodev,noexec,lowerdir=$lowers" "$mnt"
 	tar --numeric-owner --xattrs --xattrs-include='security.capability' -C "$mnt" -cf "$tar.tmp" .
 	umount "$mnt"
 	mv "$meta.tmp" "$meta"
