@@ -30,6 +30,7 @@ import (
 	"github.com/berth-dev/berth/internal/server"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
+	"github.com/berth-dev/berth/internal/trace"
 )
 
 // ServeConfig is `berth serve`'s configuration: defaults, then the --config
@@ -48,6 +49,9 @@ type ServeConfig struct {
 	CriuPath        string `json:"criu_path"`
 	AgentPath       string `json:"agent_path"`
 	LogLevel        string `json:"log_level"`
+	// OTLPEndpoint is the OTLP/HTTP collector spans are exported to
+	// (internal/trace); "" (the default) turns tracing off.
+	OTLPEndpoint string `json:"otlp_endpoint,omitempty"`
 	CheckpointConfig
 	// NoUserNS runs new runc sandboxes without a user namespace.
 	NoUserNS bool `json:"no_userns,omitempty"`
@@ -101,6 +105,11 @@ func (c *ServeConfig) Validate() error {
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return errs.Field("log_level", "must be debug, info, warn or error")
 	}
+	if c.OTLPEndpoint != "" {
+		if _, err := trace.TracesURL("otlp_endpoint", c.OTLPEndpoint); err != nil {
+			return err
+		}
+	}
 	if err := c.CheckpointConfig.Validate(); err != nil {
 		return err
 	}
@@ -111,6 +120,7 @@ func envOverride(c *ServeConfig) {
 	for k, p := range map[string]*string{
 		"BERTH_DATA_DIR": &c.DataDir, "BERTH_LISTEN": &c.Listen, "BERTH_RUNTIME": &c.Runtime,
 		"BERTH_CACHE_DIR": &c.CacheDir, "BERTH_RUNSC": &c.RunscPath, "BERTH_CRIU": &c.CriuPath,
+		trace.EnvEndpoint: &c.OTLPEndpoint,
 	} {
 		if v := os.Getenv(k); v != "" {
 			*p = v
@@ -132,6 +142,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	rt := pre.String("runtime", "", "default runtime: runc or runsc")
 	noBuild := pre.Bool("no-default-template", false, "do not build the default template on start")
 	logLevel := pre.String("log-level", "", "debug, info, warn, error")
+	otlp := pre.String("otlp-endpoint", "", "export OpenTelemetry spans to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (default $"+trace.EnvEndpoint+"; unset: tracing off)")
 	noUserNS := pre.Bool("no-userns", false, "run new runc sandboxes without a user namespace (root inside is root on the host)")
 	applyNetFlags := networkFlags(pre)
 	if err := pre.Parse(args); err != nil {
@@ -143,7 +154,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	envOverride(&cfg)
-	for p, v := range map[*string]string{&cfg.DataDir: *dataDir, &cfg.Listen: *listen, &cfg.Runtime: *rt, &cfg.LogLevel: *logLevel} {
+	for p, v := range map[*string]string{&cfg.DataDir: *dataDir, &cfg.Listen: *listen, &cfg.Runtime: *rt, &cfg.LogLevel: *logLevel, &cfg.OTLPEndpoint: *otlp} {
 		if v != "" {
 			*p = v
 		}
@@ -183,7 +194,22 @@ func lookBinary(explicit string, candidates ...string) string {
 func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
-	log := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl}))
+	log := slog.New(trace.LogHandler(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})))
+	stopTracing, err := trace.Start(ctx, cfg.OTLPEndpoint)
+	if err != nil {
+		return err
+	}
+	defer func() { // last: the spans of the shutdown itself are flushed too
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(fctx); err != nil {
+			log.Warn("flush traces", "err", err)
+		}
+	}()
+	if cfg.OTLPEndpoint != "" {
+		u, _ := trace.TracesURL("otlp_endpoint", cfg.OTLPEndpoint)
+		log.Info("tracing enabled", "otlp_endpoint", u)
+	}
 	self, _ := os.Executable()
 	selfDir := filepath.Dir(self)
 	agent := lookBinary(cfg.AgentPath, filepath.Join(selfDir, "berth-agent"))
@@ -273,7 +299,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	if err != nil {
 		return errs.Wrap(errs.Unavailable, err, "listen")
 	}
-	handler := routes(d, log)
+	handler := trace.Handler(routes(d, log)) // a span per request when tracing is on
 	// WriteTimeout stays 0: exec and watch streams are long-lived.
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("berth serving", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", cfg.Runtime)

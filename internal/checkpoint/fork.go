@@ -21,6 +21,7 @@ import (
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
+	"github.com/berth-dev/berth/internal/trace"
 )
 
 // Fork modes: what the children got from their parent.
@@ -49,7 +50,9 @@ type ForkResult struct {
 // state: always its files (a snapshot layer under fresh workspaces), and its
 // memory too when the runtime can checkpoint — one checkpoint, the parent
 // restored from it, then one restore per child. It says which it did.
-func (s *Service) Fork(ctx context.Context, owner, id, actor string, count int) (ForkResult, error) {
+func (s *Service) Fork(ctx context.Context, owner, id, actor string, count int) (_ ForkResult, err error) {
+	ctx, span := trace.Phase(ctx, "sandbox.fork", trace.Int("fork.count", count))
+	defer span.EndErr(&err)
 	if count < 1 || count > MaxFork {
 		return ForkResult{}, errs.Field("count", "must be between 1 and %d, got %d", MaxFork, count)
 	}
@@ -60,6 +63,7 @@ func (s *Service) Fork(ctx context.Context, owner, id, actor string, count int) 
 		unlock()
 		return ForkResult{}, err
 	}
+	span.Set(trace.Sandbox(parent)...)
 	if parent.State != sandbox.Running {
 		unlock()
 		return ForkResult{}, errs.E(errs.Conflict, "sandbox %s is %s; only a running sandbox can be forked", id, parent.State)
@@ -83,6 +87,7 @@ func (s *Service) Fork(ctx context.Context, owner, id, actor string, count int) 
 	if err != nil {
 		return ForkResult{}, err
 	}
+	span.Set(trace.String("fork.mode", mode), trace.String("fork.reason", reason), trace.String("fork.snapshot", sn.ID))
 	gen := nextGeneration(parent.Lineage.Generation)
 	res := ForkResult{Parent: parent.ID, Snapshot: sn.ID, Mode: mode, Reason: reason, Sandboxes: make([]*sandbox.Sandbox, count)}
 	errList := make([]error, count)
@@ -108,7 +113,7 @@ func (s *Service) Fork(ctx context.Context, owner, id, actor string, count int) 
 	res.Millis = time.Since(start).Milliseconds()
 	s.core.Event(ctx, parent, actor, "fork", "forked", reason, map[string]string{
 		"snapshot": sn.ID, "fork_mode": mode, "children": strconv.Itoa(len(made)), "ms": formatInt(res.Millis)})
-	s.log.Info("sandbox forked", "sandbox_id", parent.ID, "children", len(made), "fork_mode", mode, "ms", res.Millis)
+	s.log.InfoContext(ctx, "sandbox forked", "sandbox_id", parent.ID, "children", len(made), "fork_mode", mode, "ms", res.Millis)
 	if err := errors.Join(errList...); err != nil {
 		if len(made) == 0 {
 			return ForkResult{}, err
@@ -125,7 +130,9 @@ func (s *Service) Fork(ctx context.Context, owner, id, actor string, count int) 
 // forkCapture takes the fork's snapshot with the parent locked: files
 // always, a memory image when the runtime can checkpoint. The parent is
 // running again when it returns.
-func (s *Service) forkCapture(ctx context.Context, parent *sandbox.Sandbox, actor string) (store.Snapshot, string, string, error) {
+func (s *Service) forkCapture(ctx context.Context, parent *sandbox.Sandbox, actor string) (_ store.Snapshot, _, _ string, err error) {
+	ctx, span := trace.Phase(ctx, "fork.capture")
+	defer span.EndErr(&err)
 	tctx, cancel := teardownCtx(ctx)
 	defer func() { cancel() }() // cancel is replaced after a failed checkpoint
 	rt, err := s.core.RuntimeFor(parent)
@@ -162,7 +169,7 @@ func (s *Service) forkCapture(ctx context.Context, parent *sandbox.Sandbox, acto
 	mode, reason := ForkMemory, ""
 	limit := s.checkpointTimeout(parent)
 	cctx, ccancel := context.WithTimeout(tctx, limit)
-	err = s.checkpointTo(cctx, parent, img)
+	err = trace.Do(cctx, "fork.checkpoint", func(ctx context.Context) error { return s.checkpointTo(ctx, parent, img) })
 	timedOut := err != nil && cctx.Err() != nil
 	ccancel()
 	if err != nil {
@@ -170,7 +177,7 @@ func (s *Service) forkCapture(ctx context.Context, parent *sandbox.Sandbox, acto
 		if timedOut {
 			reason = fmt.Sprintf("memory checkpoint did not finish within %s; the runtime's checkpoint helper was killed", limit)
 		}
-		s.log.Warn("fork checkpoint failed", "sandbox_id", parent.ID, "err", err)
+		s.log.WarnContext(ctx, "fork checkpoint failed", "sandbox_id", parent.ID, "err", err)
 		_ = os.RemoveAll(s.snaps.dir(snapID))
 		// The rest of the fork runs on a fresh context: the checkpoint may
 		// have used up this one.
@@ -191,7 +198,7 @@ func (s *Service) forkCapture(ctx context.Context, parent *sandbox.Sandbox, acto
 		}
 	}
 	if mode == ForkMemory {
-		if err := s.restoreParent(tctx, parent, img); err != nil {
+		if err := trace.Do(tctx, "fork.restore_parent", func(ctx context.Context) error { return s.restoreParent(ctx, parent, img) }); err != nil {
 			return store.Snapshot{}, "", "", err
 		}
 	}
@@ -334,7 +341,9 @@ func (s *Service) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers [
 }
 
 // forkChild makes one child of parent from snapshot sn.
-func (s *Service) forkChild(ctx context.Context, parent *sandbox.Sandbox, sn store.Snapshot, mode, actor string, gen int) (*sandbox.Sandbox, error) {
+func (s *Service) forkChild(ctx context.Context, parent *sandbox.Sandbox, sn store.Snapshot, mode, actor string, gen int) (child *sandbox.Sandbox, err error) {
+	ctx, span := trace.Phase(ctx, "fork.child", trace.String("fork.mode", mode))
+	defer func() { span.Set(trace.Sandbox(child)...); span.EndErr(&err) }()
 	lineage := sandbox.Attrs{
 		Lineage: sandbox.Lineage{Parent: parent.ID, Generation: gen, ForkMode: mode},
 		Net:     s.core.NetworkInherit(parent), // children keep the parent's policy and grants
@@ -404,9 +413,11 @@ func (s *Service) forkRestore(ctx context.Context, parent *sandbox.Sandbox, sn s
 		return nil, err
 	}
 	why := ""
-	if err := s.restoreFrom(tctx, sb, lowers, sn.MemoryPath, 1, parent.ID, sb.Resources.DiskMiB); err != nil {
+	if err := trace.Do(tctx, "fork.restore", func(ctx context.Context) error {
+		return s.restoreFrom(ctx, sb, lowers, sn.MemoryPath, 1, parent.ID, sb.Resources.DiskMiB)
+	}); err != nil {
 		why = "memory restore failed: " + errs.Short(err)
-		s.log.Warn("fork: child restore failed; booting from the snapshot's files", "sandbox_id", sb.ID, "err", err)
+		s.log.WarnContext(ctx, "fork: child restore failed; booting from the snapshot's files", "sandbox_id", sb.ID, "err", err)
 		_ = s.core.Halt(tctx, sb)
 		if err := s.core.Boot(tctx, sb); err != nil {
 			s.core.Fail(tctx, sb, "create_failed", err)

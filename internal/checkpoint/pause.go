@@ -13,6 +13,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/trace"
 )
 
 // MemoryDir is where a sandbox's memory image is kept while it is paused.
@@ -51,7 +52,9 @@ func (s *Service) Pause(ctx context.Context, owner, id string, mode sandbox.Paus
 }
 
 // PauseAs is Pause on behalf of actor (the reaper, expiry) with reason.
-func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.PauseMode, actor, reason string) (*sandbox.Sandbox, error) {
+func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.PauseMode, actor, reason string) (_ *sandbox.Sandbox, err error) {
+	ctx, span := trace.Phase(ctx, "sandbox.pause")
+	defer span.EndErr(&err)
 	unlock := s.core.Lock(id)
 	handedOff := false
 	defer func() {
@@ -66,6 +69,7 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 	if mode == "" {
 		mode = s.DefaultMode(sb)
 	}
+	span.Set(append(trace.Sandbox(sb), trace.String("pause.requested", string(mode)))...)
 	if err := sandbox.ValidPauseMode(mode); err != nil {
 		return nil, err
 	}
@@ -91,7 +95,7 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 	var release func(context.Context) error
 	switch mode {
 	case sandbox.PauseFreeze:
-		if err := rt.Freeze(tctx, id); err != nil {
+		if err := trace.Do(tctx, "pause.freeze", func(ctx context.Context) error { return rt.Freeze(ctx, id) }); err != nil {
 			// Fall back to a disk pause: still honest, still keeps every file.
 			actual, why = sandbox.PauseDisk, "freeze failed: "+errs.Short(err)
 		}
@@ -100,21 +104,22 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 			actual = sandbox.PauseDisk
 		} else if release, err = s.boundedCheckpoint(tctx, sb); err != nil {
 			actual, why = sandbox.PauseDisk, errs.Short(err)
-			s.log.Warn("checkpoint failed", "sandbox_id", id, "err", err)
+			s.log.WarnContext(ctx, "checkpoint failed", "sandbox_id", id, "err", err)
 		}
 	}
 	if actual == sandbox.PauseDisk {
 		// On a context of its own: a checkpoint that hung must not have used
 		// up the time the disk pause needs.
-		if err := s.haltForDisk(ctx, sb); err != nil {
+		if err := trace.Do(ctx, diskPhase(why), func(ctx context.Context) error { return s.haltForDisk(ctx, sb) }); err != nil {
 			return nil, s.pauseRefused(ctx, sb, actor, mode, why, err)
 		}
 	}
 	if why != "" {
 		s.core.Event(tctx, sb, "berth", "pause_degraded", "fallback_to_disk", why,
 			map[string]string{"requested": string(mode), "actual": string(actual)})
-		s.log.Warn("pause degraded", "sandbox_id", id, "requested", mode, "actual", actual, "reason", why)
+		s.log.WarnContext(ctx, "pause degraded", "sandbox_id", id, "requested", mode, "actual", actual, "reason", why)
 	}
+	span.Set(trace.String("pause.actual", string(actual)), trace.String("pause.reason", why))
 	out, err := s.core.Transition(tctx, id, sandbox.Paused, actor, reason, why, func(s *sandbox.Sandbox) error {
 		s.PauseActual = actual
 		s.PauseMillis = time.Since(start).Milliseconds()
@@ -148,7 +153,9 @@ func (s *Service) checkpointTimeout(sb *sandbox.Sandbox) time.Duration {
 // timeout the runtime's helpers are gone (killed as a process group), the
 // sandbox's processes are thawed and its agent is told to listen again;
 // the error says what happened, for the pause_degraded event.
-func (s *Service) boundedCheckpoint(ctx context.Context, sb *sandbox.Sandbox) (func(context.Context) error, error) {
+func (s *Service) boundedCheckpoint(ctx context.Context, sb *sandbox.Sandbox) (_ func(context.Context) error, err error) {
+	ctx, span := trace.Phase(ctx, "pause.checkpoint")
+	defer span.EndErr(&err)
 	limit := s.checkpointTimeout(sb)
 	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
@@ -285,13 +292,16 @@ func (s *Service) ResumeCold(ctx context.Context, owner, id string) (*sandbox.Sa
 
 // ResumeAs is Resume on behalf of actor (auto-resume); cold ignores any
 // memory image.
-func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bool) (*sandbox.Sandbox, error) {
+func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bool) (_ *sandbox.Sandbox, err error) {
+	ctx, span := trace.Phase(ctx, "sandbox.resume", trace.Bool("resume.cold", cold))
+	defer span.EndErr(&err)
 	unlock := s.core.Lock(id)
 	defer unlock()
 	sb, err := s.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
+	span.Set(append(trace.Sandbox(sb), trace.String("resume.paused_with", string(sb.PauseActual)))...)
 	if sb.State == sandbox.Failed {
 		if _, err := os.Stat(filepath.Join(s.core.SandboxDir(id), "disk.img")); err == nil {
 			return nil, errs.Wrap(errs.Conflict, &sandbox.TransitionError{From: sb.State, To: sandbox.Running},
@@ -317,13 +327,13 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 	}
 	switch {
 	case thaw:
-		if err := rt.Thaw(tctx, id); err != nil {
+		if err := trace.Do(tctx, "resume.thaw", func(ctx context.Context) error { return rt.Thaw(ctx, id) }); err != nil {
 			from, why = sandbox.PauseDisk, "thaw failed: "+errs.Short(err)
 		}
 	case restore:
-		if err := s.restore(tctx, sb, restores+1); err != nil {
+		if err := trace.Do(tctx, "resume.restore", func(ctx context.Context) error { return s.restore(ctx, sb, restores+1) }); err != nil {
 			from, why = sandbox.PauseDisk, "memory restore failed: "+errs.Short(err)
-			s.log.Warn("restore failed", "sandbox_id", id, "err", err)
+			s.log.WarnContext(ctx, "restore failed", "sandbox_id", id, "err", err)
 		} else {
 			restores++
 		}
@@ -334,7 +344,7 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 		bctx, bcancel := teardownCtx(ctx)
 		defer bcancel()
 		_ = s.core.Halt(bctx, sb)
-		if err := s.core.Boot(bctx, sb); err != nil {
+		if err := trace.Do(bctx, "resume.boot", func(ctx context.Context) error { return s.core.Boot(ctx, sb) }); err != nil {
 			s.core.Fail(bctx, sb, "resume_failed", err)
 			return nil, err
 		}
@@ -344,6 +354,7 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 		s.core.Event(tctx, sb, "berth", "resume_degraded", "cold_boot", why,
 			map[string]string{"paused_with": string(sb.PauseActual), "resumed_from": string(from)})
 	}
+	span.Set(trace.String("resume.from", string(from)), trace.String("resume.reason", why))
 	return s.core.Transition(tctx, id, sandbox.Running, actor, "resumed", why, func(s *sandbox.Sandbox) error {
 		s.ResumedFrom = from
 		s.RestoreCount = restores

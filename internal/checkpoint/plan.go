@@ -92,3 +92,13 @@ func isExporter(rt runtime.Runtime) bool {
 	_, ok := rt.(upperExporter)
 	return ok
 }
+
+// diskPhase names the span of a disk pause's halt: "pause.fallback" when
+// a freeze or memory pause fell back to it (why says why), "pause.disk"
+// when a disk pause was asked for.
+func diskPhase(why string) string {
+	if why != "" {
+		return "pause.fallback"
+	}
+	return "pause.disk"
+}

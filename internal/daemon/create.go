@@ -15,6 +15,7 @@ import (
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
+	"github.com/berth-dev/berth/internal/trace"
 	"github.com/berth-dev/berth/internal/undo"
 )
 
@@ -107,7 +108,9 @@ func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Temp
 }
 
 // Create makes a sandbox and returns once its agent answers (ready).
-func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbox, error) {
+func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sandbox, err error) {
+	ctx, span := trace.Phase(ctx, "sandbox.create")
+	defer span.EndErr(&err)
 	if req.FromSnapshot != "" { // the snapshot's template and layers (internal/checkpoint)
 		tpl, attrs, err := d.snaps.FromSnapshot(ctx, req.Owner, req.FromSnapshot, req.Template, req.Attrs)
 		if err != nil {
@@ -126,6 +129,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 	claimed, hit := claimFromPool(ctx, d.poolSvc, req, tpl)
 	release()
 	if hit { // warm pool hit (pool.go)
+		span.Set(append(trace.Sandbox(claimed), trace.Bool("pool.hit", true))...)
 		return claimed, nil
 	}
 	if err := prepareNetwork(ctx, d.net, &req); err != nil {
@@ -144,6 +148,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		sb.Labels = map[string]string{}
 	}
 	d.userns.preset(sb) // recorded with the intent below, not in a write of its own
+	span.Set(trace.Sandbox(sb)...)
 	actor := req.Actor
 	if actor == "" {
 		actor = req.Owner
@@ -170,7 +175,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (*sandbox.Sandbo
 		return nil, err
 	}
 	d.adm.ObserveCreate(d.cfg.Now().Sub(now))
-	d.log.Info("sandbox created", "sandbox_id", sb.ID, "owner", sb.Owner, "template", sb.Template,
+	d.log.InfoContext(ctx, "sandbox created", "sandbox_id", sb.ID, "owner", sb.Owner, "template", sb.Template,
 		"runtime", sb.Runtime, "ms", time.Since(start).Milliseconds())
 	return out, nil
 }
@@ -203,6 +208,8 @@ const teardownTimeout = 60 * time.Second
 // boot mounts the sandbox's filesystem (creating its workspace the first
 // time), starts PID 1 and waits for the agent. Each step registers its undo.
 func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) (err error) {
+	ctx, span := trace.Phase(ctx, "sandbox.boot", trace.Sandbox(sb)...)
+	defer span.EndErr(&err)
 	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
@@ -241,13 +248,17 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	// one while the other is mounted (the network's few ip/nft commands
 	// are the slowest part of a cold create).
 	netErr := make(chan error, 1)
-	go func() { netErr <- d.net.Up(ctx, sb, "") }()
+	go func() {
+		netErr <- trace.Do(ctx, "boot.net", func(ctx context.Context) error { return d.net.Up(ctx, sb, "") })
+	}()
 	var root string
+	fsCtx, fsSpan := trace.Phase(ctx, "boot.fs")
 	if statErr == nil {
-		root, err = d.cfg.Filesystem.Remount(ctx, dir, lowers, d.userns.of(sb))
+		root, err = d.cfg.Filesystem.Remount(fsCtx, dir, lowers, d.userns.of(sb))
 	} else {
-		root, err = d.cfg.Filesystem.Prepare(ctx, dir, lowers, sb.Resources.DiskMiB, d.userns.of(sb))
+		root, err = d.cfg.Filesystem.Prepare(fsCtx, dir, lowers, sb.Resources.DiskMiB, d.userns.of(sb))
 	}
+	fsSpan.End(err)
 	t1 := time.Now()
 	nerr := <-netErr
 	t2 := time.Now()
@@ -272,7 +283,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	}
 	cleanup.Push(func(context.Context) error { d.chans.drop(sb.ID); return nil })
 	spec := d.spec(sb, tpl, root)
-	if err := rt.Run(ctx, spec); err != nil {
+	if err := trace.Do(ctx, "boot.runtime", func(ctx context.Context) error { return rt.Run(ctx, spec) }); err != nil {
 		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "start sandbox")
 	}
 	cleanup.Push(func(c context.Context) error { return rt.Delete(c, sb.ID) })
@@ -280,11 +291,14 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
 	defer cancel()
-	if _, err := ch.Client().WaitReady(wctx, 2*time.Millisecond); err != nil {
+	wctx, readySpan := trace.Phase(wctx, "boot.agent_ready")
+	_, err = ch.Client().WaitReady(wctx, 2*time.Millisecond)
+	readySpan.End(err)
+	if err != nil {
 		return errs.Reclassify(errs.Unavailable, err, "agent did not become ready within %s", d.cfg.ReadyTimeout)
 	}
 	runStartCommand(ctx, d, sb, tpl)
-	d.log.Debug("sandbox booted", "sandbox_id", sb.ID, "runtime", sb.Runtime,
+	d.log.DebugContext(ctx, "sandbox booted", "sandbox_id", sb.ID, "runtime", sb.Runtime,
 		"fs_ms", ms(t1.Sub(t0)), "net_wait_ms", ms(t2.Sub(t1)), "run_ms", ms(t3.Sub(t2)), "ready_ms", ms(time.Since(t3)))
 	return nil
 }

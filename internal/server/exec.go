@@ -12,6 +12,7 @@ import (
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/trace"
 )
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec.
@@ -20,7 +21,7 @@ type ExecRequest = wire.ExecRequest
 // exec starts a process and streams its events as NDJSON (one agentapi.Event
 // per line): start, stdout/stderr/pty data, exit. Closing the stream does
 // not kill the process; it can be re-attached.
-func (s sandboxAPI) exec(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+func (s sandboxAPI) exec(w http.ResponseWriter, r *http.Request, p daemon.Principal) (err error) {
 	var req ExecRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -33,15 +34,20 @@ func (s sandboxAPI) exec(w http.ResponseWriter, r *http.Request, p daemon.Princi
 		return errs.Field("timeout", "must be a duration like 30s")
 	}
 	id := r.PathValue("id")
+	ctx, span := trace.Phase(r.Context(), "sandbox.exec", trace.String("sandbox.id", id), trace.Bool("exec.tty", req.TTY != nil))
+	defer span.EndErr(&err)
+	r = r.WithContext(ctx) // the exit is recorded on this span (pipeEvents)
 	c, err := s.d.Agent(r.Context(), owner(r, p), id)
 	if err != nil {
 		return err
 	}
 	paused := s.d.Checkpoints().PauseSignal(id)
-	st, err := c.Exec(r.Context(), agentapi.ExecRequest{
+	startCtx, startSpan := trace.Phase(ctx, "exec.start")
+	st, err := c.Exec(startCtx, agentapi.ExecRequest{
 		Argv: req.Cmd, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
 		Stdin: req.Stdin, TTY: ttySize(req.TTY), Tag: req.Tag, TimeoutMs: timeout.Milliseconds(),
 	}, keepalive(r))
+	startSpan.End(err)
 	if err != nil {
 		return err
 	}
@@ -95,6 +101,9 @@ func (s sandboxAPI) pipeEvents(w http.ResponseWriter, r *http.Request, st eventS
 					_ = rc.Flush()
 				}
 				return
+			}
+			if ev.Type == "exit" {
+				trace.Set(r.Context(), trace.Int("process.exit_code", ev.ExitCode), trace.String("process.signal", ev.Signal))
 			}
 			if err := enc.Encode(ev); err != nil {
 				return

@@ -13,6 +13,7 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/httpx"
+	"github.com/berth-dev/berth/internal/trace"
 )
 
 // The handler groups, one per domain of the API, so no type holds every
@@ -125,6 +126,7 @@ func (s *Server) routes() {
 func (s *Server) handle(pattern string, h handler) {
 	client := clientRoute(pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		trace.Route(r.Context(), pattern) // the request's span is named after its route
 		p, err := s.d.Auth().Authenticate(r.Context(), apiKey(r))
 		if err == nil {
 			if client {
@@ -138,7 +140,7 @@ func (s *Server) handle(pattern string, h handler) {
 		}
 		if err != nil {
 			if errs.KindOf(err) == errs.Internal {
-				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+				s.log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
 			writeError(w, err)
 		}
