@@ -151,3 +151,11 @@ func TestWorkstationRuntime(t *testing.T) {
 		}
 	}
 }
+
+func TestDiskPhase(t *testing.T) {
+	for why, want := range map[string]string{"": "pause.disk", "freeze failed: x": "pause.fallback"} {
+		if got := diskPhase(why); got != want {
+			t.Errorf("diskPhase(%q) = %q, want %q", why, got, want)
+		}
+	}
+}
