@@ -3,6 +3,7 @@ package trace
 import (
 	"bufio"
 	"context"
+	"io"
 	"net"
 	"net/http"
 
@@ -71,6 +72,12 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ReadFrom keeps the underlying writer's sendfile path for file downloads.
+func (w *statusWriter) ReadFrom(r io.Reader) (int64, error) {
+	w.wroteHeader = true
+	return io.Copy(w.ResponseWriter, r)
+}
 
 func (w *statusWriter) Flush() {
 	w.wroteHeader = true
