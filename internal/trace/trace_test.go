@@ -351,3 +351,25 @@ func TestStartExportsOTLP(t *testing.T) {
 		t.Errorf("exported spans (-want +got):\n%s", d)
 	}
 }
+
+// BenchmarkPhase: the cost of one phase span, off and on (a sampling SDK
+// provider; export is the batcher's, off this path).
+func BenchmarkPhase(b *testing.B) {
+	ctx := context.Background()
+	b.Run("off", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, sp := Phase(ctx, "boot.fs")
+			sp.End(nil)
+		}
+	})
+	b.Run("on", func(b *testing.B) {
+		tp := sdktrace.NewTracerProvider()
+		defer Install(tp)()
+		b.ReportAllocs()
+		for b.Loop() {
+			_, sp := Phase(ctx, "boot.fs", String("sandbox.id", "x"))
+			sp.End(nil)
+		}
+	})
+}
