@@ -239,3 +239,47 @@ func writeFile(t *testing.T, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// TestConsoleHostileSandbox: what a sandbox writes reaches the page as
+// text. Root inside a real sandbox (runc and runsc) names a file with
+// markup, runs a command whose argv is markup and prints terminal escapes
+// (an OSC title, a cursor jump far off-screen); the console lists them
+// literally and none of it runs as script in the console's origin.
+func TestConsoleHostileSandbox(t *testing.T) {
+	s := startServer(t, "--runtime", "runc")
+	for _, rt := range runtimesOf(t, s) {
+		t.Run(rt, func(t *testing.T) {
+			id := s.create("--runtime", rt)
+			const mark = `<img src=x onerror="window.__pwned=1">`
+			s.must("exec", "--user", "root", id, "--", "sh", "-c", `touch "/tmp/$1"; mkdir -p "/tmp/<svg onload=window.__pwned=2>"`, "sh", mark)
+			if _, code := s.run("exec", "--user", "root", id, "--", "sh", "-c", "exit 0", "<script>window.__pwned=3</script>"); code != 0 {
+				t.Fatalf("exec: %d", code)
+			}
+			b := startBrowser(t, s)
+			b.signIn(s.key)
+			b.open("#/sandbox/" + id)
+			b.waitText("#activity", regexp.QuoteMeta("<script>window.__pwned=3</script>"))
+			b.run(chromedp.SetValue(chromedp.CSS("#files-path"), "/tmp"),
+				chromedp.Click(chromedp.CSS("#files-path + button")))
+			b.waitText("#files-list", regexp.QuoteMeta(mark))
+			b.waitText("#files-list", regexp.QuoteMeta("<svg onload=window.__pwned=2>/"))
+
+			b.run(chromedp.Click(chromedp.CSS("#term-open")))
+			b.waitText("#term-status", "connected")
+			b.run(chromedp.SendKeys(chromedp.CSS("pre.term"),
+				`printf '\033]0;<img src=x onerror=window.__pwned=4>\007\033[99999;99999H\033[99999Aafter-jump\n'`+"\r"))
+			b.waitText("pre.term", `jump`) // where the bounded cursor put it
+			var pwned any
+			b.eval(`window.__pwned === undefined ? null : window.__pwned`, &pwned)
+			if pwned != nil {
+				t.Fatalf("sandbox content ran as script in the console (window.__pwned = %v)", pwned)
+			}
+			var imgs int
+			b.eval(`document.querySelectorAll("main img, main svg, main script").length`, &imgs)
+			if imgs != 0 {
+				t.Errorf("sandbox content became %d elements in the page", imgs)
+			}
+			b.screenshots("hostile-" + rt)
+		})
+	}
+}
