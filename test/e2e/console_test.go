@@ -283,3 +283,59 @@ func TestConsoleHostileSandbox(t *testing.T) {
 		})
 	}
 }
+
+// TestConsoleActions: the sandbox page's buttons act only after their
+// confirmation, and what they did is what the API then reports.
+func TestConsoleActions(t *testing.T) {
+	s := startServer(t)
+	id := s.create()
+	b := startBrowser(t, s)
+	b.signIn(s.key)
+	b.open("#/sandbox/" + id)
+	b.waitText("#sb-state", "running")
+
+	confirm := func(button string, ok bool) {
+		t.Helper()
+		b.run(chromedp.Click(chromedp.CSS(button)))
+		b.waitText("#confirm-text", `\S`)
+		var open bool
+		b.eval(`document.querySelector("#confirm").open`, &open)
+		if !open {
+			t.Fatalf("%s: no confirmation dialog", button)
+		}
+		if ok {
+			b.run(chromedp.Click(chromedp.CSS("#confirm-ok")))
+		} else {
+			b.run(chromedp.Click(chromedp.CSS("#confirm-cancel")))
+		}
+	}
+	// Cancelled with the default mode: had it been sent, the sandbox would
+	// be paused in the default mode and the disk pause below would fail.
+	confirm("#act-pause", false)
+	b.run(chromedp.SetValue(chromedp.CSS("#pause-mode"), "disk"))
+	confirm("#act-pause", true)
+	b.waitText("#sb-state", "paused")
+	if code, body := s.api(s.key, "GET", "/v1/sandboxes/"+id, nil); code != 200 || body["state"] != "paused" || body["pause_mode_requested"] != "disk" {
+		t.Fatalf("after Pause (disk) the API says %d %v %v", code, body["state"], body["pause_mode_requested"])
+	}
+	b.waitText("#facts", "Pause mode\\s+disk")
+	confirm("#act-resume", true)
+	b.waitText("#sb-state", "running")
+	confirm("#act-snapshot", true)
+	b.waitText("#toast", "snapshot ")
+	confirm("#act-fork", true)
+	b.waitText("#toast", "forked: ")
+	child := strings.TrimPrefix(strings.TrimSpace(b.text("#toast")), "forked: ")
+	if st := stateOf(t, s, child); st != "running" {
+		t.Errorf("fork child %s is %s", child, st)
+	}
+	b.screenshots("sandbox-actions")
+	confirm("#act-delete", true)
+	b.waitText("main h1", "Fleet")
+	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+		if code, body := s.api(s.key, "GET", "/v1/sandboxes/"+id, nil); code != http.StatusNotFound {
+			return fmt.Errorf("after Delete GET sandbox = %d %v, want 404", code, body["state"])
+		}
+		return nil
+	})
+}

@@ -99,8 +99,8 @@ export default {
     const act = async (label, question, fn) => {
       if (!(await ctx.confirm(question, label))) return;
       try {
-        await fn();
-        ctx.toast(`${label}: done`);
+        const msg = await fn();
+        ctx.toast(msg || `${label}: done`);
         await refresh();
       } catch (e) {
         ctx.toast(`${label} failed: ${e.message}`, true);
@@ -115,11 +115,11 @@ export default {
       btn('act-fork', 'Fork', () => act('Fork', `Fork ${id} into a new sandbox?`, async () => {
         const r = await ctx.api('POST', `${base}/fork`, {});
         const child = r && r.sandboxes && r.sandboxes[0];
-        if (child) ctx.toast(`forked: ${child.id}`);
+        return child ? `forked: ${child.id}` : '';
       })),
       btn('act-snapshot', 'Snapshot', () => act('Snapshot', `Take a snapshot of ${id}?`, async () => {
         const snap = await ctx.api('POST', `${base}/snapshot`, {});
-        ctx.toast(`snapshot ${snap.id}`);
+        return `snapshot ${snap.id}`;
       })),
       btn('act-delete', 'Delete', async () => {
         if (!(await ctx.confirm(`Delete ${id}? Its workspace is removed for good.`, 'Delete'))) return;
