@@ -34,6 +34,10 @@ import (
 type Core interface {
 	// Visible loads a sandbox, NotFound for another owner's ("" = admin).
 	Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	// Running lists the running sandboxes (the workspace sampler's).
+	Running(ctx context.Context) ([]string, error)
+	// UpperDir is the host path of a sandbox's overlay upper directory.
+	UpperDir(id string) string
 }
 
 // Store is the part of the store the timeline lives in.
@@ -122,6 +126,9 @@ func (s *Service) Record(id, kind, actor string, at time.Time, d Data) {
 
 // Run drains the queue until ctx ends, then writes what is left.
 func (s *Service) Run(ctx context.Context) {
+	sampled := make(chan struct{})
+	go func() { defer close(sampled); s.sample(ctx) }()
+	defer func() { <-sampled }()
 	tick := time.NewTicker(sweepEvery)
 	defer tick.Stop()
 	var swept int64
