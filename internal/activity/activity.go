@@ -35,7 +35,7 @@ type Core interface {
 	// Visible loads a sandbox, NotFound for another owner's ("" = admin).
 	Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	// Running lists the running sandboxes (the workspace sampler's).
-	Running(ctx context.Context) ([]string, error)
+	Running(ctx context.Context) ([]*sandbox.Sandbox, error)
 	// UpperDir is the host path of a sandbox's overlay upper directory.
 	UpperDir(id string) string
 }

@@ -29,12 +29,12 @@ type storeCore struct {
 	upper map[string]string
 }
 
-func (c storeCore) Running(context.Context) ([]string, error) {
-	var ids []string
+func (c storeCore) Running(context.Context) ([]*sandbox.Sandbox, error) {
+	var sbs []*sandbox.Sandbox
 	for id := range c.upper {
-		ids = append(ids, id)
+		sbs = append(sbs, &sandbox.Sandbox{ID: id})
 	}
-	return ids, nil
+	return sbs, nil
 }
 
 func (c storeCore) UpperDir(id string) string { return c.upper[id] }

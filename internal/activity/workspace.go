@@ -130,31 +130,38 @@ func (s *Service) sample(ctx context.Context) {
 	}
 	t := time.NewTicker(sampleEvery)
 	defer t.Stop()
-	last := map[string]time.Time{}
+	// last is each sandbox's previous scan; it is kept while the sandbox
+	// is paused or stopped (nothing changes then) and dropped when the
+	// sandbox has not been seen running for a day.
+	type scan struct{ at, seen time.Time }
+	last := map[string]scan{}
+	begun := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		ids, err := s.core.Running(ctx)
+		sbs, err := s.core.Running(ctx)
 		if err != nil {
 			continue
 		}
-		seen := make(map[string]bool, len(ids))
-		for _, id := range ids {
-			seen[id] = true
-			since, ok := last[id]
+		now := time.Now()
+		for _, sb := range sbs {
+			prev, ok := last[sb.ID]
 			if !ok {
-				// First sight (new sandbox, or a daemon restart): what is
-				// already there is not news.
-				last[id] = time.Now()
-				continue
+				// First sight: changes since it started, or since this
+				// sampler began (what a restarted daemon did not see
+				// happen is not sampled again).
+				prev.at = begun
+				if sb.StartedAt.After(begun) {
+					prev.at = sb.StartedAt
+				}
 			}
-			last[id] = s.sampleOne(id, s.core.UpperDir(id), since)
+			last[sb.ID] = scan{at: s.sampleOne(sb.ID, s.core.UpperDir(sb.ID), prev.at), seen: now}
 		}
-		for id := range last {
-			if !seen[id] {
+		for id, sc := range last {
+			if now.Sub(sc.seen) > 24*time.Hour {
 				delete(last, id)
 			}
 		}

@@ -15,16 +15,9 @@ func (c activityCore) Visible(ctx context.Context, owner, id string) (*sandbox.S
 	return c.d.Visible(ctx, owner, id)
 }
 
-func (c activityCore) Running(ctx context.Context) ([]string, error) {
+func (c activityCore) Running(ctx context.Context) ([]*sandbox.Sandbox, error) {
 	list, _, err := c.d.store.ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{sandbox.Running}})
-	if err != nil {
-		return nil, err
-	}
-	ids := make([]string, 0, len(list))
-	for _, sb := range list {
-		ids = append(ids, sb.ID)
-	}
-	return ids, nil
+	return list, err
 }
 
 func (c activityCore) UpperDir(id string) string { return rootfs.LayoutOf(c.d.SandboxDir(id)).Upper }
