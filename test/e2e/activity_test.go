@@ -16,6 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	"github.com/berth-dev/berth/api/gen/process"
+	"github.com/berth-dev/berth/api/gen/process/processconnect"
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/testutil"
 )
@@ -426,4 +430,66 @@ func dumpActivity(es []wire.ActivityEntry) string {
 		fmt.Fprintf(&b, "%d %s %s %s\n", e.Seq, e.Kind, e.Actor, e.Summary)
 	}
 	return b.String()
+}
+
+// TestActivityE2B: the E2B surface (envd process start over Connect, envd
+// file upload) lands in the same timeline as REST: the agent client is
+// where both meet.
+func TestActivityE2B(t *testing.T) {
+	s := startServer(t)
+	c, body := s.e2b("POST", "/sandboxes", map[string]any{"templateID": "tiny"})
+	if c != http.StatusCreated {
+		t.Fatalf("e2b create: %d %v", c, body)
+	}
+	id, _ := body["sandboxID"].(string)
+	token, _ := body["envdAccessToken"].(string)
+	headers := func(h http.Header) {
+		h.Set("E2b-Sandbox-Id", id)
+		h.Set("E2b-Sandbox-Port", "49983")
+		h.Set("X-Access-Token", token)
+	}
+	proc := processconnect.NewProcessClient(http.DefaultClient, s.url, connect.WithProtoJSON())
+	no := false
+	req := connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "echo e2b; exit 5"}}, Stdin: &no})
+	headers(req.Header())
+	stream, err := proc.Start(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for stream.Receive() {
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("process start stream: %v", err)
+	}
+	stream.Close()
+
+	up, _ := http.NewRequest(http.MethodPost, s.url+"/files?path=/tmp/e2b.txt", strings.NewReader("via envd"))
+	headers(up.Header)
+	up.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := http.DefaultClient.Do(up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("envd upload: %d", resp.StatusCode)
+	}
+
+	var es []wire.ActivityEntry
+	testutil.Eventually(t, testutil.Within(10*time.Second), func() error {
+		_, es = s.activityOf(s.key, id, "kind=exec,file")
+		if len(es) < 2 {
+			return fmt.Errorf("%d entries:\n%s", len(es), dumpActivity(es))
+		}
+		return nil
+	})
+	i := findEntry(es, 0, isExec("/bin/sh", "-c", "echo e2b; exit 5"))
+	if i < 0 || es[i].Data.ExitCode == nil || *es[i].Data.ExitCode != 5 || es[i].Data.BytesOut != int64(len("e2b\n")) {
+		t.Errorf("E2B process start: %+v in\n%s", es, dumpActivity(es))
+	}
+	if j := findEntry(es, i+1, func(e wire.ActivityEntry) bool {
+		return e.Kind == wire.ActivityFile && e.Data.Path == "/tmp/e2b.txt" && e.Data.Size == int64(len("via envd")) && e.Data.Source == "api"
+	}); j < 0 {
+		t.Errorf("envd upload not in the timeline:\n%s", dumpActivity(es))
+	}
 }
