@@ -45,7 +45,8 @@
 //     hostnet.Service.mu (network owners and pending egress log),
 //     pool.Service.mu (pool bookkeeping; released before a member is
 //     claimed), admission.Service.mu and .mMu (live signals, metrics
-//     counters).
+//     counters), activity.Service.mu (live execs, drop counts, followers;
+//     taken on the exec path, which holds no other lock meanwhile).
 //
 // The watcher and userNamespaces have no lock of their own: the watcher's
 // OOM counters belong to its watch loop's goroutine, the user-namespace
