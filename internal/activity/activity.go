@@ -34,6 +34,10 @@ import (
 type Core interface {
 	// Visible loads a sandbox, NotFound for another owner's ("" = admin).
 	Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	// Running lists the running sandboxes (the workspace sampler's).
+	Running(ctx context.Context) ([]*sandbox.Sandbox, error)
+	// UpperDir is the host path of a sandbox's overlay upper directory.
+	UpperDir(id string) string
 }
 
 // Store is the part of the store the timeline lives in.
@@ -50,9 +54,13 @@ const (
 	DefaultQueue     = 8192
 	// maxBatch bounds one transaction of the writer.
 	maxBatch = 1024
-	// sweepEvery is how often the writer looks for entries the store
-	// added by itself (events, egress) to prune and announce them.
+	// sweepEvery is how often the writer prunes the sandboxes with new
+	// entries (its own and those the store added: events, egress) and
+	// announces the latter: a timeline exceeds its bound by at most what
+	// arrives in that time.
 	sweepEvery = 250 * time.Millisecond
+	// linger is how long a batch waits for more entries after its first.
+	linger = 20 * time.Millisecond
 )
 
 // Config configures a Service; zero fields take the defaults.
@@ -68,7 +76,7 @@ type Service struct {
 	cfg   Config
 	core  Core
 	store Store
-	queue chan store.ActivityEntry
+	queue chan pending
 
 	mu      sync.Mutex
 	dropped map[string]int64           // per sandbox, not yet reported
@@ -95,24 +103,26 @@ func New(cfg Config, core Core, st Store) *Service {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{cfg: cfg, core: core, store: st, queue: make(chan store.ActivityEntry, cfg.Queue),
+	return &Service{cfg: cfg, core: core, store: st, queue: make(chan pending, cfg.Queue),
 		dropped: map[string]int64{}, waiters: map[string][]chan struct{}{}, live: map[liveKey]*execTrace{}}
 }
 
 // Retention is how many entries a sandbox keeps.
 func (s *Service) Retention() int { return s.cfg.Retention }
 
+// pending is a recorded entry waiting for the writer (encoded there, off
+// the exec path).
+type pending struct {
+	id, kind, actor string
+	at              time.Time
+	d               Data
+}
+
 // Record queues an entry of a recorded kind (exec, file, ...); it never
 // blocks: with the queue full the entry is dropped and counted.
 func (s *Service) Record(id, kind, actor string, at time.Time, d Data) {
-	b, err := json.Marshal(d)
-	if err != nil {
-		s.cfg.Log.Error("encode activity", "sandbox_id", id, "err", err)
-		return
-	}
-	e := store.ActivityEntry{SandboxID: id, Time: at, Kind: kind, Actor: actor, Summary: Summarize(kind, d), Data: b}
 	select {
-	case s.queue <- e:
+	case s.queue <- pending{id: id, kind: kind, actor: actor, at: at, d: d}:
 	default:
 		s.mu.Lock()
 		s.dropped[id]++
@@ -120,12 +130,19 @@ func (s *Service) Record(id, kind, actor string, at time.Time, d Data) {
 	}
 }
 
-// Run drains the queue until ctx ends, then writes what is left.
+// Run drains the queue until ctx ends, then writes what is left. A batch
+// is what arrives within linger of its first entry (at most maxBatch):
+// one transaction for many execs, and a follower still sees an entry
+// within linger plus one write.
 func (s *Service) Run(ctx context.Context) {
+	sampled := make(chan struct{})
+	go func() { defer close(sampled); s.sample(ctx) }()
+	defer func() { <-sampled }()
 	tick := time.NewTicker(sweepEvery)
 	defer tick.Stop()
+	wctx := context.WithoutCancel(ctx)
 	var swept int64
-	batch := make([]store.ActivityEntry, 0, maxBatch)
+	batch := make([]pending, 0, maxBatch)
 	for {
 		batch = batch[:0]
 		select {
@@ -133,26 +150,37 @@ func (s *Service) Run(ctx context.Context) {
 			s.drain(batch)
 			return
 		case e := <-s.queue:
-			batch = append(batch, e)
+			batch = s.linger(ctx, append(batch, e))
+			s.write(wctx, s.withDrops(batch))
 		case <-tick.C:
+			// Drops are reported even when nothing else gets through, and
+			// entries the store added by itself (events, egress) are
+			// pruned and announced here.
+			s.write(wctx, s.withDrops(batch))
+			swept = s.sweep(wctx, swept)
 		}
-		batch = s.fill(batch)
-		s.write(context.WithoutCancel(ctx), batch)
-		swept = s.sweep(context.WithoutCancel(ctx), swept)
 	}
 }
 
-// fill adds what is queued (without waiting) and the dropped counts.
-func (s *Service) fill(batch []store.ActivityEntry) []store.ActivityEntry {
+// linger adds what arrives within linger of the batch's first entry.
+func (s *Service) linger(ctx context.Context, batch []pending) []pending {
+	t := time.NewTimer(linger)
+	defer t.Stop()
 	for len(batch) < maxBatch {
 		select {
 		case e := <-s.queue:
 			batch = append(batch, e)
-			continue
-		default:
+		case <-t.C:
+			return batch
+		case <-ctx.Done():
+			return batch
 		}
-		break
 	}
+	return batch
+}
+
+// withDrops adds one "dropped" entry per sandbox that lost entries.
+func (s *Service) withDrops(batch []pending) []pending {
 	s.mu.Lock()
 	drops := s.dropped
 	if len(drops) > 0 {
@@ -161,27 +189,50 @@ func (s *Service) fill(batch []store.ActivityEntry) []store.ActivityEntry {
 	s.mu.Unlock()
 	now := s.cfg.Now()
 	for id, n := range drops {
-		d := Data{Dropped: n}
-		b, _ := json.Marshal(d)
-		batch = append(batch, store.ActivityEntry{SandboxID: id, Time: now, Kind: KindDropped, Actor: "berth",
-			Summary: Summarize(KindDropped, d), Data: b})
+		batch = append(batch, pending{id: id, kind: KindDropped, actor: "berth", at: now, d: Data{Dropped: n}})
 	}
 	return batch
 }
 
-func (s *Service) drain(batch []store.ActivityEntry) {
-	batch = s.fill(batch)
+func (s *Service) drain(batch []pending) {
+	for len(batch) < cap(batch) {
+		select {
+		case e := <-s.queue:
+			batch = append(batch, e)
+			continue
+		default:
+		}
+		break
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s.write(ctx, batch)
+	s.write(ctx, s.withDrops(batch))
 }
 
-func (s *Service) write(ctx context.Context, batch []store.ActivityEntry) {
+func (s *Service) write(ctx context.Context, batch []pending) {
 	if len(batch) == 0 {
 		return
 	}
-	if err := s.store.AppendActivity(ctx, batch); err != nil {
-		s.cfg.Log.Error("write activity", "entries", len(batch), "err", err)
+	rows := make([]store.ActivityEntry, 0, len(batch))
+	for _, p := range batch {
+		b, err := json.Marshal(p.d)
+		if err != nil {
+			s.cfg.Log.Error("encode activity", "sandbox_id", p.id, "err", err)
+			continue
+		}
+		rows = append(rows, store.ActivityEntry{SandboxID: p.id, Time: p.at, Kind: p.kind, Actor: p.actor,
+			Summary: Summarize(p.kind, p.d), Data: b})
+	}
+	if err := s.store.AppendActivity(ctx, rows); err != nil {
+		s.cfg.Log.Error("write activity", "entries", len(rows), "err", err)
+		return
+	}
+	woken := map[string]bool{}
+	for _, p := range batch {
+		if !woken[p.id] {
+			woken[p.id] = true
+			s.wake(p.id)
+		}
 	}
 }
 

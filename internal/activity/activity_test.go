@@ -22,8 +22,22 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// storeCore is the lifecycle core's Visible over a real store.
-type storeCore struct{ st store.Store }
+// storeCore is the lifecycle core over a real store; upper maps running
+// sandboxes to their upper directories.
+type storeCore struct {
+	st    store.Store
+	upper map[string]string
+}
+
+func (c storeCore) Running(context.Context) ([]*sandbox.Sandbox, error) {
+	var sbs []*sandbox.Sandbox
+	for id := range c.upper {
+		sbs = append(sbs, &sandbox.Sandbox{ID: id})
+	}
+	return sbs, nil
+}
+
+func (c storeCore) UpperDir(id string) string { return c.upper[id] }
 
 func (c storeCore) Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
 	sb, err := c.st.GetSandbox(ctx, id)
@@ -50,7 +64,7 @@ func setup(t *testing.T, cfg Config) (*Service, store.Store) {
 			t.Fatal(err)
 		}
 	}
-	return New(cfg, storeCore{st}, st), st
+	return New(cfg, storeCore{st: st}, st), st
 }
 
 // run starts the writer until the test ends.

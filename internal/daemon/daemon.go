@@ -45,7 +45,8 @@
 //     hostnet.Service.mu (network owners and pending egress log),
 //     pool.Service.mu (pool bookkeeping; released before a member is
 //     claimed), admission.Service.mu and .mMu (live signals, metrics
-//     counters).
+//     counters), activity.Service.mu (live execs, drop counts, followers;
+//     taken on the exec path, which holds no other lock meanwhile).
 //
 // The watcher and userNamespaces have no lock of their own: the watcher's
 // OOM counters belong to its watch loop's goroutine, the user-namespace
@@ -175,7 +176,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
-	d.act = activity.New(activity.Config{Retention: cfg.ActivityRetention, Log: cfg.Log, Now: cfg.Now}, d, st)
+	d.act = activity.New(activity.Config{Retention: cfg.ActivityRetention, Log: cfg.Log, Now: cfg.Now}, activityCore{d}, st)
 	d.chans.observe = d.act.Observer // every agent client reports execs and file changes
 	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})
 	return d, nil
