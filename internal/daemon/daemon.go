@@ -46,7 +46,8 @@
 //     pool.Service.mu (pool bookkeeping; released before a member is
 //     claimed), admission.Service.mu and .mMu (live signals, metrics
 //     counters), activity.Service.mu (live execs, drop counts, followers;
-//     taken on the exec path, which holds no other lock meanwhile).
+//     taken on the exec path, which holds no other lock meanwhile),
+//     console.Service.mu (web console sessions; never held across a call).
 //
 // The watcher and userNamespaces have no lock of their own: the watcher's
 // OOM counters belong to its watch loop's goroutine, the user-namespace
