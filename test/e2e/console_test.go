@@ -34,6 +34,10 @@ func TestConsoleFleet(t *testing.T) {
 	b.waitText(`#sandboxes tr[data-id="`+a+`"]`, "paused")
 	b.waitText(`#state-counts tr[data-state="paused"] .count`, `^1$`)
 	b.waitText(`#state-counts tr[data-state="running"] .count`, `^1$`)
+	b.run(chromedp.SetValue(chromedp.CSS("#f-group"), "owner"))
+	b.eval(`document.querySelector("#f-group").dispatchEvent(new Event("change")), true`, new(bool))
+	b.waitText(`#state-counts tr[data-group="admin"] .count`, `^2$`)
+	b.waitText(`#state-counts tr[data-group="admin"]`, `1\.0 GiB`) // two 512 MiB limits
 
 	// The filters narrow the list to the paused one.
 	b.run(chromedp.SetValue(chromedp.CSS("#f-state"), "paused"))

@@ -47,13 +47,13 @@ export default {
   nav: true,
   render(el, ctx) {
     let list = [];
-    let usedByState = {}; // state → sum of memory_avg_mib from /v1/usage
+    let usedByID = {}; // sandbox id → memory_avg_mib from /v1/usage
     const summary = h('div', {id: 'fleet-summary'});
     const controls = h('div', {class: 'filters', role: 'group', 'aria-label': 'Filters'});
     const table = h('div', {id: 'fleet-table', class: 'scroll'});
     const status = h('p', {class: 'help', id: 'fleet-status', 'aria-live': 'polite'});
     fill(el, h('h1', {}, 'Fleet'),
-      section('By state', 'h-summary', summary),
+      section('Summary', 'h-summary', summary),
       section('Sandboxes', 'h-sandboxes', controls, status, table));
 
     const drawControls = () => {
@@ -67,21 +67,30 @@ export default {
         h('div', {class: 'field'}, h('label', {for: 'f-q'}, 'Search'), search));
     };
 
+    // The summary groups by one dimension (state by default): count, memory
+    // reserved (the sum of memory limits) and used (the sum of averages).
+    let groupBy = 'state';
+    const groupSel = h('select', {id: 'f-group', onchange: (ev) => { groupBy = ev.target.value; drawSummary(); }},
+      ['state', 'owner', 'template', 'runtime'].map((g) => h('option', {value: g}, g)));
+    const groupTable = h('div', {class: 'scroll'});
+    summary.append(h('div', {class: 'field'}, h('label', {for: 'f-group'}, 'Group by'), groupSel), groupTable);
     const drawSummary = () => {
       const by = {};
       for (const sb of list) {
-        const b = by[sb.state] || (by[sb.state] = {n: 0, mem: 0});
+        const k = sb[groupBy] || '–';
+        const b = by[k] || (by[k] = {n: 0, mem: 0, used: 0, hasUsed: false});
         b.n++;
         b.mem += (sb.resources && sb.resources.memory_mib) || 0;
+        if (usedByID[sb.id] !== undefined) { b.used += usedByID[sb.id]; b.hasUsed = true; }
       }
-      const states = uniq([...STATES.filter((s) => by[s]), ...Object.keys(by)]);
-      fill(summary, h('div', {class: 'scroll'}, h('table', {class: 'grid', id: 'state-counts'},
-        h('caption', {}, `${list.length} sandboxes`),
-        h('thead', {}, h('tr', {}, h('th', {scope: 'col'}, 'State'), h('th', {scope: 'col'}, 'Count'),
+      const keys = groupBy === 'state' ? uniq([...STATES.filter((s) => by[s]), ...Object.keys(by)]) : Object.keys(by).sort();
+      fill(groupTable, h('table', {class: 'grid', id: 'state-counts'},
+        h('caption', {}, `${list.length} sandboxes by ${groupBy}`),
+        h('thead', {}, h('tr', {}, h('th', {scope: 'col'}, groupBy[0].toUpperCase() + groupBy.slice(1)), h('th', {scope: 'col'}, 'Count'),
           h('th', {scope: 'col'}, 'Memory reserved'), h('th', {scope: 'col'}, 'Memory used (avg)'))),
-        h('tbody', {}, states.map((st) => h('tr', {'data-state': st},
-          h('th', {scope: 'row'}, badge(st)), h('td', {class: 'count'}, by[st].n),
-          h('td', {}, mib(by[st].mem)), h('td', {}, usedByState[st] === undefined ? '–' : mib(usedByState[st]))))))));
+        h('tbody', {}, keys.map((k) => h('tr', {'data-group': k, 'data-state': groupBy === 'state' ? k : null},
+          h('th', {scope: 'row'}, groupBy === 'state' ? badge(k) : k), h('td', {class: 'count'}, by[k].n),
+          h('td', {}, mib(by[k].mem)), h('td', {}, by[k].hasUsed ? mib(by[k].used) : '–'))))));
     };
 
     const drawTable = () => {
@@ -110,9 +119,9 @@ export default {
     });
     ctx.every(15000, async () => {
       const u = await ctx.api('GET', '/v1/usage', undefined, {signal: ctx.signal});
-      usedByState = {};
+      usedByID = {};
       for (const line of u.sandboxes || []) {
-        if (line.state) usedByState[line.state] = (usedByState[line.state] || 0) + (line.memory_avg_mib || 0);
+        if (line.sandbox_id) usedByID[line.sandbox_id] = line.memory_avg_mib || 0;
       }
       drawSummary();
     });
