@@ -45,7 +45,9 @@
 //     hostnet.Service.mu (network owners and pending egress log),
 //     pool.Service.mu (pool bookkeeping; released before a member is
 //     claimed), admission.Service.mu and .mMu (live signals, metrics
-//     counters).
+//     counters), activity.Service.mu (live execs, drop counts, followers;
+//     taken on the exec path, which holds no other lock meanwhile),
+//     console.Service.mu (web console sessions; never held across a call).
 //
 // The watcher and userNamespaces have no lock of their own: the watcher's
 // OOM counters belong to its watch loop's goroutine, the user-namespace
@@ -67,9 +69,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-dev/berth/internal/activity"
 	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
+	"github.com/berth-dev/berth/internal/console"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/pool"
@@ -106,6 +110,9 @@ type Daemon struct {
 	adm *admission.Service // quota admission, signals, metering, metrics (admission.go)
 
 	net *hostnet.Service // host networking (hostnet.go)
+
+	act     *activity.Service // activity timelines (internal/activity)
+	console *console.Service  // web console sessions (console.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -170,6 +177,9 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
+	d.act = activity.New(activity.Config{Retention: cfg.ActivityRetention, Log: cfg.Log, Now: cfg.Now}, activityCore{d}, st)
+	d.chans.observe = d.act.Observer // every agent client reports execs and file changes
+	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})
 	return d, nil
 }
 
@@ -199,6 +209,9 @@ func (d *Daemon) Close() {
 	d.net.Release()
 	d.chans.closeAll()
 }
+
+// Activity is the activity timeline service.
+func (d *Daemon) Activity() *activity.Service { return d.act }
 
 // Store exposes the store for read-only API handlers (events, templates, keys).
 func (d *Daemon) Store() store.Store { return d.store }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-dev/berth/api"
 	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/internal/console"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/httpx"
@@ -68,6 +69,7 @@ func (s *Server) routes() {
 	s.handle("POST /v1/sandboxes/{id}/resume", sb.resumeSandbox)
 	s.handle("POST /v1/sandboxes/{id}/lease", sb.leaseSandbox)
 	s.handle("GET /v1/sandboxes/{id}/events", adm.sandboxEvents)
+	s.handle("GET /v1/sandboxes/{id}/activity", activityAPI{s}.sandboxActivity)
 	s.handle("GET /v1/sandboxes/{id}/net", nw.getNetwork)
 	s.handle("PUT /v1/sandboxes/{id}/net", nw.setNetwork)
 	s.handle("GET /v1/sandboxes/{id}/net/log", nw.egressLog)
@@ -117,6 +119,12 @@ func (s *Server) routes() {
 	s.handle("DELETE /v1/quotas/{owner}", adm.deleteQuota)
 	s.handle("GET /metrics", adm.metrics)
 
+	// The web console (internal/console): its assets and sign-in at /ui; it
+	// calls the routes above with its session cookie (see authenticate).
+	ui := s.d.Console().Handler()
+	s.mux.Handle(console.Prefix+"/", ui)
+	s.mux.Handle(console.Prefix, ui)
+
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})
@@ -127,7 +135,7 @@ func (s *Server) handle(pattern string, h handler) {
 	client := clientRoute(pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		trace.Route(r.Context(), pattern) // the request's span is named after its route
-		p, err := s.d.Auth().Authenticate(r.Context(), apiKey(r))
+		p, err := s.authenticate(r)
 		if err == nil {
 			if client {
 				// A client of the sandbox until the request ends (exec/attach
@@ -145,6 +153,22 @@ func (s *Server) handle(pattern string, h handler) {
 			writeError(w, err)
 		}
 	})
+}
+
+// authenticate maps a request to its caller: by its API key, or, with no
+// key, by the console's session cookie, which acts with its key's rights
+// and, for a write, only with the session's CSRF header from the console's
+// own origin (console.Check).
+func (s *Server) authenticate(r *http.Request) (daemon.Principal, error) {
+	key := apiKey(r)
+	if key == "" {
+		k, err := s.d.Console().Authorize(r)
+		if err != nil {
+			return daemon.Principal{}, err
+		}
+		key = k
+	}
+	return s.d.Auth().Authenticate(r.Context(), key)
 }
 
 func apiKey(r *http.Request) string {
