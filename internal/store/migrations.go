@@ -206,6 +206,23 @@ CREATE TABLE secrets (
 	// 7: the schema-less extra map becomes attrs, the JSON of the typed
 	// sandbox.Attrs (typedAttrs converts every row, then extra is dropped).
 	`ALTER TABLE sandboxes ADD COLUMN attrs TEXT NOT NULL DEFAULT '{}';`,
+	// 8 (consoleops): template build history, one row per import, pull or
+	// Dockerfile build (the console's pools and templates view).
+	`
+CREATE TABLE template_builds (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	template    TEXT NOT NULL,
+	kind        TEXT NOT NULL,    -- import | pull | build
+	source      TEXT NOT NULL,
+	started_at  INTEGER NOT NULL, -- unix nanoseconds
+	ended_at    INTEGER NOT NULL,
+	result      TEXT NOT NULL,    -- ready | failed
+	fingerprint TEXT NOT NULL,
+	layers      INTEGER NOT NULL,
+	error       TEXT NOT NULL
+) STRICT;
+CREATE INDEX template_builds_template ON template_builds (template, seq);
+`,
 }
 
 // migrationHooks run in the transaction of the migration with the same

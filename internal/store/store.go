@@ -105,6 +105,18 @@ type Store interface {
 	ListQuotas(ctx context.Context) (map[string]quota.Limits, error)
 	DeleteQuota(ctx context.Context, owner string) error
 
+	// UsageHours returns the hour buckets of matching usage, each with its
+	// sandbox's owner, template and reserved size, ordered by hour then
+	// sandbox id.
+	UsageHours(ctx context.Context, f UsageHoursFilter) ([]UsageHour, error)
+	// AppendTemplateBuild records one finished import, pull or build and
+	// returns its sequence number; a template keeps its newest
+	// MaxTemplateBuilds rows.
+	AppendTemplateBuild(ctx context.Context, b TemplateBuild) (int64, error)
+	// ListTemplateBuilds returns template's builds ("" = every template),
+	// newest first, at most limit (0 = MaxTemplateBuilds).
+	ListTemplateBuilds(ctx context.Context, template string, limit int) ([]TemplateBuild, error)
+
 	Close() error
 }
 

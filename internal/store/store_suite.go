@@ -40,6 +40,8 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Snapshots", suiteSnapshots},
 		{"Usage", suiteUsage},
 		{"Quotas", suiteQuotas},
+		{"UsageHours", suiteUsageHours},
+		{"TemplateBuilds", suiteTemplateBuilds},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}
