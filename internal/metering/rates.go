@@ -1,0 +1,36 @@
+package metering
+
+import "github.com/berth-dev/berth/internal/sandbox"
+
+// ReservedPerDay is what reserved size r costs per day in wall-clock
+// bucket b on the reserved basis (Price's rule for 24 hours in one
+// bucket): running holds vCPU, memory and disk, frozen memory and disk,
+// paused and stopped only disk. Unmetered ("") costs nothing.
+func ReservedPerDay(b string, r sandbox.Resources, p Prices) float64 {
+	u := Usage{Reserved: r}
+	const day = 24 * 3600
+	switch b {
+	case BucketRunning:
+		u.RunningSeconds = day
+	case BucketFrozen:
+		u.FrozenSeconds = day
+	case BucketPaused:
+		u.PausedSeconds = day
+	case BucketStopped:
+		u.StoppedSeconds = day
+	default:
+		return 0
+	}
+	return Price(u, p).Reserved
+}
+
+// ActivePerDay is the active-basis cost of recent usage u scaled to one
+// day: cost over the metered seconds u covers, times 24 hours (0 when u
+// covers no time).
+func ActivePerDay(u Usage, p Prices) float64 {
+	t := u.RunningSeconds + u.FrozenSeconds + u.PausedSeconds + u.StoppedSeconds
+	if t <= 0 {
+		return 0
+	}
+	return Price(u, p).Active / t * 24 * 3600
+}
