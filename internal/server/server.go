@@ -116,6 +116,11 @@ func (s *Server) routes() {
 	s.handle("DELETE /v1/quotas/{owner}", adm.deleteQuota)
 	s.handle("GET /metrics", adm.metrics)
 
+	// Console operator views (issue 19): cost over time, orphan clean-up, build history.
+	s.handle("GET /v1/usage/series", adm.usageSeries)
+	s.handle("POST /v1/reports/orphans/cleanup", adm.cleanupOrphans)
+	s.handle("GET /v1/builds", img.templateBuilds)
+
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})
