@@ -59,8 +59,10 @@ installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install o
 # --no-install-recommends everywhere: runc recommends bookworm's criu 3.17,
 # which fails on current kernels (CRIU >= 4 is built below instead).
 # python3 and procps are for the test scripts (free ports, process checks);
-# unzip unpacks a Go toolchain when Go is missing.
-PKGS=(runc debootstrap iproute2 nftables busybox-static e2fsprogs xz-utils ca-certificates curl unzip python3 procps)
+# unzip unpacks a Go toolchain when Go is missing. chromium (headless) and a
+# font run the web console's browser tests (test/e2e/console_test.go).
+PKGS=(runc debootstrap iproute2 nftables busybox-static e2fsprogs xz-utils ca-certificates curl unzip python3 procps
+	chromium fonts-dejavu-core)
 MISSING=()
 for p in "${PKGS[@]}"; do installed "$p" || MISSING+=("$p"); done
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

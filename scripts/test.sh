@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 export CI=${CI:-true}
 export PATH="/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
+# Test artefacts (the console's browser screenshots) are kept here after the run.
+export BERTH_ARTIFACTS=${BERTH_ARTIFACTS:-$(pwd)/artifacts}
 
 log() { printf '\033[1m[test %s]\033[0m %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 FAILED=()
@@ -76,6 +78,7 @@ fi
 log "== go test summary"
 grep -E '^(ok|FAIL|---|panic:|\?)' "$GOTEST_LOG" | grep -vE '^--- (PASS|SKIP)' | grep -v '\[no test files\]' || true
 rm -f "$GOTEST_LOG"
+[ -d "$BERTH_ARTIFACTS" ] && log "test artefacts kept in $BERTH_ARTIFACTS"
 if [ "${#FAILED[@]}" -gt 0 ]; then
 	log "FAILED: ${FAILED[*]}"
 	exit 1

@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-dev/berth/api"
 	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/internal/console"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/httpx"
@@ -121,6 +122,11 @@ func (s *Server) routes() {
 	s.handle("POST /v1/reports/orphans/cleanup", adm.cleanupOrphans)
 	s.handle("GET /v1/builds", img.templateBuilds)
 
+	// The web console (internal/console): its assets and sign-in at /ui; it
+	// calls the routes above with its session cookie (see authenticate).
+	s.mux.Handle(console.Prefix+"/", s.d.Console().Handler())
+	s.mux.Handle(console.Prefix, s.d.Console().Handler())
+
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})
@@ -130,7 +136,7 @@ func (s *Server) routes() {
 func (s *Server) handle(pattern string, h handler) {
 	client := clientRoute(pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		p, err := s.d.Auth().Authenticate(r.Context(), apiKey(r))
+		p, err := s.authenticate(r)
 		if err == nil {
 			if client {
 				// A client of the sandbox until the request ends (exec/attach
@@ -148,6 +154,22 @@ func (s *Server) handle(pattern string, h handler) {
 			writeError(w, err)
 		}
 	})
+}
+
+// authenticate maps a request to its caller: by its API key, or, with no
+// key, by the console's session cookie, which acts with its key's rights
+// and, for a write, only with the session's CSRF header from the console's
+// own origin (console.Check).
+func (s *Server) authenticate(r *http.Request) (daemon.Principal, error) {
+	key := apiKey(r)
+	if key == "" {
+		k, err := s.d.Console().Authorize(r)
+		if err != nil {
+			return daemon.Principal{}, err
+		}
+		key = k
+	}
+	return s.d.Auth().Authenticate(r.Context(), key)
 }
 
 func apiKey(r *http.Request) string {
