@@ -34,6 +34,17 @@ func suiteUsageHours(t *testing.T, s Store) {
 			t.Fatalf("RecordUsage: %v", err)
 		}
 	}
+	// A pool member claimed in hour 3: that hour is the claimer's, hour 0
+	// stays the pool's.
+	for _, recs := range [][]UsageRecord{
+		{{Usage: cursor("p1", "_pool", "py", h0.Add(time.Minute)), Hour: h0, Inc: inc}},
+		{{Usage: cursor("p1", "_pool", "py", h0.Add(3*time.Hour)), Hour: h0.Add(3 * time.Hour), Inc: inc}},
+		{{Usage: cursor("p1", "carol", "py", h0.Add(3*time.Hour+time.Minute)), Hour: h0.Add(3 * time.Hour), Inc: inc}},
+	} {
+		if err := s.RecordUsage(ctx, recs); err != nil {
+			t.Fatalf("RecordUsage: %v", err)
+		}
+	}
 	row := func(hour time.Time, id, owner, tpl string, n float64) UsageHour {
 		return UsageHour{Hour: hour, Usage: metering.Usage{SandboxID: id, Owner: owner, Template: tpl, State: sandbox.Running,
 			Reserved: res, CPUSeconds: n, MemGiBSeconds: 2 * n, MemPeakBytes: 10, RunningSeconds: 60 * n, DiskGiBHours: 0.25 * n}}
@@ -44,16 +55,19 @@ func suiteUsageHours(t *testing.T, s Store) {
 		want []UsageHour
 	}{
 		{"all", UsageHoursFilter{}, []UsageHour{row(h0, "a1", "alice", "py", 2), row(h0, "b1", "bob", "node", 1),
-			row(h0.Add(3*time.Hour), "a1", "alice", "py", 1)}},
+			row(h0, "p1", "_pool", "py", 1), row(h0.Add(3*time.Hour), "a1", "alice", "py", 1),
+			row(h0.Add(3*time.Hour), "p1", "carol", "py", 2)}},
+		{"claimed hour is the claimer's", UsageHoursFilter{Owner: "carol"}, []UsageHour{row(h0.Add(3*time.Hour), "p1", "carol", "py", 2)}},
+		{"earlier hours stay the pool's", UsageHoursFilter{Owner: "_pool"}, []UsageHour{row(h0, "p1", "_pool", "py", 1)}},
 		{"owner", UsageHoursFilter{Owner: "bob"}, []UsageHour{row(h0, "b1", "bob", "node", 1)}},
 		{"from truncated to the hour", UsageHoursFilter{From: h0.Add(30 * time.Minute), Owner: "alice"},
 			[]UsageHour{row(h0, "a1", "alice", "py", 2), row(h0.Add(3*time.Hour), "a1", "alice", "py", 1)}},
 		{"empty range", UsageHoursFilter{From: h0.Add(90 * time.Minute), To: h0.Add(3 * time.Hour)}, []UsageHour{}},
-		{"from inside the last hour", UsageHoursFilter{From: h0.Add(3*time.Hour + time.Minute)},
+		{"from inside the last hour", UsageHoursFilter{From: h0.Add(3*time.Hour + time.Minute), Owner: "alice"},
 			[]UsageHour{row(h0.Add(3*time.Hour), "a1", "alice", "py", 1)}},
 		{"to is exclusive", UsageHoursFilter{To: h0.Add(3 * time.Hour)}, []UsageHour{row(h0, "a1", "alice", "py", 2),
-			row(h0, "b1", "bob", "node", 1)}},
-		{"nobody", UsageHoursFilter{Owner: "carol"}, []UsageHour{}},
+			row(h0, "b1", "bob", "node", 1), row(h0, "p1", "_pool", "py", 1)}},
+		{"nobody", UsageHoursFilter{Owner: "dave"}, []UsageHour{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := s.UsageHours(ctx, tc.f)
