@@ -46,8 +46,10 @@ function label(t, stepSeconds) {
 }
 
 // chart draws one line per series line on the chosen basis.
-function chart(data, basis, currency, titleText) {
-  const W = 800, H = 300, L = 64, R = 12, T = 12, B = 36;
+// width is the room the chart has, in CSS pixels: the drawing is made that
+// wide (within 320-800), so its text keeps its size on a phone.
+function chart(data, basis, currency, titleText, width) {
+  const W = Math.round(Math.max(320, Math.min(800, width || 800))), H = W < 600 ? 240 : 300, L = 64, R = 28, T = 12, B = 36;
   const n = data.buckets.length;
   const max = niceMax(Math.max(0, ...data.lines.flatMap((l) => l[basis])));
   const x = (i) => L + (n <= 1 ? 0 : (i * (W - L - R)) / (n - 1));
@@ -58,7 +60,7 @@ function chart(data, basis, currency, titleText) {
   const grid = [0, 0.25, 0.5, 0.75, 1].map((f) => svg('g', {},
     svg('line', {x1: L, x2: W - R, y1: y(max * f), y2: y(max * f), stroke: '#d5dae0', 'stroke-width': 1}),
     svg('text', {x: L - 6, y: y(max * f) + 4, 'text-anchor': 'end', 'font-size': 11, fill: '#5b6570'}, money(max * f, ''))));
-  const every = Math.max(1, Math.ceil(n / 8));
+  const every = Math.max(1, Math.ceil(n / Math.max(2, Math.floor((W - L - R) / 90))));
   const ticks = data.buckets.map((t, i) => (i % every ? null : svg('text', {x: x(i), y: H - B + 16, 'text-anchor': 'middle',
     'font-size': 11, fill: '#5b6570'}, label(t, data.step_seconds))));
   const lines = data.lines.map((l, k) => {
@@ -136,7 +138,7 @@ export default {
       if (!data.lines.length) {
         fill(chartBox, h('p', {id: 'cost-empty'}, 'No metered usage in this range yet.'));
       } else {
-        fill(chartBox, chart(data, state.basis, currency, title), legend(data));
+        fill(chartBox, chart(data, state.basis, currency, title, chartBox.clientWidth), legend(data));
       }
       const head = ['Total reserved', 'Total active'];
       const open = !!(tableBox.querySelector('details') || {}).open; // kept across refreshes
@@ -156,6 +158,11 @@ export default {
             data.lines.map((l) => h('td', {}, money(l[state.basis][i], ''))))))))));
     };
 
+    // Redraw at the new width when the window is resized (a phone turned).
+    let resizeTimer = null;
+    const onResize = () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(draw, 150); };
+    window.addEventListener('resize', onResize);
+    ctx.signal.addEventListener('abort', () => { window.removeEventListener('resize', onResize); clearTimeout(resizeTimer); });
     ctx.every(30000, async () => {
       const r = RANGES[state.range];
       data = await ctx.api('GET', `/v1/usage/series?by=${state.by}&step=${r.step}&from=${r.from}`, undefined, {signal: ctx.signal});

@@ -6,7 +6,8 @@ import {h, fill, badge, ago, section} from '../dom.js';
 
 export function money(v, currency) {
   const n = Number(v) || 0;
-  const digits = n !== 0 && Math.abs(n) < 0.01 ? 4 : 2;
+  // Two significant digits below one cent, so small costs do not read as 0.
+  const digits = n !== 0 && Math.abs(n) < 0.01 ? Math.min(8, Math.ceil(-Math.log10(Math.abs(n))) + 1) : 2;
   return `${n.toFixed(digits)}${currency ? ` ${currency}` : ''}`;
 }
 
@@ -19,6 +20,13 @@ export async function currencyOf(ctx) {
 }
 
 const cleanable = (it) => it.kind === 'sandbox' || it.kind === 'snapshot';
+
+// wrap lets a header cell break its words (the grid's headers do not), set
+// through the CSSOM: the console's CSP refuses style attributes.
+function wrap(el) {
+  el.style.whiteSpace = 'normal';
+  return el;
+}
 
 export default {
   id: 'orphans',
@@ -41,7 +49,7 @@ export default {
       h('span', {id: 'o-days-help', class: 'help'}, 'No API call, client, file write, egress or CPU for this long.')),
     h('div', {class: 'field'}, h('span', {'aria-hidden': 'true'}, '\u00a0'), h('button', {type: 'submit'}, 'Show')));
     const summary = h('p', {id: 'orphans-summary', 'aria-live': 'polite'});
-    const bulk = h('button', {type: 'button', class: 'danger', id: 'orphans-cleanup-selected', disabled: true,
+    const bulk = h('button', {type: 'button', class: 'danger hide-narrow', id: 'orphans-cleanup-selected', disabled: true,
       onclick: () => cleanup(items.filter((it) => selected.has(`${it.kind}/${it.id}`)))}, 'Clean up selected');
     const table = h('div', {class: 'scroll', id: 'orphans-table'});
     fill(el, h('h1', {}, 'Orphans'),
@@ -77,17 +85,18 @@ export default {
       const total = {reserved: 0, active: 0, n: 0};
       for (const it of items) { total.reserved += it.cost_per_day_reserved || 0; total.active += it.cost_per_day_active || 0; total.n++; }
       summary.textContent = items.length
-        ? `${items.length} orphans untouched for ${days}+ days cost ${money(total.reserved, currency)} per day reserved, ${money(total.active, currency)} per day active.`
+        ? `${items.length} ${items.length === 1 ? 'orphan' : 'orphans'} untouched for ${days}+ days cost ${money(total.reserved, currency)} per day reserved, ${money(total.active, currency)} per day active.`
         : `Nothing untouched for ${days}+ days.`;
       for (const k of [...selected]) if (!items.some((it) => `${it.kind}/${it.id}` === k)) selected.delete(k);
       updateBulk();
       if (!items.length) { fill(table); return; }
       const cols = ['Select', 'Kind', 'ID', ctx.session.admin ? 'Owner' : null, 'State', 'Template', 'Idle', 'Age',
         'Per day (reserved)', 'Per day (active)', 'So far (reserved / active)', 'Action'].filter(Boolean);
-      const narrow = new Set(['Template', 'Age', 'So far (reserved / active)']);
+      // At a phone's width: the id, idle time, cost per day (reserved) and the button.
+      const narrow = new Set(['Select', 'Kind', 'State', 'Template', 'Age', 'Per day (active)', 'So far (reserved / active)']);
       fill(table, h('table', {class: 'grid', id: 'orphans'},
         h('caption', {}, `Orphans untouched for ${days}+ days; costs in ${currency || 'the configured currency'}`),
-        h('thead', {}, h('tr', {}, cols.map((c) => h('th', {scope: 'col', class: narrow.has(c) ? 'hide-narrow' : null}, c)))),
+        h('thead', {}, h('tr', {}, cols.map((c) => wrap(h('th', {scope: 'col', class: narrow.has(c) ? 'hide-narrow' : null}, c))))),
         h('tbody', {}, items.map((it) => {
           const key = `${it.kind}/${it.id}`;
           const box = cleanable(it) ? h('input', {type: 'checkbox', id: `sel-${it.kind}-${it.id}`,
@@ -97,17 +106,18 @@ export default {
             }}) : null;
           if (box) box.checked = selected.has(key);
           const idCell = it.kind === 'sandbox' ? h('a', {href: `#/sandbox/${encodeURIComponent(it.id)}`}, it.id) : h('code', {}, it.id);
+          idCell.style.wordBreak = 'break-all'; // ids are 20 characters without a break
           return h('tr', {'data-kind': it.kind, 'data-id': it.id},
-            h('td', {}, box),
-            h('td', {}, it.kind),
+            h('td', {class: 'hide-narrow'}, box),
+            h('td', {class: 'hide-narrow'}, it.kind),
             h('th', {scope: 'row'}, idCell),
             ctx.session.admin ? h('td', {}, it.owner || '') : null,
-            h('td', {}, badge(it.state)),
+            h('td', {class: 'hide-narrow'}, badge(it.state)),
             h('td', {class: 'hide-narrow'}, it.template || ''),
             h('td', {title: it.last_active_at || it.created_at}, `${it.idle_days} d`),
             h('td', {class: 'hide-narrow', title: it.created_at}, ago(it.created_at)),
             h('td', {class: 'per-day-reserved'}, money(it.cost_per_day_reserved, '')),
-            h('td', {class: 'per-day-active'}, money(it.cost_per_day_active, '')),
+            h('td', {class: 'per-day-active hide-narrow'}, money(it.cost_per_day_active, '')),
             h('td', {class: 'hide-narrow'}, `${money(it.cost_reserved, '')} / ${money(it.cost_active, '')}`),
             h('td', {}, cleanable(it)
               ? h('button', {type: 'button', class: 'danger cleanup', 'aria-label': `Clean up ${it.kind} ${it.id}`,

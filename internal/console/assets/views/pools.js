@@ -24,7 +24,13 @@ function millis(ms) {
 }
 
 const short = (fp) => (fp ? fp.slice(0, 12) : '');
-const th = (c, narrow) => h('th', {scope: 'col', class: narrow ? 'hide-narrow' : null}, c);
+// th is a column header that may wrap (set through the CSSOM: the
+// console's CSP refuses style attributes); narrow ones hide on a phone.
+function th(c, narrow) {
+  const el = h('th', {scope: 'col', class: narrow ? 'hide-narrow' : null}, c);
+  el.style.whiteSpace = 'normal';
+  return el;
+}
 
 export default {
   id: 'pools',
@@ -48,16 +54,16 @@ export default {
       if (!pools.length) { fill(poolsBox, h('p', {}, 'No warm pools configured (berth pool set TEMPLATE --size N).')); return; }
       fill(poolsBox, h('table', {class: 'grid', id: 'pools'},
         h('caption', {}, 'Hit rate = hits / (hits + misses) since the server started; claim latency over the latest claims'),
-        h('thead', {}, h('tr', {}, th('Template'), th('State'), th('Ready / target'), th('Starting', true), th('Hits'),
-          th('Misses'), th('Hit rate'), th('Claim p50'), th('Claim p99'), th('Idle memory', true), th('Fingerprint', true))),
+        h('thead', {}, h('tr', {}, th('Template'), th('State'), th('Ready / target'), th('Starting', true), th('Hits', true),
+          th('Misses', true), th('Hit rate'), th('Claim p50'), th('Claim p99'), th('Idle memory', true), th('Fingerprint', true))),
         h('tbody', {}, pools.map((p) => h('tr', {'data-template': p.template},
           h('th', {scope: 'row'}, p.template),
           h('td', {}, badge(p.state), p.error ? h('div', {class: 'error'}, p.error) : null,
             p.retry_at && !p.retry_at.startsWith('0001-') ? h('div', {class: 'help'}, `retry ${ago(p.retry_at)}`) : null),
           h('td', {class: 'size'}, `${p.ready} / ${p.target}${p.auto ? ` (auto ${p.min}–${p.max})` : ''}`),
           h('td', {class: 'hide-narrow'}, p.starting),
-          h('td', {class: 'hits'}, p.hits), h('td', {class: 'misses'}, p.misses),
-          h('td', {class: 'hit-rate'}, rate(p.hits, p.misses)),
+          h('td', {class: 'hits hide-narrow'}, p.hits), h('td', {class: 'misses hide-narrow'}, p.misses),
+          h('td', {class: 'hit-rate', title: `${p.hits} hits, ${p.misses} misses`}, rate(p.hits, p.misses)),
           h('td', {class: 'p50'}, micros(p.claim_p50_us)), h('td', {class: 'p99'}, micros(p.claim_p99_us)),
           h('td', {class: 'hide-narrow'}, bytes(p.idle_memory_bytes)),
           h('td', {class: 'hide-narrow'}, h('code', {title: p.fingerprint || ''}, short(p.fingerprint))))))));
@@ -86,10 +92,10 @@ export default {
       if (!builds.length) { fill(buildsBox, h('p', {}, filter ? `No builds of ${filter} recorded.` : 'No builds recorded.')); return; }
       fill(buildsBox, h('table', {class: 'grid', id: 'builds'},
         h('caption', {}, filter ? `Builds of ${filter}, newest first` : 'Every build, newest first'),
-        h('thead', {}, h('tr', {}, th('Template'), th('Kind'), th('Result'), th('Started'), th('Duration'),
+        h('thead', {}, h('tr', {}, th('Template'), th('Kind', true), th('Result'), th('Started'), th('Duration'),
           th('Fingerprint', true), th('Layers', true), th('Source / error', true))),
         h('tbody', {}, builds.map((b) => h('tr', {'data-seq': b.seq, 'data-template': b.template, 'data-result': b.result},
-          h('th', {scope: 'row'}, b.template), h('td', {}, b.kind),
+          h('th', {scope: 'row'}, b.template), h('td', {class: 'hide-narrow'}, b.kind),
           h('td', {class: 'result'}, h('span', {class: `badge ${b.result === 'ready' ? 'st-running' : 'st-failed'}`}, b.result)),
           h('td', {title: b.started_at}, when(b.started_at)), h('td', {}, millis(b.ms)),
           h('td', {class: 'hide-narrow'}, h('code', {title: b.fingerprint || ''}, short(b.fingerprint))),
