@@ -39,6 +39,7 @@ var operations = map[string]body{
 	"POST /v1/sandboxes/{id}/resume":                      {resp: wire.Sandbox{}},
 	"POST /v1/sandboxes/{id}/lease":                       {wire.LeaseRequest{}, wire.Sandbox{}},
 	"GET /v1/sandboxes/{id}/events":                       {resp: []wire.Event{}},
+	"GET /v1/sandboxes/{id}/activity":                     {resp: wire.ActivityList{}},
 	"GET /v1/sandboxes/{id}/net":                          {resp: wire.NetworkInfo{}},
 	"PUT /v1/sandboxes/{id}/net":                          {wire.NetworkRequest{}, wire.NetworkInfo{}},
 	"GET /v1/sandboxes/{id}/net/log":                      {resp: wire.EgressLogResponse{}},

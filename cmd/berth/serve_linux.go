@@ -51,6 +51,8 @@ type ServeConfig struct {
 	CheckpointConfig
 	// NoUserNS runs new runc sandboxes without a user namespace.
 	NoUserNS bool `json:"no_userns,omitempty"`
+	// ActivityRetention is how many activity entries each sandbox keeps.
+	ActivityRetention int `json:"activity_retention,omitempty"`
 	NetworkServeConfig
 	// Reaper policies, per-owner quotas and prices (see internal/reaper,
 	// internal/quota, internal/metering); zero values are the defaults.
@@ -133,6 +135,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	noBuild := pre.Bool("no-default-template", false, "do not build the default template on start")
 	logLevel := pre.String("log-level", "", "debug, info, warn, error")
 	noUserNS := pre.Bool("no-userns", false, "run new runc sandboxes without a user namespace (root inside is root on the host)")
+	activityRetention := pre.Int("activity-retention", 0, "activity entries kept per sandbox, oldest pruned (default 10000)")
 	applyNetFlags := networkFlags(pre)
 	if err := pre.Parse(args); err != nil {
 		return cli.UsageError(err.Error())
@@ -155,6 +158,12 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if *noUserNS {
 		cfg.NoUserNS = true
+	}
+	if *activityRetention != 0 {
+		cfg.ActivityRetention = *activityRetention
+	}
+	if cfg.ActivityRetention < 0 {
+		return errs.Field("activity_retention", "must not be negative, got %d", cfg.ActivityRetention)
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -248,6 +257,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		DataDir: cfg.DataDir, DefaultRuntime: cfg.Runtime, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTTL: defTTL, MaxTTL: maxTTL, AgentPath: agent, Log: log,
 		Reaper: cfg.Reaper, Quotas: cfg.Quotas, Prices: cfg.Prices, NoUserNS: cfg.NoUserNS,
+		ActivityRetention: cfg.ActivityRetention,
 		CheckpointTimeout: cfg.checkpointTimeout(), CheckpointTimeoutPerGiB: cfg.checkpointTimeoutPerGiB(),
 	}, st, runtimes, tpl)
 	if err != nil {

@@ -27,6 +27,7 @@ type Client struct {
 	socket string
 	http   *http.Client
 	tr     *http.Transport
+	obs    Observer // nil: nobody watches (observer.go)
 }
 
 // Bounds on what the daemon reads from an agent.
@@ -251,6 +252,7 @@ type Stream struct {
 	done   bool
 	exited bool               // the exit event came: the answer ends right after it
 	cancel context.CancelFunc // ends the request
+	obs    ExecObserver       // nil unless the client has an Observer
 }
 
 // Next returns the next event; io.EOF after the exit event. A stream cut
@@ -262,6 +264,9 @@ func (s *Stream) Next() (Event, error) {
 	var ev Event
 	if err := s.dec.next(&ev); err != nil {
 		s.done = true
+		if s.obs != nil {
+			s.obs.Closed()
+		}
 		if errs.Is(err, errs.ResourceExhausted) {
 			return Event{}, err
 		}
@@ -269,6 +274,9 @@ func (s *Stream) Next() (Event, error) {
 	}
 	if ev.Type == "exit" {
 		s.done, s.exited = true, true
+	}
+	if s.obs != nil {
+		s.obs.Event(&ev)
 	}
 	return ev, nil
 }
@@ -290,6 +298,9 @@ func (s *Stream) Close() error {
 	}
 	err := s.body.Close()
 	s.cancel()
+	if s.obs != nil {
+		s.obs.Closed()
+	}
 	return err
 }
 
@@ -317,7 +328,11 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, keepaliveSec int) (*
 		cancel()
 		return nil, err
 	}
-	return newStream(resp, cancel), nil
+	st := newStream(resp, cancel)
+	if c.obs != nil {
+		st.obs = c.obs.Exec(req)
+	}
+	return st, nil
 }
 
 // Attach streams a process's new output and its exit.
@@ -341,6 +356,9 @@ func (c *Client) Input(ctx context.Context, pid int, data []byte) error {
 	resp, err := c.do(ctx, http.MethodPost, fmt.Sprintf("/processes/%d/input", pid), nil, bytes.NewReader(data), "application/octet-stream")
 	if err != nil {
 		return err
+	}
+	if c.obs != nil {
+		c.obs.Input(pid, len(data))
 	}
 	return resp.Body.Close()
 }
@@ -392,6 +410,9 @@ func (c *Client) WriteFile(ctx context.Context, path, user string, mode os.FileM
 	if err := c.decodeBounded(resp.Body, MaxControlBytes, &info, "/files"); err != nil {
 		return EntryInfo{}, err
 	}
+	if c.obs != nil {
+		c.obs.FileChanged("write", path, "", info.Size)
+	}
 	return info, nil
 }
 
@@ -404,11 +425,18 @@ func (c *Client) Stat(ctx context.Context, req PathRequest) (EntryInfo, error) {
 func (c *Client) Mkdir(ctx context.Context, req PathRequest) (EntryInfo, error) {
 	var info EntryInfo
 	err := c.doJSON(ctx, http.MethodPost, "/fs/mkdir", req, &info)
+	if err == nil && c.obs != nil {
+		c.obs.FileChanged("mkdir", req.Path, "", 0)
+	}
 	return info, err
 }
 
 func (c *Client) Remove(ctx context.Context, req PathRequest) error {
-	return c.doJSON(ctx, http.MethodPost, "/fs/remove", req, nil)
+	err := c.doJSON(ctx, http.MethodPost, "/fs/remove", req, nil)
+	if err == nil && c.obs != nil {
+		c.obs.FileChanged("remove", req.Path, "", 0)
+	}
+	return err
 }
 
 func (c *Client) List(ctx context.Context, req ListRequest) ([]EntryInfo, error) {
@@ -420,6 +448,9 @@ func (c *Client) List(ctx context.Context, req ListRequest) ([]EntryInfo, error)
 func (c *Client) Move(ctx context.Context, req MoveRequest) (EntryInfo, error) {
 	var info EntryInfo
 	err := c.doJSON(ctx, http.MethodPost, "/fs/move", req, &info)
+	if err == nil && c.obs != nil {
+		c.obs.FileChanged("move", req.Source, req.Destination, info.Size)
+	}
 	return info, err
 }
 

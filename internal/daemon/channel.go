@@ -78,6 +78,7 @@ type channels struct {
 	key        []byte                 // master key (channelKeyFile)
 	sandboxDir func(id string) string // the core's per-sandbox host directory
 	log        *slog.Logger
+	observe    func(id string) agentapi.Observer // set once in New (activity), before any channel opens
 
 	mu sync.Mutex
 	m  map[string]*agentapi.Channel
@@ -126,6 +127,9 @@ func (c *channels) open(id string) (*agentapi.Channel, error) {
 	ch, err := agentapi.Listen(c.socketPath(id), id, c.agentKey(id), c.log.With("sandbox_id", id))
 	if err != nil {
 		return nil, err
+	}
+	if c.observe != nil {
+		ch.Client().SetObserver(c.observe(id))
 	}
 	c.m[id] = ch
 	return ch, nil

@@ -47,6 +47,10 @@ type Config struct {
 	// the template layers on a sized workspace image (internal/rootfs).
 	// Unit tests without root give a plain-directory one (runtime/fake.Dirs).
 	Filesystem Filesystem
+
+	// ActivityRetention is how many activity entries each sandbox keeps
+	// (oldest pruned); 0 = activity.DefaultRetention.
+	ActivityRetention int
 }
 
 // Filesystem is the lifecycle core's view of a sandbox's root filesystem

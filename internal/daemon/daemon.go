@@ -67,6 +67,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-dev/berth/internal/activity"
 	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
@@ -108,7 +109,8 @@ type Daemon struct {
 
 	net *hostnet.Service // host networking (hostnet.go)
 
-	console *console.Service // web console sessions (console.go)
+	act     *activity.Service // activity timelines (internal/activity)
+	console *console.Service  // web console sessions (console.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -173,6 +175,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
+	d.act = activity.New(activity.Config{Retention: cfg.ActivityRetention, Log: cfg.Log, Now: cfg.Now}, d, st)
+	d.chans.observe = d.act.Observer // every agent client reports execs and file changes
 	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})
 	return d, nil
 }
@@ -203,6 +207,9 @@ func (d *Daemon) Close() {
 	d.net.Release()
 	d.chans.closeAll()
 }
+
+// Activity is the activity timeline service.
+func (d *Daemon) Activity() *activity.Service { return d.act }
 
 // Store exposes the store for read-only API handlers (events, templates, keys).
 func (d *Daemon) Store() store.Store { return d.store }

@@ -120,4 +120,5 @@ func (d *Daemon) Run() {
 	d.GoBackground("watch", d.watch.watchLoop)
 	d.GoBackground("pools", d.poolSvc.Run)
 	d.GoBackground("reaper", d.adm.NewReaper(reaperCore{d}).Run)
+	d.GoBackground("activity", d.act.Run)
 }

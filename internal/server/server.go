@@ -68,6 +68,7 @@ func (s *Server) routes() {
 	s.handle("POST /v1/sandboxes/{id}/resume", sb.resumeSandbox)
 	s.handle("POST /v1/sandboxes/{id}/lease", sb.leaseSandbox)
 	s.handle("GET /v1/sandboxes/{id}/events", adm.sandboxEvents)
+	s.handle("GET /v1/sandboxes/{id}/activity", activityAPI{s}.sandboxActivity)
 	s.handle("GET /v1/sandboxes/{id}/net", nw.getNetwork)
 	s.handle("PUT /v1/sandboxes/{id}/net", nw.setNetwork)
 	s.handle("GET /v1/sandboxes/{id}/net/log", nw.egressLog)

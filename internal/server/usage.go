@@ -135,5 +135,7 @@ func (s adminAPI) metrics(w http.ResponseWriter, r *http.Request, p daemon.Princ
 // dashboard polling `berth ls` keeps nothing awake.
 func clientRoute(pattern string) bool {
 	_, path, _ := strings.Cut(pattern, " ")
-	return strings.HasPrefix(path, "/v1/sandboxes/{id}/") && path != "/v1/sandboxes/{id}/events"
+	// Reading the timeline (or following it) is not using the sandbox.
+	return strings.HasPrefix(path, "/v1/sandboxes/{id}/") && path != "/v1/sandboxes/{id}/events" &&
+		path != "/v1/sandboxes/{id}/activity"
 }

@@ -206,7 +206,16 @@ CREATE TABLE secrets (
 	// 7: the schema-less extra map becomes attrs, the JSON of the typed
 	// sandbox.Attrs (typedAttrs converts every row, then extra is dropped).
 	`ALTER TABLE sandboxes ADD COLUMN attrs TEXT NOT NULL DEFAULT '{}';`,
-	// 8 (consoleops): template build history, one row per import, pull or
+	// activity (issue 19): a sandbox's timeline (internal/activity). Rows
+	// the recorder writes carry their own data; lifecycle events and egress
+	// decisions are not copied: their rows point at the events / egress_log
+	// row (event_seq, egress_seq), which ListActivity joins. The triggers add
+	// those pointer rows in the transaction that appends the event or the
+	// egress entry (a pause or resume row also keeps the modes the sandbox
+	// row holds at that moment), and drop a sandbox's timeline when its
+	// row is deleted. Existing events of live sandboxes are backfilled.
+	activitySchema,
+	// consoleops (issue 19, after activity): template build history, one row per import, pull or
 	// Dockerfile build (the console's pools and templates view).
 	`
 CREATE TABLE template_builds (

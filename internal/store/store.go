@@ -105,6 +105,17 @@ type Store interface {
 	ListQuotas(ctx context.Context) (map[string]quota.Limits, error)
 	DeleteQuota(ctx context.Context, owner string) error
 
+	// AppendActivity stores recorded activity entries in one transaction,
+	// dropping those of a sandbox that no longer exists; lifecycle events
+	// and egress entries join a sandbox's activity by themselves.
+	AppendActivity(ctx context.Context, entries []ActivityEntry) error
+	// ListActivity returns one sandbox's activity in ascending Seq order.
+	ListActivity(ctx context.Context, f ActivityFilter) ([]ActivityEntry, error)
+	// PruneActivity keeps a sandbox's newest keep entries.
+	PruneActivity(ctx context.Context, sandboxID string, keep int) (int64, error)
+	// ActivityTouched lists the sandboxes with activity after seq, and the
+	// largest seq. Deleting a sandbox deletes its activity.
+	ActivityTouched(ctx context.Context, afterSeq int64) ([]string, int64, error)
 	// UsageHours returns the hour buckets of matching usage, each with its
 	// sandbox's owner, template and reserved size, ordered by hour then
 	// sandbox id.

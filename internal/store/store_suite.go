@@ -40,6 +40,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Snapshots", suiteSnapshots},
 		{"Usage", suiteUsage},
 		{"Quotas", suiteQuotas},
+		{"Activity", suiteActivity},
 		{"UsageHours", suiteUsageHours},
 		{"TemplateBuilds", suiteTemplateBuilds},
 	} {

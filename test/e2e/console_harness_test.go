@@ -140,6 +140,9 @@ func (b *browser) signIn(key string) {
 // the page's origin) and returns the status and body.
 func (b *browser) fetch(method, path, body string, headers map[string]string) (int, string) {
 	b.t.Helper()
+	if headers == nil {
+		headers = map[string]string{}
+	}
 	h, _ := json.Marshal(headers)
 	var out struct {
 		Status int

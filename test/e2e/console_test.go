@@ -1,8 +1,18 @@
 package e2e
 
 import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 // TestConsoleFleet: sign in with the admin key in a real browser; the fleet
@@ -12,6 +22,9 @@ func TestConsoleFleet(t *testing.T) {
 	a := s.create()
 	bID := s.create()
 	b := startBrowser(t, s)
+	b.open("#/fleet")
+	b.waitText("#signin", "API key")
+	b.screenshots("signin")
 	b.signIn(s.key)
 	b.waitText("#sandboxes", a)
 	b.waitText("#sandboxes", bID)
@@ -19,7 +32,210 @@ func TestConsoleFleet(t *testing.T) {
 
 	s.must("pause", a)
 	b.waitText(`#sandboxes tr[data-id="`+a+`"]`, "paused")
-	if got := b.text(`#state-counts tr[data-state="paused"] .count`); strings.TrimSpace(got) != "1" {
-		t.Errorf("paused count = %q, want 1", got)
+	b.waitText(`#state-counts tr[data-state="paused"] .count`, `^1$`)
+	b.waitText(`#state-counts tr[data-state="running"] .count`, `^1$`)
+
+	// The filters narrow the list to the paused one.
+	b.run(chromedp.SetValue(chromedp.CSS("#f-state"), "paused"))
+	b.eval(`document.querySelector("#f-state").dispatchEvent(new Event("change")), true`, new(bool))
+	b.waitText("#fleet-status", "^1 of 2 shown$")
+	if got := b.text("#sandboxes"); strings.Contains(got, bID) {
+		t.Errorf("state filter paused still lists running %s", bID)
+	}
+
+	// Sign out deletes the session: the cookie no longer opens the API.
+	b.run(chromedp.Click(chromedp.CSS("#signout")))
+	b.waitText("#signin", "API key")
+	if code, _ := b.fetch("GET", "/v1/sandboxes", "", nil); code != http.StatusUnauthorized {
+		t.Errorf("after sign-out GET /v1/sandboxes = %d, want 401", code)
+	}
+}
+
+// TestConsoleSandbox: a sandbox page shows an exec the test ran, with its
+// exit code, on the activity timeline; the browser terminal runs a command
+// and shows its output; the files browser lists a file and uploads one.
+func TestConsoleSandbox(t *testing.T) {
+	s := startServer(t)
+	id := s.create()
+	if out, code := s.run("exec", id, "--", "sh", "-c", "echo console-probe; exit 7"); code != 7 {
+		t.Fatalf("exec exit %d, want 7: %s", code, out)
+	}
+	s.must("exec", id, "--", "sh", "-c", "echo hi > /tmp/from-test.txt")
+
+	b := startBrowser(t, s)
+	b.signIn(s.key)
+	b.open("#/sandbox/" + id)
+	b.waitText("#facts", "tiny")
+	got := b.waitText(`#activity`, `echo console-probe; exit 7 → exit code 7`)
+	t.Logf("activity: %s", got)
+
+	// Files: list /tmp, see the file, upload one through the file input.
+	b.run(chromedp.SetValue(chromedp.CSS("#files-path"), "/tmp"),
+		chromedp.Click(chromedp.CSS("#files-path + button")))
+	b.waitText("#files-list", "from-test.txt")
+	up := t.TempDir() + "/uploaded.txt"
+	writeFile(t, up, "uploaded-from-browser\n")
+	b.run(chromedp.SetUploadFiles(chromedp.CSS("#files-upload"), []string{up}),
+		chromedp.Click(chromedp.CSS("#files-upload + button")))
+	b.waitText("#files-list", "uploaded.txt")
+	if out := s.must("exec", id, "--", "cat", "/tmp/uploaded.txt"); out != "uploaded-from-browser" {
+		t.Errorf("uploaded file holds %q", out)
+	}
+	b.screenshots("sandbox")
+
+	// The terminal: a shell with a PTY; type a command, see its output.
+	b.run(chromedp.Click(chromedp.CSS("#term-open")))
+	b.waitText("#term-status", "connected")
+	b.run(chromedp.SendKeys(chromedp.CSS("pre.term"), "echo hello-$RANDOM\r"))
+	out := b.waitText("pre.term", `hello-[0-9]+`)
+	if m := regexp.MustCompile(`hello-[0-9]+`).FindString(out); m == "" {
+		t.Fatalf("terminal shows no output: %q", out)
+	}
+	b.run(chromedp.SendKeys(chromedp.CSS("pre.term"), "printf '\\033[1;31mred\\033[0m|%s\\n' \"$TERM\"\r"))
+	b.waitText("pre.term", `red\|xterm-256color`)
+	var color string
+	b.eval(`[...document.querySelectorAll("pre.term span")].filter(s => s.textContent === "red").map(s => s.style.color)[0] || ""`, &color)
+	if color == "" {
+		t.Errorf("SGR 31 output has no colour")
+	}
+	b.screenshots("sandbox-terminal")
+
+	// The shell shows up on the timeline too once it ends (exit).
+	b.run(chromedp.SendKeys(chromedp.CSS("pre.term"), "exit 0\r"))
+	b.waitText("#term-status", "ended")
+	b.waitText("#activity", `-c if command -v bash`)
+}
+
+// TestConsoleTenant: another owner's session sees nothing of the sandbox in
+// the UI and gets nothing from the JSON behind it; a write with the session
+// cookie but without the CSRF header is refused, from the console's own page
+// and from a page on another origin of the same site (where SameSite=Strict
+// still sends the cookie).
+func TestConsoleTenant(t *testing.T) {
+	s := startServer(t)
+	alice := s.must("key", "create", "--owner", "alice")
+	bob := s.must("key", "create", "--owner", "bob")
+	aliceBox := strings.TrimSpace(mustAs(t, s, alice, "create", "--template", "tiny"))
+	bobBox := strings.TrimSpace(mustAs(t, s, bob, "create", "--template", "tiny"))
+
+	b := startBrowser(t, s)
+	b.signIn(bob)
+	b.waitText("#sandboxes", bobBox)
+	if got := b.text("#sandboxes"); strings.Contains(got, aliceBox) {
+		t.Fatalf("bob's fleet lists alice's sandbox %s", aliceBox)
+	}
+	b.open("#/sandbox/" + aliceBox)
+	b.waitText("main", "not found|no sandbox")
+	b.screenshots("tenant-denied")
+	csrf := b.csrf()
+	if csrf == "" {
+		t.Fatal("no CSRF token from /ui/session")
+	}
+	hdr := map[string]string{"X-Berth-CSRF": csrf, "Content-Type": "application/json"}
+	for _, req := range []struct{ method, path, body string }{
+		{"GET", "/v1/sandboxes/" + aliceBox, ""},
+		{"GET", "/v1/sandboxes/" + aliceBox + "/activity", ""},
+		{"GET", "/v1/sandboxes/" + aliceBox + "/events", ""},
+		{"POST", "/v1/sandboxes/" + aliceBox + "/pause", "{}"},
+		{"POST", "/v1/sandboxes/" + aliceBox + "/exec", `{"cmd":["true"]}`},
+		{"POST", "/v1/sandboxes/" + aliceBox + "/fs/list", `{"path":"/"}`},
+		{"GET", "/v1/sandboxes/" + aliceBox + "/files?path=/etc/hostname", ""},
+		{"DELETE", "/v1/sandboxes/" + aliceBox, ""},
+	} {
+		code, body := b.fetch(req.method, req.path, req.body, hdr)
+		if strings.HasSuffix(req.path, "/events") && code == http.StatusOK && strings.TrimSpace(body) == "[]" {
+			continue // events are filtered by owner: another's are simply not there
+		}
+		if code != http.StatusNotFound && code != http.StatusForbidden {
+			t.Errorf("bob's session: %s %s = %d %s, want 404/403", req.method, req.path, code, body)
+		}
+		if strings.Contains(body, aliceBox) && req.method == "GET" && strings.Contains(body, `"owner"`) {
+			t.Errorf("bob's session: %s %s leaks alice's sandbox: %s", req.method, req.path, body)
+		}
+	}
+	code, body := b.fetch("GET", "/v1/events", "", nil)
+	if code != 200 || strings.Contains(body, aliceBox) {
+		t.Errorf("bob's /v1/events = %d, shows alice's sandbox: %v", code, strings.Contains(body, aliceBox))
+	}
+
+	// Alice, signed in, is the victim of the forged writes.
+	b.run(chromedp.Click(chromedp.CSS("#signout")))
+	b.waitText("#signin", "API key")
+	b.signIn(alice)
+	b.waitText("#sandboxes", aliceBox)
+	if code, body := b.fetch("POST", "/v1/sandboxes/"+aliceBox+"/pause", "{}", map[string]string{"Content-Type": "application/json"}); code != http.StatusForbidden {
+		t.Errorf("cookie POST without the CSRF header = %d %s, want 403", code, body)
+	}
+	if code, body := b.fetch("POST", "/v1/sandboxes/"+aliceBox+"/pause", "{}", map[string]string{"X-Berth-CSRF": "forged-" + csrf}); code != http.StatusForbidden {
+		t.Errorf("cookie POST with another session's CSRF token = %d %s, want 403", code, body)
+	}
+
+	// A page on another port of the same host: same site, other origin. It
+	// fires a form POST and a no-cors fetch at the API with alice's cookie.
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, `<!doctype html><body>
+<form id="f" method="POST" action="%[1]s/v1/sandboxes/%[2]s/pause" enctype="text/plain"><input name='{"a":"' value='"}'></form>
+<script>
+fetch("%[1]s/v1/sandboxes/%[2]s/exec", {method: "POST", mode: "no-cors", credentials: "include",
+  headers: {"Content-Type": "text/plain"}, body: '{"cmd":["sh","-c","echo pwned > /tmp/pwned"]}'})
+  .finally(() => { document.title = "fetched"; document.getElementById("f").submit(); });
+</script></body>`, s.url, aliceBox)
+	}))
+	defer evil.Close()
+	b.run(chromedp.Navigate(evil.URL))
+	var loc string
+	testutil.Eventually(t, testutil.Within(20*time.Second), func() error {
+		b.eval(`location.href`, &loc)
+		if !strings.HasPrefix(loc, s.url) {
+			return fmt.Errorf("form not submitted yet (at %s)", loc)
+		}
+		return nil
+	})
+	if body := b.text("body"); !strings.Contains(body, "cross-origin") && !strings.Contains(body, "X-Berth-CSRF") {
+		t.Errorf("the forged form POST was not refused by the console's check: %s", body)
+	}
+	if st := stateOf(t, s, aliceBox); st != "running" {
+		t.Fatalf("alice's sandbox is %s after the forged pause, want running", st)
+	}
+	if out, code := s.runAs(alice, nil, "exec", aliceBox, "--", "cat", "/tmp/pwned"); code == 0 {
+		t.Fatalf("the forged exec ran in alice's sandbox: %s", out)
+	}
+
+	// Positive control: the console's own write, with the header, acts.
+	b.open("#/fleet")
+	b.waitText("#sandboxes", aliceBox)
+	if code, body := b.fetch("POST", "/v1/sandboxes/"+aliceBox+"/pause", "{}",
+		map[string]string{"X-Berth-CSRF": b.csrf(), "Content-Type": "application/json"}); code != 200 {
+		t.Fatalf("the console's own pause = %d %s", code, body)
+	}
+	if st := stateOf(t, s, aliceBox); st != "paused" {
+		t.Fatalf("alice's sandbox is %s after her own pause", st)
+	}
+}
+
+func mustAs(t *testing.T, s *server, key string, args ...string) string {
+	t.Helper()
+	out, code := s.runAs(key, nil, args...)
+	if code != 0 {
+		t.Fatalf("berth %v: exit %d: %s", args, code, out)
+	}
+	return out
+}
+
+func stateOf(t *testing.T, s *server, id string) string {
+	t.Helper()
+	code, body := s.api(s.key, "GET", "/v1/sandboxes/"+id, nil)
+	if code != 200 {
+		t.Fatalf("GET sandbox %s: %d %v", id, code, body)
+	}
+	st, _ := body["state"].(string)
+	return st
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
