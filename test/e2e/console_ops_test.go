@@ -152,6 +152,16 @@ func TestConsoleOps(t *testing.T) {
 	if code != http.StatusOK || len(body["deleted"].([]any)) != 0 || !strings.Contains(fmt.Sprint(body["refused"]), "not an orphan") {
 		t.Errorf("cleaning up a sandbox used today as a 7-day orphan: %d %v", code, body)
 	}
+	// The same through the CLI.
+	if out := s.must("builds", "tiny"); !strings.Contains(out, "import") || !strings.Contains(out, "ready") {
+		t.Errorf("berth builds tiny:\n%s", out)
+	}
+	if out := s.must("cost", "--by", "template"); !strings.Contains(out, "tiny") {
+		t.Errorf("berth cost --by template:\n%s", out)
+	}
+	if out, code := s.run("cleanup", "--days", "7", aID); code != 4 || !strings.Contains(out, "not an orphan") {
+		t.Errorf("berth cleanup --days 7 of a fresh sandbox: exit %d: %s", code, out)
+	}
 	for _, id := range []string{aID, bID} {
 		if code := s.opsGet(s.key, "/v1/sandboxes/"+id, nil); code != http.StatusOK {
 			t.Fatalf("sandbox %s after refused clean-ups: %d", id, code)
