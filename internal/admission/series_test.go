@@ -9,6 +9,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/metering"
+	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -109,6 +110,7 @@ func TestUsageSeriesScopeAndOrphanRates(t *testing.T) {
 	h0 := t0.Truncate(time.Hour)
 	mk(t, c, "al1", "alice", sandbox.Running, small, sandbox.Attrs{})
 	mk(t, c, "bo1", "bob", sandbox.Stopped, small, sandbox.Attrs{})
+	mk(t, c, "wp1", pool.Owner, sandbox.Running, small, sandbox.Attrs{Pool: sandbox.PoolState{Member: "tiny"}}) // not an orphan
 	inc := metering.Usage{RunningSeconds: 3600, CPUSeconds: 360}
 	cur := func(id, owner string) metering.Usage {
 		return metering.Usage{SandboxID: id, Owner: owner, Template: "tiny", Reserved: small, CreatedAt: t0,

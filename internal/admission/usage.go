@@ -7,6 +7,7 @@ import (
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/metering"
+	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -156,7 +157,9 @@ func (a *Service) Orphans(ctx context.Context, owner string, admin bool, days in
 		u := byID[sb.ID]
 		active := later(sb.CreatedAt, u.LastActiveAt)
 		lastUse[sb.Template] = later(lastUse[sb.Template], active)
-		if sb.State == sandbox.Deleted || active.After(cutoff) {
+		// Warm pool members wait to be claimed, they are not abandoned
+		// (the reaper exempts them too); a clean-up must not race a claim.
+		if sb.State == sandbox.Deleted || active.After(cutoff) || pool.IsMember(sb) {
 			continue
 		}
 		u.Reserved = sb.Resources
