@@ -587,8 +587,8 @@ type Orphan struct {
 	IdleDays     float64   `json:"idle_days"`
 	CostReserved float64   `json:"cost_reserved"`
 	CostActive   float64   `json:"cost_active"`
-	// Per day from now: reserved basis at its current state, active basis
-	// at its last 24 hours' rate.
+	// Per day from now: reserved basis at its current state; active basis
+	// its disk when paused or stopped, else its last 24 hours' rate.
 	CostPerDayReserved float64   `json:"cost_per_day_reserved"`
 	CostPerDayActive   float64   `json:"cost_per_day_active"`
 	Reserved           Resources `json:"reserved,omitzero"`

@@ -114,7 +114,7 @@ func TestUsageSeriesScopeAndOrphanRates(t *testing.T) {
 	inc := metering.Usage{RunningSeconds: 3600, CPUSeconds: 360}
 	cur := func(id, owner string) metering.Usage {
 		return metering.Usage{SandboxID: id, Owner: owner, Template: "tiny", Reserved: small, CreatedAt: t0,
-			LastSampleAt: h0.Add(time.Hour)}
+			LastSampleAt: h0.Add(time.Hour), DiskBytes: 1 << 20}
 	}
 	if err := c.st.RecordUsage(ctx, []store.UsageRecord{{Usage: cur("al1", "alice"), Hour: h0, Inc: inc},
 		{Usage: cur("bo1", "bob"), Hour: h0.Add(time.Hour), Inc: inc}}); err != nil {
@@ -159,13 +159,13 @@ func TestUsageSeriesScopeAndOrphanRates(t *testing.T) {
 	u := inc
 	u.Reserved = small
 	want := map[string][2]float64{
-		"al1": {metering.ReservedPerDay(metering.BucketRunning, small, p), metering.ActivePerDay(u, p)},
-		"bo1": {metering.ReservedPerDay(metering.BucketStopped, small, p), metering.ActivePerDay(u, p)},
+		"al1": {metering.ReservedPerDay(metering.BucketRunning, small, p), metering.ActivePerDay(metering.BucketRunning, u, 0, p)},
+		"bo1": {metering.ReservedPerDay(metering.BucketStopped, small, p), metering.ActivePerDay(metering.BucketStopped, u, 1<<20, p)},
 	}
 	if diff := cmp.Diff(want, got, cmpopts.EquateApprox(0, 1e-12)); diff != "" {
 		t.Errorf("orphan rates (-want +got):\n%s", diff)
 	}
-	if want["al1"][0] <= want["bo1"][0] || want["al1"][1] <= 0 {
+	if want["al1"][0] <= want["bo1"][0] || want["al1"][1] <= want["bo1"][1] || want["bo1"][1] <= 0 {
 		t.Errorf("a running orphan should cost more per day than a stopped one: %v", want)
 	}
 }

@@ -109,8 +109,9 @@ type Orphan struct {
 	CostReserved float64   `json:"cost_reserved"`
 	CostActive   float64   `json:"cost_active"`
 	// What it costs per day from now on the reserved basis (its current
-	// state's bucket, metering.ReservedPerDay) and on the active basis (its
-	// last 24 hours' rate, metering.ActivePerDay).
+	// state's bucket, metering.ReservedPerDay) and on the active basis
+	// (paused or stopped: its disk; running or frozen: its last 24 hours'
+	// rate; metering.ActivePerDay).
 	CostPerDayReserved float64           `json:"cost_per_day_reserved"`
 	CostPerDayActive   float64           `json:"cost_per_day_active"`
 	Reserved           sandbox.Resources `json:"reserved,omitzero"`
@@ -166,12 +167,13 @@ func (a *Service) Orphans(ctx context.Context, owner string, admin bool, days in
 		c := metering.Price(u, a.cfg.Prices)
 		day := lastDay[sb.ID]
 		day.Reserved = sb.Resources
+		bucket := metering.BucketOf(sb.State, sb.PauseActual)
 		rep.Items = append(rep.Items, Orphan{Kind: "sandbox", ID: sb.ID, Owner: sb.Owner, State: string(sb.State),
 			Template: sb.Template, CreatedAt: sb.CreatedAt, LastActiveAt: u.LastActiveAt,
 			AgeDays: days2(now.Sub(sb.CreatedAt)), IdleDays: days2(now.Sub(active)),
 			CostReserved: c.Reserved, CostActive: c.Active, Reserved: sb.Resources,
-			CostPerDayReserved: metering.ReservedPerDay(metering.BucketOf(sb.State, sb.PauseActual), sb.Resources, a.cfg.Prices),
-			CostPerDayActive:   metering.ActivePerDay(day, a.cfg.Prices)})
+			CostPerDayReserved: metering.ReservedPerDay(bucket, sb.Resources, a.cfg.Prices),
+			CostPerDayActive:   metering.ActivePerDay(bucket, day, u.DiskBytes, a.cfg.Prices)})
 	}
 	snaps, err := a.core.Store().ListSnapshots(ctx, owner)
 	if err != nil {

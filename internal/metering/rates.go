@@ -24,10 +24,20 @@ func ReservedPerDay(b string, r sandbox.Resources, p Prices) float64 {
 	return Price(u, p).Reserved
 }
 
-// ActivePerDay is the active-basis cost of recent usage u scaled to one
-// day: cost over the metered seconds u covers, times 24 hours (0 when u
-// covers no time).
-func ActivePerDay(u Usage, p Prices) float64 {
+// ActivePerDay is what a sandbox in wall-clock bucket b costs per day on
+// the active basis. Paused or stopped, it holds only its disk: the
+// allocated bytes of its latest sample (diskBytes) for 24 hours. Running
+// or frozen, it is its recent usage u priced and scaled to one day (cost
+// over the metered seconds u covers, times 24 hours; 0 when u covers no
+// time).
+func ActivePerDay(b string, u Usage, diskBytes uint64, p Prices) float64 {
+	switch b {
+	case BucketPaused, BucketStopped:
+		return float64(diskBytes) / gib * 24 * p.DiskGiBHour
+	case BucketRunning, BucketFrozen:
+	default:
+		return 0
+	}
 	t := u.RunningSeconds + u.FrozenSeconds + u.PausedSeconds + u.StoppedSeconds
 	if t <= 0 {
 		return 0

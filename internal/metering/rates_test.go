@@ -25,17 +25,23 @@ func TestPerDayRates(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		name string
-		u    Usage
-		want float64
+		name   string
+		bucket string
+		u      Usage
+		disk   uint64
+		want   float64
 	}{
 		// 1 h running using 0.5 vCPU-hour and 2 GiB-hours: 0.02 + 0.01 per hour, ×24.
-		{"hour", Usage{RunningSeconds: 3600, CPUSeconds: 1800, MemGiBSeconds: 7200}, 24 * (0.5*0.04 + 2*0.005)},
-		// 12 h paused holding 5 GiB-hours of disk: ×2.
-		{"half day of disk", Usage{PausedSeconds: 12 * 3600, DiskGiBHours: 5}, 2 * 5 * 0.0001},
-		{"no time", Usage{CPUSeconds: 10}, 0},
+		{"running hour", BucketRunning, Usage{RunningSeconds: 3600, CPUSeconds: 1800, MemGiBSeconds: 7200}, 1 << 30, 24 * (0.5*0.04 + 2*0.005)},
+		// 12 h frozen holding 5 GiB-hours of disk: ×2.
+		{"frozen half day", BucketFrozen, Usage{FrozenSeconds: 12 * 3600, DiskGiBHours: 5}, 0, 2 * 5 * 0.0001},
+		// Paused or stopped: 3 GiB of disk for a day, whatever it used before.
+		{"paused holds its disk", BucketPaused, Usage{RunningSeconds: 3600, CPUSeconds: 3600}, 3 << 30, 24 * 3 * 0.0001},
+		{"stopped holds its disk", BucketStopped, Usage{}, 1 << 30, 24 * 0.0001},
+		{"no time", BucketRunning, Usage{CPUSeconds: 10}, 0, 0},
+		{"unmetered", "", Usage{RunningSeconds: 3600, CPUSeconds: 3600}, 1 << 30, 0},
 	} {
-		if got := ActivePerDay(tc.u, p); math.Abs(got-tc.want) > 1e-12 {
+		if got := ActivePerDay(tc.bucket, tc.u, tc.disk, p); math.Abs(got-tc.want) > 1e-12 {
 			t.Errorf("ActivePerDay(%s) = %v, want %v", tc.name, got, tc.want)
 		}
 	}
