@@ -101,11 +101,12 @@ func (b *browser) eval(js string, out any) {
 	}
 }
 
-// text is the text content of the first element matching sel ("" if none).
+// text is the rendered text (innerText: lines as shown) of the first
+// element matching sel ("" if none).
 func (b *browser) text(sel string) string {
 	b.t.Helper()
 	var s string
-	b.eval(fmt.Sprintf(`(document.querySelector(%q)||{}).textContent||""`, sel), &s)
+	b.eval(fmt.Sprintf(`(document.querySelector(%q)||{}).innerText||""`, sel), &s)
 	return s
 }
 
@@ -218,4 +219,22 @@ func (b *browser) screenshots(name string) {
 		b.t.Logf("screenshot %s", file)
 	}
 	b.run(chromedp.EmulateViewport(1280, 800))
+	b.checkLabels(name)
+}
+
+// checkLabels fails for a form control or button on the page that a screen
+// reader could not name, or a control that the keyboard cannot reach.
+func (b *browser) checkLabels(page string) {
+	b.t.Helper()
+	var bad []string
+	b.eval(`[...document.querySelectorAll("input, select, textarea, button, a[href], pre.term")]
+		.filter(el => el.offsetParent !== null || el === document.activeElement)
+		.filter(el => {
+			const name = (el.labels && el.labels.length ? [...el.labels].map(l => l.textContent).join("") : "") ||
+				el.getAttribute("aria-label") || (el.tagName === "BUTTON" || el.tagName === "A" ? el.textContent : "");
+			return !name.trim() || el.tabIndex < 0;
+		}).map(el => el.outerHTML.slice(0, 120))`, &bad)
+	for _, el := range bad {
+		b.t.Errorf("%s: control without an accessible name or out of the tab order: %s", page, el)
+	}
 }

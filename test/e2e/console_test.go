@@ -239,3 +239,103 @@ func writeFile(t *testing.T, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// TestConsoleHostileSandbox: what a sandbox writes reaches the page as
+// text. Root inside a real sandbox (runc and runsc) names a file with
+// markup, runs a command whose argv is markup and prints terminal escapes
+// (an OSC title, a cursor jump far off-screen); the console lists them
+// literally and none of it runs as script in the console's origin.
+func TestConsoleHostileSandbox(t *testing.T) {
+	s := startServer(t, "--runtime", "runc")
+	for _, rt := range runtimesOf(t, s) {
+		t.Run(rt, func(t *testing.T) {
+			id := s.create("--runtime", rt)
+			const mark = `<img src=x onerror="window.__pwned=1">`
+			s.must("exec", "--user", "root", id, "--", "sh", "-c", `touch "/tmp/$1"; mkdir -p "/tmp/<svg onload=window.__pwned=2>"`, "sh", mark)
+			if _, code := s.run("exec", "--user", "root", id, "--", "sh", "-c", "exit 0", "<script>window.__pwned=3</script>"); code != 0 {
+				t.Fatalf("exec: %d", code)
+			}
+			b := startBrowser(t, s)
+			b.signIn(s.key)
+			b.open("#/sandbox/" + id)
+			b.waitText("#activity", regexp.QuoteMeta("<script>window.__pwned=3</script>"))
+			b.run(chromedp.SetValue(chromedp.CSS("#files-path"), "/tmp"),
+				chromedp.Click(chromedp.CSS("#files-path + button")))
+			b.waitText("#files-list", regexp.QuoteMeta(mark))
+			b.waitText("#files-list", regexp.QuoteMeta("<svg onload=window.__pwned=2>/"))
+
+			b.run(chromedp.Click(chromedp.CSS("#term-open")))
+			b.waitText("#term-status", "connected")
+			b.run(chromedp.SendKeys(chromedp.CSS("pre.term"),
+				`printf '\033]0;<img src=x onerror=window.__pwned=4>\007\033[99999;99999H\033[99999Aafter-jump\n'`+"\r"))
+			b.waitText("pre.term", `jump`) // where the bounded cursor put it
+			var pwned any
+			b.eval(`window.__pwned === undefined ? null : window.__pwned`, &pwned)
+			if pwned != nil {
+				t.Fatalf("sandbox content ran as script in the console (window.__pwned = %v)", pwned)
+			}
+			var imgs int
+			b.eval(`document.querySelectorAll("main img, main svg, main script").length`, &imgs)
+			if imgs != 0 {
+				t.Errorf("sandbox content became %d elements in the page", imgs)
+			}
+			b.screenshots("hostile-" + rt)
+		})
+	}
+}
+
+// TestConsoleActions: the sandbox page's buttons act only after their
+// confirmation, and what they did is what the API then reports.
+func TestConsoleActions(t *testing.T) {
+	s := startServer(t)
+	id := s.create()
+	b := startBrowser(t, s)
+	b.signIn(s.key)
+	b.open("#/sandbox/" + id)
+	b.waitText("#sb-state", "running")
+
+	confirm := func(button string, ok bool) {
+		t.Helper()
+		b.run(chromedp.Click(chromedp.CSS(button)))
+		b.waitText("#confirm-text", `\S`)
+		var open bool
+		b.eval(`document.querySelector("#confirm").open`, &open)
+		if !open {
+			t.Fatalf("%s: no confirmation dialog", button)
+		}
+		if ok {
+			b.run(chromedp.Click(chromedp.CSS("#confirm-ok")))
+		} else {
+			b.run(chromedp.Click(chromedp.CSS("#confirm-cancel")))
+		}
+	}
+	// Cancelled with the default mode: had it been sent, the sandbox would
+	// be paused in the default mode and the disk pause below would fail.
+	confirm("#act-pause", false)
+	b.run(chromedp.SetValue(chromedp.CSS("#pause-mode"), "disk"))
+	confirm("#act-pause", true)
+	b.waitText("#sb-state", "paused")
+	if code, body := s.api(s.key, "GET", "/v1/sandboxes/"+id, nil); code != 200 || body["state"] != "paused" || body["pause_mode_requested"] != "disk" {
+		t.Fatalf("after Pause (disk) the API says %d %v %v", code, body["state"], body["pause_mode_requested"])
+	}
+	b.waitText("#facts", "Pause mode\\s+disk")
+	confirm("#act-resume", true)
+	b.waitText("#sb-state", "running")
+	confirm("#act-snapshot", true)
+	b.waitText("#toast", "snapshot ")
+	confirm("#act-fork", true)
+	b.waitText("#toast", "forked: ")
+	child := strings.TrimPrefix(strings.TrimSpace(b.text("#toast")), "forked: ")
+	if st := stateOf(t, s, child); st != "running" {
+		t.Errorf("fork child %s is %s", child, st)
+	}
+	b.screenshots("sandbox-actions")
+	confirm("#act-delete", true)
+	b.waitText("main h1", "Fleet")
+	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+		if code, body := s.api(s.key, "GET", "/v1/sandboxes/"+id, nil); code != http.StatusNotFound {
+			return fmt.Errorf("after Delete GET sandbox = %d %v, want 404", code, body["state"])
+		}
+		return nil
+	})
+}

@@ -79,7 +79,7 @@ export default {
     const factsBox = h('div', {}, facts(sb));
     const actions = h('div', {class: 'row', role: 'toolbar', 'aria-label': 'Sandbox actions'});
     const activityBox = h('div', {}, h('p', {class: 'help'}, 'Loading…'));
-    const eventsBox = h('div', {});
+    const eventsBox = h('div', {}, h('p', {class: 'help'}, 'Loading…'));
     const usageBox = h('div', {}, h('p', {class: 'help'}, 'Loading…'));
     const termBox = h('div', {class: 'term-wrap', hidden: true});
     const termStatus = h('p', {class: 'help', id: 'term-status', 'aria-live': 'polite'});
@@ -99,8 +99,8 @@ export default {
     const act = async (label, question, fn) => {
       if (!(await ctx.confirm(question, label))) return;
       try {
-        await fn();
-        ctx.toast(`${label}: done`);
+        const msg = await fn();
+        ctx.toast(msg || `${label}: done`);
         await refresh();
       } catch (e) {
         ctx.toast(`${label} failed: ${e.message}`, true);
@@ -115,11 +115,11 @@ export default {
       btn('act-fork', 'Fork', () => act('Fork', `Fork ${id} into a new sandbox?`, async () => {
         const r = await ctx.api('POST', `${base}/fork`, {});
         const child = r && r.sandboxes && r.sandboxes[0];
-        if (child) ctx.toast(`forked: ${child.id}`);
+        return child ? `forked: ${child.id}` : '';
       })),
       btn('act-snapshot', 'Snapshot', () => act('Snapshot', `Take a snapshot of ${id}?`, async () => {
         const snap = await ctx.api('POST', `${base}/snapshot`, {});
-        ctx.toast(`snapshot ${snap.id}`);
+        return `snapshot ${snap.id}`;
       })),
       btn('act-delete', 'Delete', async () => {
         if (!(await ctx.confirm(`Delete ${id}? Its workspace is removed for good.`, 'Delete'))) return;
@@ -141,39 +141,52 @@ export default {
     drawActions();
 
     // --- timeline ----------------------------------------------------------
+    // Both lists page forward from the last sequence number seen (after=),
+    // append what is new and keep the newest KEEP entries on the page.
+    const KEEP = 500;
+    const appendTo = (box, id, label, items, line) => {
+      let ol = box.querySelector('ol');
+      if (!ol) {
+        if (!items.length) { if (!box.dataset.empty) { box.dataset.empty = '1'; fill(box, h('p', {class: 'help'}, 'Nothing yet.')); } return; }
+        ol = h('ol', {class: 'timeline', id, 'aria-label': label});
+        fill(box, ol);
+      }
+      const follow = ol.scrollTop + ol.clientHeight >= ol.scrollHeight - 4;
+      for (const it of items) ol.appendChild(line(it));
+      while (ol.childNodes.length > KEEP) ol.firstChild.remove();
+      if (follow) ol.scrollTop = ol.scrollHeight;
+    };
     let hasActivity = true;
-    let lastActivity = -1;
-    let lastEvent = -1;
+    let activityAfter = 0;
+    let eventAfter = 0;
     const loadActivity = async () => {
       if (!hasActivity) return;
-      let r;
-      try {
-        r = await get(`${base}/activity?limit=500`);
-      } catch (e) {
-        if (e.status === 404 || e.status === 501) {
-          hasActivity = false;
-          fill(activityBox, h('p', {class: 'help'}, 'This server has no activity timeline; the events below are the record.'));
-          return;
+      for (let page = 0; page < 10; page++) {
+        let r;
+        try {
+          r = await get(`${base}/activity?after=${activityAfter}&limit=1000`);
+        } catch (e) {
+          if (e.status === 404 || e.status === 501) {
+            hasActivity = false;
+            fill(activityBox, h('p', {class: 'help'}, 'This server has no activity timeline; the events are the record.'));
+            return;
+          }
+          throw e;
         }
-        throw e;
+        const entries = (r && r.entries) || [];
+        if (entries.length) activityAfter = entries[entries.length - 1].seq;
+        if (r && r.next > activityAfter) activityAfter = r.next;
+        appendTo(activityBox, 'activity', 'Activity, oldest first', entries.slice(-KEEP), activityLine);
+        if (entries.length < 1000) return;
       }
-      const entries = (r && r.entries) || [];
-      const top = entries.length ? entries[entries.length - 1].seq : 0;
-      if (top === lastActivity) return;
-      lastActivity = top;
-      fill(activityBox, entries.length
-        ? h('ol', {class: 'timeline', id: 'activity', 'aria-label': 'Activity, oldest first'}, entries.map(activityLine))
-        : h('p', {class: 'help'}, 'Nothing yet.'));
     };
     const loadEvents = async () => {
-      const evs = (await get(`${base}/events?limit=500`)) || [];
-      const list = Array.isArray(evs) ? evs : evs.events || [];
-      const top = list.length ? list[list.length - 1].seq : 0;
-      if (top === lastEvent) return;
-      lastEvent = top;
-      fill(eventsBox, list.length
-        ? h('ol', {class: 'timeline', id: 'events', 'aria-label': 'Events, oldest first'}, list.map(eventLine))
-        : h('p', {class: 'help'}, 'No events.'));
+      for (let page = 0; page < 10; page++) {
+        const evs = (await get(`${base}/events?after=${eventAfter}&limit=1000`)) || [];
+        if (evs.length) eventAfter = evs[evs.length - 1].seq;
+        appendTo(eventsBox, 'events', 'Events, oldest first', evs.slice(-KEEP), eventLine);
+        if (evs.length < 1000) return;
+      }
     };
     const loadUsage = async () => {
       const u = await get(`/v1/usage?sandbox=${enc(id)}`);
