@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -79,6 +80,21 @@ func (s *server) opsSeriesKeys(key, query string) []string {
 		}
 	}
 	return out
+}
+
+// opsWaitSVGText waits for an SVG element's text (textContent: SVG elements
+// have no innerText) to match re.
+func opsWaitSVGText(b *browser, sel, re string) {
+	b.t.Helper()
+	rx := regexp.MustCompile(re)
+	testutil.Eventually(b.t, testutil.Within(45*time.Second).Every(200*time.Millisecond), func() error {
+		var got string
+		b.eval(fmt.Sprintf(`(document.querySelector(%q)||{}).textContent||""`, sel), &got)
+		if !rx.MatchString(got) {
+			return fmt.Errorf("%s: text %q does not match %q", sel, got, re)
+		}
+		return nil
+	})
 }
 
 // TestConsoleOps: the console's operator views and the REST behind them,
@@ -188,11 +204,11 @@ func TestConsoleOps(t *testing.T) {
 	if series < 2 {
 		t.Errorf("admin's chart has %d lines, want at least 2", series)
 	}
-	b.waitText("#cost-chart title", `reserved basis`)
+	opsWaitSVGText(b, "#cost-chart-title", `reserved basis`)
 	b.waitText(`#cost-totals tr[data-key="bob"] .total-reserved`, `^[0-9.]+$`)
 	b.screenshots("cost")
 	b.run(chromedp.Click(chromedp.CSS("#c-basis-active")))
-	b.waitText("#cost-chart title", `active basis`)
+	opsWaitSVGText(b, "#cost-chart-title", `active basis`)
 
 	// Cost, as alice: her line only.
 	b.run(chromedp.Click(chromedp.CSS("#signout")))
