@@ -72,7 +72,7 @@ export default {
     const drawTemplates = (tpls, lastBuild) => {
       if (!tpls.length) { fill(tplBox, h('p', {}, 'No templates.')); return; }
       fill(tplBox, h('table', {class: 'grid', id: 'templates'},
-        h('caption', {}, `${tpls.length} templates`),
+        h('caption', {}, `${tpls.length} ${tpls.length === 1 ? 'template' : 'templates'}`),
         h('thead', {}, h('tr', {}, th('Template'), th('State'), th('Last build'), th('Layers', true), th('Fingerprint', true),
           th('Source', true), th('Updated'))),
         h('tbody', {}, tpls.map((t) => {
