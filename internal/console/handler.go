@@ -4,7 +4,6 @@ import (
 	"embed"
 	"io/fs"
 	"net/http"
-	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/httpx"
@@ -81,7 +80,7 @@ func (s *Service) signIn(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{
-		Name: CookieName, Value: id, Path: "/", Expires: se.ExpiresAt, MaxAge: int(time.Until(se.ExpiresAt).Seconds()),
+		Name: CookieName, Value: id, Path: "/", Expires: se.ExpiresAt, MaxAge: int(s.cfg.TTL.Seconds()),
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
 	})
 	httpx.WriteJSON(w, http.StatusOK, se)

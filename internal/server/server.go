@@ -125,8 +125,9 @@ func (s *Server) routes() {
 
 	// The web console (internal/console): its assets and sign-in at /ui; it
 	// calls the routes above with its session cookie (see authenticate).
-	s.mux.Handle(console.Prefix+"/", s.d.Console().Handler())
-	s.mux.Handle(console.Prefix, s.d.Console().Handler())
+	ui := s.d.Console().Handler()
+	s.mux.Handle(console.Prefix+"/", ui)
+	s.mux.Handle(console.Prefix, ui)
 
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route for %s %s", r.Method, r.URL.Path))
