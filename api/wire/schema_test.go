@@ -86,6 +86,11 @@ var operations = map[string]body{
 	"PUT /v1/quotas/{owner}":          {wire.QuotaLimits{}, wire.QuotaInfo{}},
 	"DELETE /v1/quotas/{owner}":       {},
 	"GET /metrics":                    {},
+
+	// Console operator views (issue 19).
+	"GET /v1/usage/series":             {resp: wire.UsageSeries{}},
+	"POST /v1/reports/orphans/cleanup": {wire.OrphanCleanupRequest{}, wire.OrphanCleanupResult{}},
+	"GET /v1/builds":                   {resp: wire.TemplateBuildList{}},
 }
 
 var jsonTypes = []string{"application/json", "application/x-ndjson"}

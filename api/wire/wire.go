@@ -587,7 +587,11 @@ type Orphan struct {
 	IdleDays     float64   `json:"idle_days"`
 	CostReserved float64   `json:"cost_reserved"`
 	CostActive   float64   `json:"cost_active"`
-	Reserved     Resources `json:"reserved,omitzero"`
+	// Per day from now: reserved basis at its current state; active basis
+	// its disk when paused or stopped, else its last 24 hours' rate.
+	CostPerDayReserved float64   `json:"cost_per_day_reserved"`
+	CostPerDayActive   float64   `json:"cost_per_day_active"`
+	Reserved           Resources `json:"reserved,omitzero"`
 }
 
 // OrphanReport is the body of GET /v1/reports/orphans.

@@ -7,6 +7,7 @@ import (
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/metering"
+	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -96,18 +97,24 @@ func (a *Service) Usage(ctx context.Context, owner string, since time.Time, sand
 
 // Orphan is one thing nobody touched for the report's window.
 type Orphan struct {
-	Kind         string            `json:"kind"` // sandbox, snapshot or template
-	ID           string            `json:"id"`
-	Owner        string            `json:"owner,omitempty"`
-	State        string            `json:"state"`
-	Template     string            `json:"template,omitempty"`
-	CreatedAt    time.Time         `json:"created_at"`
-	LastActiveAt time.Time         `json:"last_active_at,omitzero"`
-	AgeDays      float64           `json:"age_days"`
-	IdleDays     float64           `json:"idle_days"`
-	CostReserved float64           `json:"cost_reserved"`
-	CostActive   float64           `json:"cost_active"`
-	Reserved     sandbox.Resources `json:"reserved,omitzero"`
+	Kind         string    `json:"kind"` // sandbox, snapshot or template
+	ID           string    `json:"id"`
+	Owner        string    `json:"owner,omitempty"`
+	State        string    `json:"state"`
+	Template     string    `json:"template,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+	LastActiveAt time.Time `json:"last_active_at,omitzero"`
+	AgeDays      float64   `json:"age_days"`
+	IdleDays     float64   `json:"idle_days"`
+	CostReserved float64   `json:"cost_reserved"`
+	CostActive   float64   `json:"cost_active"`
+	// What it costs per day from now on the reserved basis (its current
+	// state's bucket, metering.ReservedPerDay) and on the active basis
+	// (paused or stopped: its disk; running or frozen: its last 24 hours'
+	// rate; metering.ActivePerDay).
+	CostPerDayReserved float64           `json:"cost_per_day_reserved"`
+	CostPerDayActive   float64           `json:"cost_per_day_active"`
+	Reserved           sandbox.Resources `json:"reserved,omitzero"`
 }
 
 // OrphanReport is the body of GET /v1/reports/orphans.
@@ -138,20 +145,35 @@ func (a *Service) Orphans(ctx context.Context, owner string, admin bool, days in
 	for _, u := range usage {
 		byID[u.SandboxID] = u
 	}
+	recent, err := a.core.Store().ListUsage(ctx, store.UsageFilter{Owner: owner, Since: now.Add(-24 * time.Hour)})
+	if err != nil {
+		return rep, err
+	}
+	lastDay := map[string]metering.Usage{}
+	for _, u := range recent {
+		lastDay[u.SandboxID] = u
+	}
 	lastUse := map[string]time.Time{} // template → latest sandbox creation or activity
 	for _, sb := range list {
 		u := byID[sb.ID]
 		active := later(sb.CreatedAt, u.LastActiveAt)
 		lastUse[sb.Template] = later(lastUse[sb.Template], active)
-		if sb.State == sandbox.Deleted || active.After(cutoff) {
+		// Warm pool members wait to be claimed, they are not abandoned
+		// (the reaper exempts them too); a clean-up must not race a claim.
+		if sb.State == sandbox.Deleted || active.After(cutoff) || pool.IsMember(sb) {
 			continue
 		}
 		u.Reserved = sb.Resources
 		c := metering.Price(u, a.cfg.Prices)
+		day := lastDay[sb.ID]
+		day.Reserved = sb.Resources
+		bucket := metering.BucketOf(sb.State, sb.PauseActual)
 		rep.Items = append(rep.Items, Orphan{Kind: "sandbox", ID: sb.ID, Owner: sb.Owner, State: string(sb.State),
 			Template: sb.Template, CreatedAt: sb.CreatedAt, LastActiveAt: u.LastActiveAt,
 			AgeDays: days2(now.Sub(sb.CreatedAt)), IdleDays: days2(now.Sub(active)),
-			CostReserved: c.Reserved, CostActive: c.Active, Reserved: sb.Resources})
+			CostReserved: c.Reserved, CostActive: c.Active, Reserved: sb.Resources,
+			CostPerDayReserved: metering.ReservedPerDay(bucket, sb.Resources, a.cfg.Prices),
+			CostPerDayActive:   metering.ActivePerDay(bucket, day, u.DiskBytes, a.cfg.Prices)})
 	}
 	snaps, err := a.core.Store().ListSnapshots(ctx, owner)
 	if err != nil {

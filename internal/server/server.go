@@ -119,6 +119,11 @@ func (s *Server) routes() {
 	s.handle("DELETE /v1/quotas/{owner}", adm.deleteQuota)
 	s.handle("GET /metrics", adm.metrics)
 
+	// Console operator views (issue 19): cost over time, orphan clean-up, build history.
+	s.handle("GET /v1/usage/series", adm.usageSeries)
+	s.handle("POST /v1/reports/orphans/cleanup", adm.cleanupOrphans)
+	s.handle("GET /v1/builds", img.templateBuilds)
+
 	// The web console (internal/console): its assets and sign-in at /ui; it
 	// calls the routes above with its session cookie (see authenticate).
 	ui := s.d.Console().Handler()

@@ -123,7 +123,8 @@ func orphanView(r admission.OrphanReport) wire.OrphanReport {
 	for _, o := range r.Items {
 		out.Items = append(out.Items, wire.Orphan{Kind: o.Kind, ID: o.ID, Owner: o.Owner, State: o.State, Template: o.Template,
 			CreatedAt: o.CreatedAt, LastActiveAt: o.LastActiveAt, AgeDays: o.AgeDays, IdleDays: o.IdleDays,
-			CostReserved: o.CostReserved, CostActive: o.CostActive, Reserved: wire.Resources(o.Reserved)})
+			CostReserved: o.CostReserved, CostActive: o.CostActive, Reserved: wire.Resources(o.Reserved),
+			CostPerDayReserved: o.CostPerDayReserved, CostPerDayActive: o.CostPerDayActive})
 	}
 	return out
 }

@@ -215,6 +215,23 @@ CREATE TABLE secrets (
 	// row holds at that moment), and drop a sandbox's timeline when its
 	// row is deleted. Existing events of live sandboxes are backfilled.
 	activitySchema,
+	// consoleops (issue 19, after activity): template build history, one row per import, pull or
+	// Dockerfile build (the console's pools and templates view).
+	`
+CREATE TABLE template_builds (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	template    TEXT NOT NULL,
+	kind        TEXT NOT NULL,    -- import | pull | build
+	source      TEXT NOT NULL,
+	started_at  INTEGER NOT NULL, -- unix nanoseconds
+	ended_at    INTEGER NOT NULL,
+	result      TEXT NOT NULL,    -- ready | failed
+	fingerprint TEXT NOT NULL,
+	layers      INTEGER NOT NULL,
+	error       TEXT NOT NULL
+) STRICT;
+CREATE INDEX template_builds_template ON template_builds (template, seq);
+`,
 }
 
 // migrationHooks run in the transaction of the migration with the same

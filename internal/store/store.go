@@ -116,6 +116,17 @@ type Store interface {
 	// ActivityTouched lists the sandboxes with activity after seq, and the
 	// largest seq. Deleting a sandbox deletes its activity.
 	ActivityTouched(ctx context.Context, afterSeq int64) ([]string, int64, error)
+	// UsageHours returns the hour buckets of matching usage, each with its
+	// sandbox's owner, template and reserved size, ordered by hour then
+	// sandbox id.
+	UsageHours(ctx context.Context, f UsageHoursFilter) ([]UsageHour, error)
+	// AppendTemplateBuild records one finished import, pull or build and
+	// returns its sequence number; a template keeps its newest
+	// MaxTemplateBuilds rows.
+	AppendTemplateBuild(ctx context.Context, b TemplateBuild) (int64, error)
+	// ListTemplateBuilds returns template's builds ("" = every template),
+	// newest first, at most limit (0 = MaxTemplateBuilds).
+	ListTemplateBuilds(ctx context.Context, template string, limit int) ([]TemplateBuild, error)
 
 	Close() error
 }

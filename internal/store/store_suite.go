@@ -41,6 +41,8 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Usage", suiteUsage},
 		{"Quotas", suiteQuotas},
 		{"Activity", suiteActivity},
+		{"UsageHours", suiteUsageHours},
+		{"TemplateBuilds", suiteTemplateBuilds},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}

@@ -14,7 +14,9 @@ import (
 
 // UsageRecord is one sandbox's metering step: its cursor and lifetime row
 // (Usage, replaced) and the increments of this step (Inc, added to the
-// hour bucket that starts at Hour).
+// hour bucket that starts at Hour). The bucket belongs to the sandbox's
+// owner at its latest step: a warm pool member claimed during an hour is
+// its claimer's for that hour, earlier hours stay the pool's.
 type UsageRecord struct {
 	Usage metering.Usage
 	Hour  time.Time
@@ -63,6 +65,7 @@ func (s *SQLite) RecordUsage(ctx context.Context, recs []UsageRecord) error {
 				mem_peak_bytes, running_seconds, frozen_seconds, paused_seconds, stopped_seconds, disk_gib_hours)
 				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 				ON CONFLICT (sandbox_id, hour) DO UPDATE SET
+				owner = excluded.owner,
 				cpu_seconds = cpu_seconds + excluded.cpu_seconds,
 				mem_gib_seconds = mem_gib_seconds + excluded.mem_gib_seconds,
 				mem_peak_bytes = max(mem_peak_bytes, excluded.mem_peak_bytes),

@@ -68,13 +68,13 @@ func chain(parent string, parts ...string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// Build builds a Dockerfile into template req.Name without a
+// build builds a Dockerfile into template req.Name (Build records it) without a
 // Docker engine: FROM a template or an image (pulled), RUN in a berth
 // sandbox whose captured workspace becomes the step's layer, COPY/ADD from
 // the context as layers, ENV/WORKDIR/USER/ARG/CMD/ENTRYPOINT as metadata.
 // Every step is cached by a fingerprint of its parent, its text after ARG
 // and ENV substitution and (COPY/ADD) the content it reads.
-func (s *Service) Build(ctx context.Context, req BuildRequest, progress func(BuildProgress)) (store.Template, error) {
+func (s *Service) build(ctx context.Context, req BuildRequest, progress func(BuildProgress)) (store.Template, error) {
 	if err := ValidName(req.Name); err != nil {
 		return store.Template{}, err
 	}

@@ -69,10 +69,10 @@ type imageConfig struct {
 	Digest   string // manifest digest
 }
 
-// Pull imports an image as template req.Name: each image layer
+// pull imports an image as template req.Name (Pull records it): each image layer
 // becomes a layer named by its diffID (OCI whiteouts converted), and the
 // image's Env, WorkingDir, User and Entrypoint+Cmd become the template's.
-func (s *Service) Pull(ctx context.Context, req PullRequest, progress func(BuildProgress)) (store.Template, error) {
+func (s *Service) pull(ctx context.Context, req PullRequest, progress func(BuildProgress)) (store.Template, error) {
 	if err := ValidName(req.Name); err != nil {
 		return store.Template{}, err
 	}

@@ -112,8 +112,8 @@ func FingerprintOf(t store.Template) string {
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }
 
-// Import stores a rootfs tarball as a one-layer template.
-func (s *Service) Import(ctx context.Context, name string, r io.Reader, source string) (store.Template, error) {
+// importTar stores a rootfs tarball as a one-layer template (Import records it).
+func (s *Service) importTar(ctx context.Context, name string, r io.Reader, source string) (store.Template, error) {
 	if err := ValidName(name); err != nil {
 		return store.Template{}, err
 	}

@@ -7,8 +7,11 @@
 import {h, fill} from './dom.js';
 import fleet from './views/fleet.js';
 import sandbox from './views/sandbox.js';
+import orphans from './views/orphans.js';
+import cost from './views/cost.js';
+import pools from './views/pools.js';
 
-export const views = [fleet, sandbox];
+export const views = [fleet, sandbox, orphans, cost, pools];
 
 const CSRF_HEADER = 'X-Berth-CSRF';
 let session = null; // {owner, admin, csrf, expires_at}
