@@ -400,7 +400,7 @@ func TestActivityBoundedUnderSpam(t *testing.T) {
 			}
 			sort.Slice(reads, func(i, j int) bool { return reads[i] < reads[j] })
 			t.Logf("%s: %d execs in 20 s from 8 clients + root writing 4000 files and 300 denied connections: "+
-				"timeline max %d (bound %d + what arrives between two 250 ms sweeps), after %d %v; "+
+				"timeline max %d (bound %d, + a tenth and one 250 ms sweep of arrivals while busy), after %d %v; "+
 				"GET activity p50 %v max %v; exec true p50 %v before, %v during",
 				rt, nExec, maxSeen, retention, len(es), kinds, reads[len(reads)/2].Round(time.Millisecond),
 				reads[len(reads)-1].Round(time.Millisecond), base.Round(time.Millisecond), during.Round(time.Millisecond))
