@@ -45,7 +45,7 @@ type Store interface {
 	AppendActivity(ctx context.Context, entries []store.ActivityEntry) error
 	ListActivity(ctx context.Context, f store.ActivityFilter) ([]store.ActivityEntry, error)
 	PruneActivity(ctx context.Context, sandboxID string, keep int) (int64, error)
-	ActivityTouched(ctx context.Context, afterSeq int64) ([]string, int64, error)
+	ActivityTouched(ctx context.Context, afterSeq int64) (map[string]int64, int64, error)
 }
 
 // Defaults of Config.
@@ -82,6 +82,8 @@ type Service struct {
 	dropped map[string]int64           // per sandbox, not yet reported
 	waiters map[string][]chan struct{} // closed when the sandbox gets entries
 	live    map[liveKey]*execTrace     // running execs, for stdin byte counts
+
+	debt map[string]int64 // entries added since a sandbox's last pruning (the writer's own)
 }
 
 type liveKey struct {
@@ -104,7 +106,7 @@ func New(cfg Config, core Core, st Store) *Service {
 		cfg.Now = time.Now
 	}
 	return &Service{cfg: cfg, core: core, store: st, queue: make(chan pending, cfg.Queue),
-		dropped: map[string]int64{}, waiters: map[string][]chan struct{}{}, live: map[liveKey]*execTrace{}}
+		dropped: map[string]int64{}, waiters: map[string][]chan struct{}{}, live: map[liveKey]*execTrace{}, debt: map[string]int64{}}
 }
 
 // Retention is how many entries a sandbox keeps.
@@ -236,18 +238,32 @@ func (s *Service) write(ctx context.Context, batch []pending) {
 	}
 }
 
-// sweep prunes and announces every sandbox with entries after seq.
+// sweep prunes the sandboxes with entries after seq and wakes their
+// followers. Pruning costs a walk over the sandbox's newest Retention
+// index entries, so a sandbox is pruned once it has gained a tenth of its
+// retention since its last pruning, or when it has gone quiet (a sweep
+// with no new entries) with any gain: a busy timeline exceeds its bound by
+// at most a tenth plus one sweep's arrivals, and a quiet one is exact.
 func (s *Service) sweep(ctx context.Context, seq int64) int64 {
-	ids, last, err := s.store.ActivityTouched(ctx, seq)
+	touched, last, err := s.store.ActivityTouched(ctx, seq)
 	if err != nil {
 		s.cfg.Log.Error("activity sweep", "err", err)
 		return seq
 	}
-	for _, id := range ids {
+	for id, n := range touched {
+		s.debt[id] += n
+		s.wake(id)
+	}
+	step := max(int64(s.cfg.Retention/10), 1)
+	for id, d := range s.debt {
+		if _, busy := touched[id]; busy && d < step {
+			continue
+		}
 		if _, err := s.store.PruneActivity(ctx, id, s.cfg.Retention); err != nil {
 			s.cfg.Log.Error("prune activity", "sandbox_id", id, "err", err)
+			continue
 		}
-		s.wake(id)
+		delete(s.debt, id)
 	}
 	return last
 }

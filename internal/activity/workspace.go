@@ -3,6 +3,7 @@ package activity
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"path"
 	"sort"
@@ -96,9 +97,16 @@ func ScanUpper(root *safefs.Root, since time.Time, budget int) (changes []Change
 }
 
 // sampleOne scans one sandbox's upper and records what changed since its
-// previous scan; it returns the time the next scan compares with.
-func (s *Service) sampleOne(id, upper string, since time.Time) time.Time {
+// previous scan; it returns the time the next scan compares with. A panic
+// on what a sandbox planted costs that scan, never the daemon.
+func (s *Service) sampleOne(id, upper string, since time.Time) (next time.Time) {
 	started := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			s.cfg.Log.Error("workspace sample panicked", "sandbox_id", id, "err", fmt.Sprint(r))
+			next = started
+		}
+	}()
 	root, err := safefs.OpenRoot(upper)
 	if err != nil {
 		return since // not mounted (stopped meanwhile): try again later

@@ -225,9 +225,9 @@ func (s *SQLite) PruneActivity(ctx context.Context, sandboxID string, keep int) 
 	return n, err
 }
 
-// ActivityTouched lists the sandboxes with entries after seq (what a
-// pruner must look at) and the largest seq there is.
-func (s *SQLite) ActivityTouched(ctx context.Context, afterSeq int64) ([]string, int64, error) {
+// ActivityTouched counts, per sandbox, the entries after seq (what a
+// pruner must look at), and returns the largest seq there is.
+func (s *SQLite) ActivityTouched(ctx context.Context, afterSeq int64) (map[string]int64, int64, error) {
 	var last sql.NullInt64
 	if err := s.r.QueryRowContext(ctx, `SELECT MAX(seq) FROM activity`).Scan(&last); err != nil {
 		return nil, 0, dbErr(err, "store: activity touched")
@@ -235,21 +235,23 @@ func (s *SQLite) ActivityTouched(ctx context.Context, afterSeq int64) ([]string,
 	if !last.Valid || last.Int64 <= afterSeq {
 		return nil, afterSeq, nil
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT DISTINCT sandbox_id FROM activity WHERE seq > ? AND seq <= ?`, afterSeq, last.Int64)
+	rows, err := s.r.QueryContext(ctx, `SELECT sandbox_id, COUNT(*) FROM activity WHERE seq > ? AND seq <= ? GROUP BY sandbox_id`,
+		afterSeq, last.Int64)
 	if err != nil {
 		return nil, 0, dbErr(err, "store: activity touched")
 	}
 	defer rows.Close()
-	var ids []string
+	out := map[string]int64{}
 	for rows.Next() {
 		var id string
-		if err := rows.Scan(&id); err != nil {
+		var n int64
+		if err := rows.Scan(&id, &n); err != nil {
 			return nil, 0, dbErr(err, "store: activity touched")
 		}
-		ids = append(ids, id)
+		out[id] = n
 	}
 	if err := rows.Err(); err != nil {
 		return nil, 0, dbErr(err, "store: activity touched")
 	}
-	return ids, last.Int64, nil
+	return out, last.Int64, nil
 }

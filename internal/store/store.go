@@ -113,9 +113,9 @@ type Store interface {
 	ListActivity(ctx context.Context, f ActivityFilter) ([]ActivityEntry, error)
 	// PruneActivity keeps a sandbox's newest keep entries.
 	PruneActivity(ctx context.Context, sandboxID string, keep int) (int64, error)
-	// ActivityTouched lists the sandboxes with activity after seq, and the
-	// largest seq. Deleting a sandbox deletes its activity.
-	ActivityTouched(ctx context.Context, afterSeq int64) ([]string, int64, error)
+	// ActivityTouched counts per sandbox the entries after seq, and returns
+	// the largest seq. Deleting a sandbox deletes its activity.
+	ActivityTouched(ctx context.Context, afterSeq int64) (map[string]int64, int64, error)
 	// UsageHours returns the hour buckets of matching usage, each with its
 	// sandbox's owner, template and reserved size, ordered by hour then
 	// sandbox id.

@@ -95,7 +95,7 @@ func suiteActivity(t *testing.T, s Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ids) != 2 || last != got[5].Seq {
+	if len(ids) != 2 || ids["a"] != 6 || ids["b"] != 1 || last != got[5].Seq {
 		t.Errorf("ActivityTouched(0) = %v, %d; want a and b up to %d", ids, last, got[5].Seq)
 	}
 	if ids, l, err := s.ActivityTouched(ctx, last); err != nil || len(ids) != 0 || l != last {

@@ -400,7 +400,7 @@ func TestActivityBoundedUnderSpam(t *testing.T) {
 			}
 			sort.Slice(reads, func(i, j int) bool { return reads[i] < reads[j] })
 			t.Logf("%s: %d execs in 20 s from 8 clients + root writing 4000 files and 300 denied connections: "+
-				"timeline max %d (bound %d + what arrives between two 250 ms sweeps), after %d %v; "+
+				"timeline max %d (bound %d, + a tenth and one 250 ms sweep of arrivals while busy), after %d %v; "+
 				"GET activity p50 %v max %v; exec true p50 %v before, %v during",
 				rt, nExec, maxSeen, retention, len(es), kinds, reads[len(reads)/2].Round(time.Millisecond),
 				reads[len(reads)-1].Round(time.Millisecond), base.Round(time.Millisecond), during.Round(time.Millisecond))
@@ -491,5 +491,38 @@ func TestActivityE2B(t *testing.T) {
 		return e.Kind == wire.ActivityFile && e.Data.Path == "/tmp/e2b.txt" && e.Data.Size == int64(len("via envd")) && e.Data.Source == "api"
 	}); j < 0 {
 		t.Errorf("envd upload not in the timeline:\n%s", dumpActivity(es))
+	}
+}
+
+// TestActivityReaper: a reaper decision is in the timeline with its
+// signals, before the pause it led to; and following a sandbox's timeline
+// is not using it: a followed idle sandbox is reaped like any other.
+func TestActivityReaper(t *testing.T) {
+	s := startReaperServer(t)
+	id := s.create()
+	entries, _ := s.followActivity(t, s.key, id)
+	go func() {
+		for range entries {
+		}
+	}()
+	var es []wire.ActivityEntry
+	testutil.Eventually(t, testutil.Within(30*time.Second).Every(250*time.Millisecond), func() error {
+		_, es = s.activityOf(s.key, id, "kind=reaper,pause")
+		if findEntry(es, 0, func(e wire.ActivityEntry) bool { return e.Kind == wire.ActivityPause }) < 0 {
+			return fmt.Errorf("the followed idle sandbox was not paused by the reaper:\n%s", dumpActivity(es))
+		}
+		return nil
+	})
+	i := findEntry(es, 0, func(e wire.ActivityEntry) bool { return e.Kind == wire.ActivityReaper })
+	if i < 0 {
+		t.Fatalf("no reaper entry:\n%s", dumpActivity(es))
+	}
+	r := es[i]
+	if r.Actor != "reaper" || r.Data.Attrs["action"] != "pause" || r.Data.Attrs["policy"] != "fast" || r.Data.Reason == "" ||
+		len(r.Data.Attrs) < 4 || !strings.Contains(r.Summary, "reaper: pause") {
+		t.Errorf("reaper entry = %+v, want the action, policy and signals", r)
+	}
+	if j := findEntry(es, i+1, func(e wire.ActivityEntry) bool { return e.Kind == wire.ActivityPause && e.Data.Mode == "freeze" }); j < 0 {
+		t.Errorf("no freeze pause after the reaper's decision:\n%s", dumpActivity(es))
 	}
 }
