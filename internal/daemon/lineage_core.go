@@ -3,6 +3,9 @@ package daemon
 import (
 	"context"
 	"os"
+	"time"
+
+	"github.com/berth-dev/berth/internal/agentapi"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/lineage"
@@ -46,4 +49,23 @@ func (c lineageCore) UpperDir(sb *sandbox.Sandbox) (string, error) {
 		return "", errs.Wrap(errs.FailedPrecondition, err, "the workspace of sandbox %s", sb.ID)
 	}
 	return upper, nil
+}
+
+func (c lineageCore) Agent(ctx context.Context, owner, id string) (*agentapi.Client, error) {
+	return c.d.Agent(ctx, owner, id)
+}
+
+// Usage is a sandbox's metered usage over its life.
+func (c lineageCore) Usage(ctx context.Context, id string) (lineage.Cost, error) {
+	rep, err := c.d.adm.Usage(ctx, "", time.Time{}, id)
+	if err != nil {
+		return lineage.Cost{}, err
+	}
+	for _, l := range rep.Sandboxes {
+		if l.SandboxID == id {
+			return lineage.Cost{CPUSeconds: l.CPUSeconds, MemoryGiBSeconds: l.MemGiBSeconds, RunningSeconds: l.RunningSeconds,
+				CostActive: l.CostActive, CostReserved: l.CostReserved}, nil
+		}
+	}
+	return lineage.Cost{}, nil
 }

@@ -35,6 +35,7 @@ type Core interface {
 	// LayerPath is the host directory of the read-only layer digest.
 	LayerPath(digest string) string
 	Store() store.Store
+	Executor
 }
 
 // CheckpointResolver turns a checkpoint of a sandbox into its layer stack,

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/fsdiff"
 	"github.com/berth-dev/berth/internal/rootfs"
@@ -140,6 +141,10 @@ func (c *dirCore) UpperDir(sb *sandbox.Sandbox) (string, error) {
 func (c *dirCore) UserNS(*sandbox.Sandbox) *rootfs.IDMap { return nil }
 func (c *dirCore) LayerPath(dg string) string            { return filepath.Join(c.dir, "layers", dg) }
 func (c *dirCore) Store() store.Store                    { return nil }
+func (c *dirCore) Agent(context.Context, string, string) (*agentapi.Client, error) {
+	return nil, errs.E(errs.Unavailable, "no agents here")
+}
+func (c *dirCore) Usage(context.Context, string) (Cost, error) { return Cost{}, nil }
 
 func digestOf(c byte) string { return strings.Repeat(string(c), 64) }
 
