@@ -2,6 +2,7 @@ package lineage
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -267,5 +268,38 @@ func TestViewClose(t *testing.T) {
 	}
 	if _, err := s.LayersView([]string{digestOf('f')}); err == nil {
 		t.Fatal("missing layer gave a view")
+	}
+}
+
+func TestReadBudget(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"big": strings.Repeat("x", 100)})
+	l, err := fsdiff.OpenDirLayer(dir, "d", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	b := newBudget(150)
+	bl := boundedLayer{Layer: l, b: b, ctx: ctx}
+	read := func() error {
+		rc, err := bl.Open("big")
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		_, err = io.ReadAll(rc)
+		return err
+	}
+	if err := read(); err != nil {
+		t.Fatalf("first read within the budget: %v", err)
+	}
+	if err := read(); !errs.Is(err, errs.ResourceExhausted) {
+		t.Fatalf("second read past the budget: %v, want ResourceExhausted", err)
+	}
+	cancel()
+	b.left.Store(1 << 20)
+	if err := read(); err == nil {
+		t.Fatal("read after the request ended succeeded")
 	}
 }

@@ -85,7 +85,7 @@ func (s *Service) LayersView(layers []string) (View, error) {
 		return View{}, errs.E(errs.FailedPrecondition, "an empty layer stack has no view")
 	}
 	v := View{Digests: slices.Clone(layers), closer: &closer{}}
-	ls, err := s.openLayers(v.closer, layers)
+	ls, err := s.openLayers(context.Background(), v.closer, newBudget(MaxReadBytes), layers)
 	if err != nil {
 		_ = v.Close()
 		return View{}, err
@@ -94,7 +94,7 @@ func (s *Service) LayersView(layers []string) (View, error) {
 	return v, nil
 }
 
-func (s *Service) openLayers(c *closer, digests []string) ([]fsdiff.Layer, error) {
+func (s *Service) openLayers(ctx context.Context, c *closer, b *readBudget, digests []string) ([]fsdiff.Layer, error) {
 	out := make([]fsdiff.Layer, 0, len(digests))
 	for _, dg := range digests {
 		if err := template.ValidateDigest(dg); err != nil {
@@ -105,7 +105,7 @@ func (s *Service) openLayers(c *closer, digests []string) ([]fsdiff.Layer, error
 			return nil, errs.Wrap(errs.FailedPrecondition, err, "layer %s is missing", dg)
 		}
 		c.fns = append(c.fns, l.Close)
-		out = append(out, l)
+		out = append(out, boundedLayer{Layer: l, b: b, ctx: ctx})
 	}
 	return out, nil
 }
@@ -138,11 +138,12 @@ func (s *Service) View(ctx context.Context, sb *sandbox.Sandbox) (View, error) {
 			_ = v.Close()
 		}
 	}()
-	upper, err := s.upper(ctx, sb, &v)
+	b := newBudget(MaxReadBytes)
+	upper, err := s.upper(ctx, sb, &v, b)
 	if err != nil {
 		return View{}, err
 	}
-	lowers, err := s.openLayers(v.closer, layers)
+	lowers, err := s.openLayers(ctx, v.closer, b, layers)
 	if err != nil {
 		return View{}, err
 	}
@@ -151,7 +152,7 @@ func (s *Service) View(ctx context.Context, sb *sandbox.Sandbox) (View, error) {
 	return v, nil
 }
 
-func (s *Service) upper(ctx context.Context, sb *sandbox.Sandbox, v *View) (fsdiff.Layer, error) {
+func (s *Service) upper(ctx context.Context, sb *sandbox.Sandbox, v *View, b *readBudget) (fsdiff.Layer, error) {
 	if sb.State != sandbox.Running && sb.State != sandbox.Paused {
 		return nil, errs.E(errs.FailedPrecondition, "sandbox %s is %s: start or resume it to diff it", sb.ID, sb.State)
 	}
@@ -176,7 +177,7 @@ func (s *Service) upper(ctx context.Context, sb *sandbox.Sandbox, v *View) (fsdi
 	}
 	v.Upper = id
 	v.closer.fns = append(v.closer.fns, l.Close)
-	return l, nil
+	return boundedLayer{Layer: l, b: b, ctx: ctx}, nil
 }
 
 func (s *Service) knownHostUpper(id string) bool {
