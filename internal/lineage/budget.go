@@ -56,11 +56,10 @@ func (r *boundedReader) Read(p []byte) (int, error) {
 	if len(p) > 1<<20 {
 		p = p[:1<<20]
 	}
-	if r.l.b.left.Add(-int64(len(p))) < 0 {
+	n, err := r.rc.Read(p)
+	if r.l.b.left.Add(-int64(n)) < 0 {
 		return 0, errs.E(errs.ResourceExhausted, "the diff would read more than %d bytes of file content (at %q): narrow it to paths", int64(MaxReadBytes), r.rel)
 	}
-	n, err := r.rc.Read(p)
-	r.l.b.left.Add(int64(len(p) - n)) // give back what was not read
 	return n, err
 }
 
