@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/internal/bench"
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
@@ -254,4 +256,40 @@ func diffForks(t *testing.T, s *server, rt string) {
 			t.Errorf("big file: %+v", c)
 		}
 	}
+}
+
+// TestBenchSelfDiff measures the diff row (100 edited files of a 1 GiB
+// workspace, through the API) and checks the report's shape: every sample
+// an answer with the 100 edits (a wrong answer is a failed sample).
+// Timings are never asserted.
+func TestBenchSelfDiff(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "runc")
+	bin := testutil.BuildBinaries(t)
+	out := filepath.Join(t.TempDir(), "bench.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "bench", "--self", "--runs", "2", "--warmup", "0",
+		"--runtime", "runc", "--only", "diff", "--json", out)
+	cmd.Env = append(os.Environ(), "BERTH_URL=http://127.0.0.1:1", "BERTH_API_KEY=unused")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("berth bench: %v\n%s", err, b)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("report is not a bench.Report: %v\n%s", err, raw)
+	}
+	if len(rep.Metrics) != 1 || rep.Metrics[0].Name != "diff" {
+		t.Fatalf("want the diff row only, got %+v", rep.Metrics)
+	}
+	m := rep.Metrics[0]
+	if !m.Available || len(m.Samples) != 2 || len(m.Errors) != 0 || !strings.Contains(m.Definition, "1 GiB") {
+		t.Errorf("diff row: want 2 samples and no errors, got %+v", m)
+	}
+	t.Logf("diff of 100 edited files of a 1 GiB workspace (runc): %v ms", m.Samples)
 }
