@@ -118,30 +118,19 @@ func (s *Service) Diff(ctx context.Context, req DiffRequest) (*fsdiff.Result, er
 	if err != nil {
 		return nil, err
 	}
-	var from, to View
+	// The sides: a view builder each, resolved once.
+	var fromView, toView func() (View, error)
 	switch ag.kind {
 	case "base":
-		if from, err = s.ForkPoint(ctx, sb); err != nil {
-			return nil, err
-		}
-		defer from.Close()
-		if to, err = s.View(ctx, sb); err != nil {
-			return nil, err
-		}
-		defer to.Close()
+		fromView = func() (View, error) { return s.ForkPoint(ctx, sb) }
+		toView = func() (View, error) { return s.View(ctx, sb) }
 	case "sandbox":
 		other, err := s.core.Visible(ctx, req.Owner, ag.id)
 		if err != nil {
 			return nil, err
 		}
-		if from, err = s.View(ctx, sb); err != nil {
-			return nil, err
-		}
-		defer from.Close()
-		if to, err = s.View(ctx, other); err != nil {
-			return nil, err
-		}
-		defer to.Close()
+		fromView = func() (View, error) { return s.View(ctx, sb) }
+		toView = func() (View, error) { return s.View(ctx, other) }
 	case "checkpoint":
 		r := s.checkpointResolver()
 		if r == nil {
@@ -151,24 +140,49 @@ func (s *Service) Diff(ctx context.Context, req DiffRequest) (*fsdiff.Result, er
 		if err != nil {
 			return nil, err
 		}
-		if from, err = s.LayersView(layers); err != nil {
-			return nil, err
-		}
-		defer from.Close()
-		if to, err = s.View(ctx, sb); err != nil {
-			return nil, err
-		}
-		defer to.Close()
+		fromView = func() (View, error) { return s.LayersView(layers) }
+		toView = func() (View, error) { return s.View(ctx, sb) }
 	}
+	// A live upper changes while it is read: a file listed a moment ago
+	// may be gone when it is opened (NotFound). The diff is "as of about
+	// now", so it is taken again on fresh views, a few times.
+	var lastErr error
+	for attempt := 0; attempt < diffAttempts; attempt++ {
+		res, changed, err := s.diffOnce(ctx, req, fromView, toView)
+		if err == nil || !changed || ctx.Err() != nil {
+			return res, err
+		}
+		lastErr = err
+	}
+	// Not a NotFound for the caller (no such sandbox?): try again later.
+	return nil, errs.Reclassify(errs.Unavailable, lastErr, "sandbox %s kept changing while it was diffed (%d tries)", req.ID, diffAttempts)
+}
+
+// diffAttempts is how often a diff of a changing tree is taken.
+const diffAttempts = 5
+
+// diffOnce diffs fresh views; changed says the error is a path that
+// vanished while the diff read it (worth another try).
+func (s *Service) diffOnce(ctx context.Context, req DiffRequest, fromView, toView func() (View, error)) (*fsdiff.Result, bool, error) {
+	from, err := fromView()
+	if err != nil {
+		return nil, false, err
+	}
+	defer from.Close()
+	to, err := toView()
+	if err != nil {
+		return nil, false, err
+	}
+	defer to.Close()
 	if commonBase(from.Digests, to.Digests) == 0 {
-		return nil, errs.E(errs.FailedPrecondition, "no common base: %s and %s share no layer", req.ID, describeAgainst(req))
+		return nil, false, errs.E(errs.FailedPrecondition, "no common base: %s and %s share no layer", req.ID, describeAgainst(req))
 	}
 	res, err := fsdiff.Diff(ctx, from.Tree, to.Tree, req.Options)
 	if err != nil {
-		return nil, err
+		return nil, errs.Is(err, errs.NotFound), err
 	}
 	Bound(res, MaxUnifiedTotal)
-	return res, nil
+	return res, false, nil
 }
 
 func describeAgainst(req DiffRequest) string {

@@ -247,6 +247,26 @@ func diffForks(t *testing.T, s *server, rt string) {
 	}
 	wantAttack = append(wantAttack, "added work/shadow -> /etc/shadow", "added work/up -> ../../../../../../etc/passwd")
 	wantLines(t, "planted objects", lines, wantAttack)
+	// A tree that changes while it is read: c2 creates and removes files
+	// as fast as it can; every diff still answers.
+	s.must("exec", "--user", "root", c2, "--", "sh", "-c",
+		"(i=0; while true; do mkdir -p /tmp/churn; echo $i > /tmp/churn/f$i; rm -f /tmp/churn/f$((i-1)); i=$((i+1)); done) >/dev/null 2>&1 &")
+	answered := 0
+	for i := 0; i < 10; i++ {
+		code, body := s.api(s.key, "GET", "/v1/sandboxes/"+c2+"/diff", nil)
+		switch {
+		case code == http.StatusOK:
+			answered++
+		case code == http.StatusServiceUnavailable && body["reason"] == "unavailable":
+			t.Logf("diff %d of a churning sandbox: %v", i, body["message"])
+		default:
+			t.Errorf("diff %d of a churning sandbox: %d %v, want 200 (or 503 'kept changing')", i, code, body)
+		}
+	}
+	if answered < 5 {
+		t.Errorf("only %d of 10 diffs of a churning sandbox answered", answered)
+	}
+	t.Logf("%s: %d of 10 diffs of a churning sandbox answered", rt, answered)
 	shadow, _ := os.ReadFile("/etc/shadow")
 	for _, c := range got.Changes {
 		if c.Unified != "" && len(shadow) > 0 && strings.Contains(c.Unified, string(shadow[:min(len(shadow), 20)])) {
