@@ -18,7 +18,10 @@ import (
 
 // View is a tree of layers as fsdiff sees it, with what holds it open.
 // Close it when done; a View is used by one goroutine at a time (its
-// Tree caches lookups).
+// Tree caches lookups). Its file reads stop when the ctx it was built
+// with ends, and draw on a budget (MaxReadBytes; no file with more than
+// MaxHoleBytes of holes is read), so a long-lived user builds it on a
+// context that lives as long as it does.
 type View struct {
 	Tree *fsdiff.Tree
 	// Digests are the read-only layers below the upper, top first.
