@@ -39,6 +39,12 @@ func changeLines(res wire.DiffResult) []string {
 		if c.New != nil && c.New.Type == "symlink" {
 			l += " -> " + c.New.Target
 		}
+		if c.OwnerChanged {
+			l += fmt.Sprintf(" owner %d:%d->%d:%d", c.Old.UID, c.Old.GID, c.New.UID, c.New.GID)
+		}
+		if c.New != nil && (c.New.UID != 0 || c.New.GID != 0) {
+			l += fmt.Sprintf(" uid %d gid %d", c.New.UID, c.New.GID) // root wrote everything, as seen inside
+		}
 		if c.RenamedTo != "" {
 			l += " renamed_to " + c.RenamedTo
 		}
@@ -158,6 +164,18 @@ func diffForks(t *testing.T, s *server, rt string) {
 		"added work/old.txt renamed_from work/new.txt +1-0",
 		"modified work/run.sh mode 755->644",
 	})
+
+	// A stopped sandbox: its workspace image is read read-only under its
+	// lock; afterwards it starts as before (no loop device left behind).
+	s.must("stop", c1)
+	wantLines(t, "diff of a stopped fork", changeLines(s.diffJSON(c1, "--path", "work")), want)
+	if got := changeLines(s.diffJSON(c2, c1, "--path", "work", "--stat")); len(got) != 8 {
+		t.Errorf("diff of a running fork against a stopped one: %q", got)
+	}
+	s.must("start", c1)
+	if out := s.must("exec", c1, "--", "cat", "/work/added.txt"); out != "hi" {
+		t.Errorf("the stopped fork after its diff and a start: %q", out)
+	}
 
 	// Unrelated: another template's sandbox shares no layer.
 	unrelatedTemplate(t, s)
