@@ -32,7 +32,10 @@
 //     running sandbox's PID 1, and after a memory pause by the background
 //     release until the sandbox's filesystem and network are released. One
 //     operation holds one sandbox's lock at a time: a fork releases its
-//     parent's lock before it locks each child.
+//     parent's lock before it locks each child. The one exception is a
+//     diff of two sandboxes that are not running (internal/lineage reads
+//     their workspace images under their locks): it takes both in id
+//     order and nothing else while it holds them.
 //  3. admission (admission.Service.admitMu): quota check + intent insert;
 //     taken with a sandbox's lock held (start, fork, snapshot reservations).
 //     A warm-pool claim is the one inversion: it holds admitMu while it
@@ -47,7 +50,8 @@
 //     claimed), admission.Service.mu and .mMu (live signals, metrics
 //     counters), activity.Service.mu (live execs, drop counts, followers;
 //     taken on the exec path, which holds no other lock meanwhile),
-//     console.Service.mu (web console sessions; never held across a call).
+//     console.Service.mu (web console sessions; never held across a call),
+//     lineage.Service.mu (its runsc host-upper cache).
 //
 // The watcher and userNamespaces have no lock of their own: the watcher's
 // OOM counters belong to its watch loop's goroutine, the user-namespace
@@ -76,6 +80,7 @@ import (
 	"github.com/berth-dev/berth/internal/console"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
+	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -113,6 +118,7 @@ type Daemon struct {
 
 	act     *activity.Service // activity timelines (internal/activity)
 	console *console.Service  // web console sessions (console.go)
+	lineage *lineage.Service // views, diff, compare (lineage_core.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -180,6 +186,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.act = activity.New(activity.Config{Retention: cfg.ActivityRetention, Log: cfg.Log, Now: cfg.Now}, activityCore{d}, st)
 	d.chans.observe = d.act.Observer // every agent client reports execs and file changes
 	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})
+	d.lineage = lineage.New(lineageCore{d}, lineage.Config{DataDir: cfg.DataDir, Log: cfg.Log})
 	return d, nil
 }
 
