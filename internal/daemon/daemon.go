@@ -118,7 +118,7 @@ type Daemon struct {
 
 	act     *activity.Service // activity timelines (internal/activity)
 	console *console.Service  // web console sessions (console.go)
-	lineage *lineage.Service // views, diff, compare (lineage_core.go)
+	lineage *lineage.Service  // views, diff, compare (lineage_core.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
