@@ -72,6 +72,7 @@ import (
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
+	"github.com/berth-dev/berth/internal/merges"
 	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -106,6 +107,8 @@ type Daemon struct {
 	adm *admission.Service // quota admission, signals, metering, metrics (admission.go)
 
 	net *hostnet.Service // host networking (hostnet.go)
+
+	merges *merges.Service // merges of forks into their targets (merges.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -170,6 +173,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
+	d.merges = newMerges(d)
 	return d, nil
 }
 

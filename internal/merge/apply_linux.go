@@ -55,6 +55,10 @@ type ApplyOptions struct {
 	// rename: the daemon freezes the target and verifies the plan's
 	// Expect nodes here (Verify); an error aborts with nothing changed.
 	BeforeCommit func() error
+	// AfterStep, if set, runs after each committed step with the number of
+	// steps done: the daemon's test hook that holds a commit midway (an
+	// e2e test kills the daemon there).
+	AfterStep func(done int)
 	// crashAfter (tests) stops the commit after that many steps, as a
 	// kill -9 would, leaving the journal in committing.
 	crashAfter int
@@ -117,6 +121,9 @@ func Apply(ctx context.Context, root string, p *Plan, src Sources, id string, o 
 			}
 			j.State = JournalRolledBack
 			return errors.Join(err, o.Save(j))
+		}
+		if o.AfterStep != nil {
+			o.AfterStep(i + 1)
 		}
 	}
 	j.State = JournalCommitted
