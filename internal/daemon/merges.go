@@ -42,11 +42,13 @@ func (c mergeCore) Store() store.Store { return c.d.store }
 func (c mergeCore) Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string) {
 	c.d.Event(ctx, sb, actor, typ, reason, msg, data)
 }
-func (c mergeCore) RuntimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error) { return c.d.RuntimeFor(sb) }
-func (c mergeCore) SandboxDir(id string) string                             { return c.d.SandboxDir(id) }
-func (c mergeCore) UserNS(sb *sandbox.Sandbox) *rootfs.IDMap                { return c.d.userns.of(sb) }
-func (c mergeCore) LayerPath(digest string) string                          { return c.d.templates.LayerPath(digest) }
-func (c mergeCore) Now() time.Time                                          { return c.d.Now() }
+func (c mergeCore) RuntimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error) {
+	return c.d.RuntimeFor(sb)
+}
+func (c mergeCore) SandboxDir(id string) string              { return c.d.SandboxDir(id) }
+func (c mergeCore) UserNS(sb *sandbox.Sandbox) *rootfs.IDMap { return c.d.userns.of(sb) }
+func (c mergeCore) LayerPath(digest string) string           { return c.d.templates.LayerPath(digest) }
+func (c mergeCore) Now() time.Time                           { return c.d.Now() }
 
 // Lowers are sb's pinned layers, else its template's (top first).
 func (c mergeCore) Lowers(ctx context.Context, sb *sandbox.Sandbox) ([]string, error) {
