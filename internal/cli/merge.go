@@ -73,9 +73,12 @@ func runMerge(e *env, args []string) error {
 		}
 	}
 	if *asJSON {
-		return printJSON(e.stdout, m)
+		if err := printJSON(e.stdout, m); err != nil {
+			return err
+		}
+	} else {
+		printMerge(e.stdout, m)
 	}
-	printMerge(e.stdout, m)
 	if m.State == "conflicted" {
 		return exitStatus{code: ExitConflict} // scripts: the merge waits for `berth resolve`
 	}
