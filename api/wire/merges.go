@@ -39,21 +39,10 @@ type OpenFile struct {
 	Path string `json:"path"`
 }
 
-// FileNode is a filesystem object of one side of a conflict.
-type FileNode struct {
-	Type   string `json:"type"`
-	Mode   uint32 `json:"mode"`
-	UID    uint32 `json:"uid"`
-	GID    uint32 `json:"gid"`
-	Size   int64  `json:"size,omitempty"`
-	Target string `json:"target,omitempty"`
-	SHA256 string `json:"sha256,omitempty"`
-}
-
 // ConflictVersion is one side's object at a conflicting path: Node is
 // absent where that side has none; Text is a text file's content.
 type ConflictVersion struct {
-	Node *FileNode `json:"node,omitempty"`
+	Node *DiffNode `json:"node,omitempty"`
 	Text []byte    `json:"text,omitempty"`
 }
 

@@ -61,6 +61,8 @@ var operations = map[string]body{
 	"GET /v1/snapshots/{id}":                              {resp: wire.Snapshot{}},
 	"DELETE /v1/snapshots/{id}":                           {},
 	"POST /v1/snapshots/{id}/template":                    {wire.PromoteRequest{}, wire.Template{}},
+	"GET /v1/sandboxes/{id}/diff":                         {resp: wire.DiffResult{}},
+	"POST /v1/sandboxes/{id}/compare":                     {wire.CompareRequest{}, wire.CompareResult{}},
 	"GET /v1/pools":                                       {resp: []wire.PoolStatus{}},
 	"PUT /v1/pools/{template}":                            {wire.PoolRequest{}, wire.PoolStatus{}},
 	"DELETE /v1/pools/{template}":                         {},

@@ -80,6 +80,8 @@ func init() {
 	register("template", "template ls [--json] | template import NAME FILE.tar | template from-snapshot SNAPSHOT NAME | "+pullUsage+" | "+buildUsage+" | template rm NAME...", runTemplate)
 	register("snapshot", "snapshot ID [--name N] [--json] | snapshot ls [--json] | snapshot rm SNAPSHOT...", runSnapshot)
 	register("fork", "fork ID [-n N] [--json]", runFork)
+	register("diff", diffUsage, runDiff)
+	register("compare", compareUsage, runCompare)
 	register("merge", mergeUsage, runMerge)
 	register("conflicts", conflictsUsage, runConflicts)
 	register("resolve", resolveUsage, runResolve)

@@ -45,7 +45,7 @@
 //     hostnet.Service.mu (network owners and pending egress log),
 //     pool.Service.mu (pool bookkeeping; released before a member is
 //     claimed), admission.Service.mu and .mMu (live signals, metrics
-//     counters).
+//     counters), lineage.Service.mu (its runsc host-upper cache).
 //
 // The watcher and userNamespaces have no lock of their own: the watcher's
 // OOM counters belong to its watch loop's goroutine, the user-namespace
@@ -72,6 +72,7 @@ import (
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
+	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merges"
 	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/rootfs"
@@ -108,6 +109,7 @@ type Daemon struct {
 
 	net *hostnet.Service // host networking (hostnet.go)
 
+	lineage *lineage.Service // views, diff, compare (lineage_core.go)
 	merges *merges.Service // merges of forks into their targets (merges.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
@@ -173,6 +175,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
+	d.lineage = lineage.New(lineageCore{d}, lineage.Config{DataDir: cfg.DataDir, Log: cfg.Log})
 	d.merges = newMerges(d)
 	return d, nil
 }

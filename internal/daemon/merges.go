@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/checkpoint"
-	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merges"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -50,19 +50,11 @@ func (c mergeCore) UserNS(sb *sandbox.Sandbox) *rootfs.IDMap { return c.d.userns
 func (c mergeCore) LayerPath(digest string) string           { return c.d.templates.LayerPath(digest) }
 func (c mergeCore) Now() time.Time                           { return c.d.Now() }
 
-// Lowers are sb's pinned layers, else its template's (top first).
-func (c mergeCore) Lowers(ctx context.Context, sb *sandbox.Sandbox) ([]string, error) {
-	if len(sb.Layers) > 0 {
-		return sb.Layers, nil
-	}
-	tpl, err := c.d.store.GetTemplate(ctx, sb.Template)
-	if err != nil {
-		return nil, errs.Wrap(errs.FailedPrecondition, err, "template %s of sandbox %s", sb.Template, sb.ID)
-	}
-	if tpl.Fingerprint != sb.TemplateID {
-		return nil, errs.E(errs.FailedPrecondition, "template %s changed since sandbox %s started", sb.Template, sb.ID)
-	}
-	return tpl.Layers, nil
+func (c mergeCore) View(ctx context.Context, sb *sandbox.Sandbox) (lineage.View, error) {
+	return c.d.lineage.View(ctx, sb)
+}
+func (c mergeCore) LayersView(layers []string) (lineage.View, error) {
+	return c.d.lineage.LayersView(layers)
 }
 
 func (c mergeCore) Capture(ctx context.Context, owner, actor, id string) (store.Snapshot, error) {

@@ -11,54 +11,43 @@ import (
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/fsdiff"
+	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merge"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
-// views are the three trees of a merge over opened layers.
+// views are the three trees of a merge (lineage views, closed together).
 type views struct {
 	base, ours, theirs *fsdiff.Tree
-	closers            []*fsdiff.DirLayer
+	open               []lineage.View
 }
 
 func (v *views) Close() {
-	for _, l := range v.closers {
+	for _, l := range v.open {
 		_ = l.Close()
 	}
 }
 
-// tree opens layer digests (top first) as a view; upper, if set, is on top.
-func (s *Service) tree(v *views, upper *fsdiff.DirLayer, digests []string) (*fsdiff.Tree, error) {
-	var ls []fsdiff.Layer
-	if upper != nil {
-		ls = append(ls, upper)
-	}
-	for _, dg := range digests {
-		l, err := fsdiff.OpenDirLayer(s.core.LayerPath(dg), dg, nil)
-		if err != nil {
-			return nil, errs.Wrap(errs.FailedPrecondition, err, "open layer %s", dg)
-		}
-		v.closers = append(v.closers, l)
-		ls = append(ls, l)
-	}
-	return fsdiff.NewTree(ls...), nil
-}
-
-// oursTree is the target's live view: its host upper dir (owners unshifted
-// to the ids seen inside) over its lowers.
+// oursTree is the target's live view: its upper (owners as seen inside)
+// over its lowers.
 func (s *Service) oursTree(ctx context.Context, v *views, target *sandbox.Sandbox) (*fsdiff.Tree, error) {
-	lowers, err := s.core.Lowers(ctx, target)
+	lv, err := s.core.View(ctx, target)
 	if err != nil {
 		return nil, err
 	}
-	up, err := fsdiff.OpenDirLayer(rootfs.LayoutOf(s.core.SandboxDir(target.ID)).Upper, "upper:"+target.ID, s.core.UserNS(target).Unshift)
+	v.open = append(v.open, lv)
+	return lv.Tree, nil
+}
+
+func (s *Service) stackTree(v *views, layers []string) (*fsdiff.Tree, error) {
+	lv, err := s.core.LayersView(layers)
 	if err != nil {
-		return nil, errs.Wrap(errs.Internal, err, "open the upper of %s", target.ID)
+		return nil, err
 	}
-	v.closers = append(v.closers, up)
-	return s.tree(v, up, lowers)
+	v.open = append(v.open, lv)
+	return lv.Tree, nil
 }
 
 // openViews opens base (the fork point's layers), theirs (the source's
@@ -66,8 +55,8 @@ func (s *Service) oursTree(ctx context.Context, v *views, target *sandbox.Sandbo
 func (s *Service) openViews(ctx context.Context, target *sandbox.Sandbox, base, theirs []string) (*views, error) {
 	v := &views{}
 	var err error
-	if v.base, err = s.tree(v, nil, base); err == nil {
-		if v.theirs, err = s.tree(v, nil, theirs); err == nil {
+	if v.base, err = s.stackTree(v, base); err == nil {
+		if v.theirs, err = s.stackTree(v, theirs); err == nil {
 			v.ours, err = s.oursTree(ctx, v, target)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merge"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -43,10 +44,9 @@ type Core interface {
 	RuntimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error)
 	SandboxDir(id string) string
 	UserNS(sb *sandbox.Sandbox) *rootfs.IDMap
-	// Lowers are the layer digests sb runs on, top first.
-	Lowers(ctx context.Context, sb *sandbox.Sandbox) ([]string, error)
-	// LayerPath is the host directory of a stored layer.
-	LayerPath(digest string) string
+	// View is sb's live tree, LayersView a layer stack's (lineage).
+	View(ctx context.Context, sb *sandbox.Sandbox) (lineage.View, error)
+	LayersView(layers []string) (lineage.View, error)
 	// Capture snapshots a running sandbox (frozen for the copy; counted
 	// in its owner's snapshot quota); DropSnapshot deletes one.
 	Capture(ctx context.Context, owner, actor, id string) (store.Snapshot, error)

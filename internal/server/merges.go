@@ -5,7 +5,6 @@ import (
 
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/daemon"
-	"github.com/berth-dev/berth/internal/fsdiff"
 	"github.com/berth-dev/berth/internal/merge"
 	"github.com/berth-dev/berth/internal/merges"
 )
@@ -21,13 +20,6 @@ func mergeView(m merges.Merge) wire.Merge {
 		out.OpenFiles = append(out.OpenFiles, wire.OpenFile{PID: f.PID, Cmd: f.Cmd, Path: f.Path})
 	}
 	return out
-}
-
-func nodeView(n *fsdiff.Node) *wire.FileNode {
-	if n == nil {
-		return nil
-	}
-	return &wire.FileNode{Type: string(n.Type), Mode: n.Mode, UID: n.UID, GID: n.GID, Size: n.Size, Target: n.Target, SHA256: n.SHA256}
 }
 
 func conflictView(c merge.Conflict) wire.Conflict {

@@ -83,6 +83,8 @@ func (s *Server) routes() {
 	s.handle("GET /v1/snapshots/{id}", img.getSnapshot)
 	s.handle("DELETE /v1/snapshots/{id}", img.deleteSnapshot)
 	s.handle("POST /v1/snapshots/{id}/template", img.promoteSnapshot)
+	s.handle("GET /v1/sandboxes/{id}/diff", lineageAPI{s}.diff)
+	s.handle("POST /v1/sandboxes/{id}/compare", lineageAPI{s}.compare)
 	s.handle("GET /v1/pools", img.listPools)
 	s.handle("PUT /v1/pools/{template}", img.setPool)
 	s.handle("DELETE /v1/pools/{template}", img.deletePool)
