@@ -139,6 +139,7 @@ func (s *Service) replan(ctx context.Context, target *sandbox.Sandbox, m store.M
 	if err != nil {
 		return nil, err
 	}
+	plan = withoutPrivate(plan)
 	rows, err := s.core.Store().ListMergeConflicts(ctx, m.ID)
 	if err != nil {
 		return nil, err

@@ -195,6 +195,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Merge, error) {
 	if err != nil {
 		return Merge{}, err
 	}
+	plan = withoutPrivate(plan)
 	m.State = store.MergePlanned
 	if !plan.Clean() {
 		m.State = store.MergeConflicted
