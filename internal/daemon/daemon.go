@@ -110,7 +110,7 @@ type Daemon struct {
 	net *hostnet.Service // host networking (hostnet.go)
 
 	lineage *lineage.Service // views, diff, compare (lineage_core.go)
-	merges *merges.Service // merges of forks into their targets (merges.go)
+	merges  *merges.Service  // merges of forks into their targets (merges.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.

@@ -51,7 +51,9 @@ func TestWithoutPrivate(t *testing.T) {
 }
 
 func TestShifted(t *testing.T) {
-	n := func(uid, gid uint32) *fsdiff.Node { return &fsdiff.Node{Type: fsdiff.TypeFile, Mode: 0o644, UID: uid, GID: gid} }
+	n := func(uid, gid uint32) *fsdiff.Node {
+		return &fsdiff.Node{Type: fsdiff.TypeFile, Mode: 0o644, UID: uid, GID: gid}
+	}
 	p := &merge.Plan{
 		Writes:  []merge.Write{{Path: "a", Node: *n(0, 0), Expect: n(1000, 1000)}, {Path: "b", Node: *n(70000, 5)}},
 		Deletes: []merge.Delete{{Path: "c", Expect: n(2, 3)}},
