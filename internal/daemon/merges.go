@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merges"
@@ -48,6 +49,7 @@ func (c mergeCore) RuntimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error) {
 func (c mergeCore) SandboxDir(id string) string              { return c.d.SandboxDir(id) }
 func (c mergeCore) UserNS(sb *sandbox.Sandbox) *rootfs.IDMap { return c.d.userns.of(sb) }
 func (c mergeCore) LayerPath(digest string) string           { return c.d.templates.LayerPath(digest) }
+func (c mergeCore) AgentClient(id string) *agentapi.Client   { return c.d.AgentClient(id) }
 func (c mergeCore) Now() time.Time                           { return c.d.Now() }
 
 func (c mergeCore) View(ctx context.Context, sb *sandbox.Sandbox) (lineage.View, error) {

@@ -175,6 +175,9 @@ func (s *Service) reconflict(ctx context.Context, target *sandbox.Sandbox, m sto
 
 // applyOnce stages, freezes, verifies and commits one plan.
 func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, base, theirs []string) (Result, error) {
+	if target.Runtime == "runsc" {
+		return s.applyAgent(ctx, target, m, plan, base, theirs)
+	}
 	rt, err := s.core.RuntimeFor(target)
 	if err != nil {
 		return Result{}, err
@@ -378,15 +381,21 @@ func (s *Service) recoverOne(ctx context.Context, mid string) error {
 	}
 	j := jf.Journal
 	committed := j.State == merge.JournalCommitted
-	root := rootfs.LayoutOf(s.core.SandboxDir(target.ID)).RootFS
-	if ok, err := isMountPoint(root); err != nil || !ok {
-		return errs.E(errs.FailedPrecondition, "merge %s: the root filesystem of %s is not mounted; the journal is kept", mid, target.ID)
-	}
-	if err := merge.Recover(root, j); err != nil {
-		return err
+	if target.Runtime == "runsc" {
+		if err := s.recoverAgent(ctx, target, j); err != nil {
+			return err
+		}
+	} else {
+		root := rootfs.LayoutOf(s.core.SandboxDir(target.ID)).RootFS
+		if ok, err := isMountPoint(root); err != nil || !ok {
+			return errs.E(errs.FailedPrecondition, "merge %s: the root filesystem of %s is not mounted; the journal is kept", mid, target.ID)
+		}
+		if err := merge.Recover(root, j); err != nil {
+			return err
+		}
 	}
 	// The merge froze the target; the target's own state says running.
-	if rt, err := s.core.RuntimeFor(target); err == nil && target.State == sandbox.Running {
+	if rt, err := s.core.RuntimeFor(target); err == nil && target.State == sandbox.Running && target.Runtime != "runsc" {
 		if st, err := rt.State(ctx, target.ID); err == nil && st.State == "paused" {
 			if err := rt.Thaw(ctx, target.ID); err != nil {
 				s.log.Error("thaw after an interrupted merge", "sandbox_id", target.ID, "merge", mid, "err", err)

@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merge"
@@ -44,6 +45,8 @@ type Core interface {
 	RuntimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error)
 	SandboxDir(id string) string
 	UserNS(sb *sandbox.Sandbox) *rootfs.IDMap
+	// AgentClient reaches sb's agent (runsc targets are written through it).
+	AgentClient(id string) *agentapi.Client
 	// View is sb's live tree, LayersView a layer stack's (lineage).
 	View(ctx context.Context, sb *sandbox.Sandbox) (lineage.View, error)
 	LayersView(layers []string) (lineage.View, error)
@@ -218,8 +221,8 @@ func writable(sb *sandbox.Sandbox) error {
 	if sb.State != sandbox.Running {
 		return errs.E(errs.FailedPrecondition, "sandbox %s is %s; a merge needs a running target", sb.ID, sb.State)
 	}
-	if sb.Runtime != "runc" {
-		return errs.E(errs.NotImplemented, "merging into a %s sandbox is not implemented yet (runc targets only)", sb.Runtime)
+	if sb.Runtime != "runc" && sb.Runtime != "runsc" {
+		return errs.E(errs.NotImplemented, "merging into a %s sandbox is not implemented", sb.Runtime)
 	}
 	return nil
 }
