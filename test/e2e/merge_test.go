@@ -78,13 +78,19 @@ func testMerge(t *testing.T, rt string) {
 	}
 
 	t.Run("clean line merge", func(t *testing.T) {
-		parent, kids := newFamily(fiveLines+"; echo keep > /root/gone", 1)
+		parent, kids := newFamily(fiveLines+"; echo keep > /root/gone; echo held > /root/held", 1)
 		child := kids[0]
 		s.rootSh(child, "sed -i s/two/TWO/ /root/f; echo new > /root/added; mkdir -p /root/d/e; echo deep > /root/d/e/x; rm /root/gone")
 		s.rootSh(parent, "sed -i s/four/FOUR/ /root/f")
+		// A process of the target keeps the file the merge changes open.
+		s.rootSh(parent, "(exec sleep 600 < /root/held) >/dev/null 2>&1 &")
+		s.rootSh(child, "echo changed > /root/held")
 		m, code, out := s.mergeRun(child, parent)
 		if code != 0 || m.State != "applied" || m.Conflicts != 0 {
 			t.Fatalf("merge: exit %d %s", code, out)
+		}
+		if len(m.OpenFiles) != 1 || m.OpenFiles[0].Path != "root/held" || m.OpenFiles[0].Cmd != "sleep" || m.OpenFiles[0].PID <= 0 {
+			t.Errorf("open_files = %+v, want the sleep holding root/held", m.OpenFiles)
 		}
 		t.Logf("clean merge (%s): %d writes, %d deletes in %d ms", rt, m.Writes, m.Deletes, m.Ms)
 		if got := s.rootSh(parent, "cat /root/f"); got != "one\nTWO\nthree\nFOUR\nfive" {
