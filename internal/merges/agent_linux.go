@@ -22,7 +22,7 @@ import (
 // through the agent (/merge/finish).
 func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, base, theirs []string) (Result, error) {
 	ag := s.core.AgentClient(target.ID)
-	v, err := s.openViews(ctx, target, base, theirs)
+	v, err := s.openViews(ctx, nil, base, theirs)
 	if err != nil {
 		return Result{}, err
 	}

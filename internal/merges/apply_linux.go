@@ -51,12 +51,14 @@ func (s *Service) stackTree(v *views, layers []string) (*fsdiff.Tree, error) {
 }
 
 // openViews opens base (the fork point's layers), theirs (the source's
-// capture) and ours (the target's live view).
+// capture) and, unless target is nil, ours (the target's live view: on
+// runsc an export of the upper, so the apply, which reads only base and
+// theirs, leaves it out).
 func (s *Service) openViews(ctx context.Context, target *sandbox.Sandbox, base, theirs []string) (*views, error) {
 	v := &views{}
 	var err error
 	if v.base, err = s.stackTree(v, base); err == nil {
-		if v.theirs, err = s.stackTree(v, theirs); err == nil {
+		if v.theirs, err = s.stackTree(v, theirs); err == nil && target != nil {
 			v.ours, err = s.oursTree(ctx, v, target)
 		}
 	}
@@ -114,6 +116,7 @@ func (s *Service) applyLocked(ctx context.Context, target *sandbox.Sandbox, m st
 		return Merge{}, err
 	}
 	res.Ms = time.Since(start).Milliseconds()
+	s.log.Info("merge applied", "sandbox_id", target.ID, "merge", m.ID, "writes", res.Writes, "deletes", res.Deletes, "ms", res.Ms)
 	if err := s.finish(ctx, &m, store.MergeApplied, "", &res); err != nil {
 		return Merge{}, err
 	}
@@ -182,7 +185,7 @@ func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m stor
 	if err != nil {
 		return Result{}, err
 	}
-	v, err := s.openViews(ctx, target, base, theirs)
+	v, err := s.openViews(ctx, nil, base, theirs)
 	if err != nil {
 		return Result{}, err
 	}

@@ -167,6 +167,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Merge, error) {
 	}
 	// Theirs becomes immutable: a snapshot of the source, taken under the
 	// source's lock alone.
+	t0 := time.Now()
 	capt, err := s.core.Capture(ctx, req.Owner, req.Actor, source.ID)
 	if err != nil {
 		return Merge{}, err
@@ -188,6 +189,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Merge, error) {
 	m := store.Merge{ID: sandbox.NewID(), Owner: target.Owner, Target: target.ID, Source: source.ID,
 		BaseSnapshot: base.ID, SourceSnapshot: capt.ID, SourceLayer: capt.Layers[0], Strategy: string(st),
 		CreatedAt: s.core.Now().UTC()}
+	captured := time.Since(t0)
 	start := time.Now()
 	v, err := s.openViews(ctx, target, base.Layers, capt.Layers)
 	if err != nil {
@@ -207,13 +209,16 @@ func (s *Service) Start(ctx context.Context, req Request) (Merge, error) {
 		return Merge{}, err
 	}
 	keep = true
+	s.log.Info("merge planned", "sandbox_id", target.ID, "merge", m.ID, "source", source.ID, "state", m.State,
+		"capture_ms", captured.Milliseconds(), "plan_ms", time.Since(start).Milliseconds())
 	s.core.Event(ctx, target, req.Actor, "merge", "merge_planned", "", map[string]string{
-		"merge": m.ID, "source": source.ID, "base": base.ID, "strategy": string(st), "state": m.State,
+		"capture_ms": formatInt(captured.Milliseconds()),
+		"merge":      m.ID, "source": source.ID, "base": base.ID, "strategy": string(st), "state": m.State,
 		"writes": itoa(len(plan.Writes)), "deletes": itoa(len(plan.Deletes)), "conflicts": itoa(len(plan.Conflicts))})
 	if !plan.Clean() {
 		return s.view(ctx, m)
 	}
-	return s.applyLocked(ctx, target, m, plan, req.Actor, start)
+	return s.applyLocked(ctx, target, m, plan, req.Actor, t0)
 }
 
 // writable says whether a target can take a merge now.
