@@ -225,6 +225,40 @@ func testMerge(t *testing.T, rt string) {
 		}
 	})
 
+	t.Run("deleting the target drops its open merge", func(t *testing.T) {
+		parent, kids := newFamily(fiveLines, 1)
+		s.rootSh(kids[0], "sed -i s/one/A/ /root/f")
+		s.rootSh(parent, "sed -i s/one/B/ /root/f")
+		if _, code, out := s.mergeRun(kids[0], parent); code != 4 {
+			t.Fatalf("merge: exit %d %s", code, out)
+		}
+		captures := func() int {
+			var list []wire.Snapshot
+			if err := json.Unmarshal([]byte(s.must("snapshot", "ls", "--json")), &list); err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, sn := range list {
+				if sn.SourceSandbox == kids[0] {
+					n++
+				}
+			}
+			return n
+		}
+		if n := captures(); n != 1 {
+			t.Fatalf("captures of the child while the merge is open: %d, want 1", n)
+		}
+		s.must("rm", "-f", parent)
+		if n := captures(); n != 0 {
+			t.Errorf("captures of the child after its target was deleted: %d, want 0", n)
+		}
+		if _, err := os.Stat(filepath.Join(s.dataDir, "merges")); err == nil {
+			if e, _ := os.ReadDir(filepath.Join(s.dataDir, "merges")); len(e) != 0 {
+				t.Errorf("merge journals left: %v", e)
+			}
+		}
+	})
+
 	t.Run("hostile source and target", func(t *testing.T) {
 		probes := []string{"/etc/x", "/etc/file", "/etc/0", "/etc/1", "/etc/2", "/etc/3"}
 		existed := map[string]bool{}
