@@ -49,8 +49,8 @@ func (c *Client) ContinueMerge(ctx context.Context, target, id string) (wire.Mer
 }
 
 // Conflicts lists the unresolved conflicts of target's open merge.
-func (c *Client) Conflicts(ctx context.Context, target string) (wire.ConflictList, error) {
-	return get[wire.ConflictList](ctx, c, "/v1/sandboxes/"+seg(target)+"/conflicts", nil)
+func (c *Client) Conflicts(ctx context.Context, target string) ([]wire.Conflict, error) {
+	return get[[]wire.Conflict](ctx, c, "/v1/sandboxes/"+seg(target)+"/conflicts", nil)
 }
 
 // Resolve settles one conflict of target's open merge; the merge applies

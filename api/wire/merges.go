@@ -46,7 +46,8 @@ type ConflictVersion struct {
 	Text []byte    `json:"text,omitempty"`
 }
 
-// Conflict is a stored conflict of an open merge; ID is stable for the
+// Conflict is a stored conflict of an open merge (GET
+// /v1/sandboxes/{id}/conflicts answers a list of them); ID is stable for the
 // same inputs. Merged is the line merge with conflict markers.
 type Conflict struct {
 	ID      string          `json:"id"`
@@ -57,12 +58,6 @@ type Conflict struct {
 	Ours    ConflictVersion `json:"ours"`
 	Theirs  ConflictVersion `json:"theirs"`
 	Merged  []byte          `json:"merged,omitempty"`
-}
-
-// ConflictList is the body of GET /v1/sandboxes/{id}/conflicts.
-type ConflictList struct {
-	Merge     string     `json:"merge"`
-	Conflicts []Conflict `json:"conflicts"`
 }
 
 // ResolveRequest is the body of POST /v1/sandboxes/{id}/conflicts/{cid}/resolve:

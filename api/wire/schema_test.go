@@ -55,7 +55,7 @@ var operations = map[string]body{
 	"GET /v1/sandboxes/{id}/merges/{mid}":                 {resp: wire.Merge{}},
 	"POST /v1/sandboxes/{id}/merges/{mid}/abort":          {resp: wire.Merge{}},
 	"POST /v1/sandboxes/{id}/merges/{mid}/continue":       {resp: wire.Merge{}},
-	"GET /v1/sandboxes/{id}/conflicts":                    {resp: wire.ConflictList{}},
+	"GET /v1/sandboxes/{id}/conflicts":                    {resp: []wire.Conflict{}},
 	"POST /v1/sandboxes/{id}/conflicts/{cid}/resolve":     {wire.ResolveRequest{}, wire.Merge{}},
 	"GET /v1/snapshots":                                   {resp: []wire.Snapshot{}},
 	"GET /v1/snapshots/{id}":                              {resp: wire.Snapshot{}},

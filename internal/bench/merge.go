@@ -75,8 +75,8 @@ func (r *Runner) mergeSample(ctx context.Context, parent string, i int) (time.Du
 	}
 	if mg.State == "conflicted" {
 		detail := ""
-		if l, err := r.c.Conflicts(ctx, parent); err == nil && len(l.Conflicts) > 0 {
-			detail = fmt.Sprintf(" (first: %s %s: %s)", l.Conflicts[0].Kind, l.Conflicts[0].Path, l.Conflicts[0].Message)
+		if l, err := r.c.Conflicts(ctx, parent); err == nil && len(l) > 0 {
+			detail = fmt.Sprintf(" (first: %s %s: %s)", l[0].Kind, l[0].Path, l[0].Message)
 		}
 		_, _ = r.c.AbortMerge(ctx, parent, mg.ID)
 		return 0, fmt.Errorf("merge %s: %d conflict(s)%s, want a clean merge", mg.ID, mg.Conflicts, detail)

@@ -120,7 +120,7 @@ func runConflicts(e *env, args []string) error {
 		return err
 	}
 	if len(pos) == 2 {
-		for _, cf := range list.Conflicts {
+		for _, cf := range list {
 			if cf.ID != pos[1] {
 				continue
 			}
@@ -158,7 +158,7 @@ func runConflicts(e *env, args []string) error {
 	}
 	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tPATH\tKIND\tBASE\tOURS\tTHEIRS\tMESSAGE")
-	for _, cf := range list.Conflicts {
+	for _, cf := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cf.ID, cf.Path, cf.Kind, side(cf.Base), side(cf.Ours), side(cf.Theirs), cf.Message)
 	}
 	return tw.Flush()

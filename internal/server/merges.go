@@ -85,13 +85,13 @@ func (s mergeAPI) continueMerge(w http.ResponseWriter, r *http.Request, p daemon
 }
 
 func (s mergeAPI) listConflicts(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
-	m, cs, err := s.d.Merges().Conflicts(r.Context(), owner(r, p), r.PathValue("id"))
+	_, cs, err := s.d.Merges().Conflicts(r.Context(), owner(r, p), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	out := wire.ConflictList{Merge: m.ID, Conflicts: make([]wire.Conflict, 0, len(cs))}
+	out := make([]wire.Conflict, 0, len(cs))
 	for _, c := range cs {
-		out.Conflicts = append(out.Conflicts, conflictView(c))
+		out = append(out, conflictView(c))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -26,9 +26,9 @@ func (s *server) mergeRun(child, parent string, extra ...string) (wire.Merge, in
 	return m, code, out
 }
 
-func (s *server) conflicts(parent string) wire.ConflictList {
+func (s *server) conflicts(parent string) []wire.Conflict {
 	s.t.Helper()
-	var l wire.ConflictList
+	var l []wire.Conflict
 	if err := json.Unmarshal([]byte(s.must("conflicts", parent, "--json")), &l); err != nil {
 		s.t.Fatal(err)
 	}
@@ -123,10 +123,10 @@ func testMerge(t *testing.T, rt string) {
 					t.Fatalf("merge: exit %d, %s", code, out)
 				}
 				l := s.conflicts(parent)
-				if len(l.Conflicts) != 1 {
+				if len(l) != 1 {
 					t.Fatalf("conflicts: %+v", l)
 				}
-				c := l.Conflicts[0]
+				c := l[0]
 				if c.Path != "root/f" || c.Kind != "content" {
 					t.Errorf("conflict %s %s", c.Path, c.Kind)
 				}
@@ -170,7 +170,7 @@ func testMerge(t *testing.T, rt string) {
 			t.Fatalf("merge: exit %d %s", code, out)
 		}
 		kinds := map[string]wire.Conflict{}
-		for _, c := range s.conflicts(parent).Conflicts {
+		for _, c := range s.conflicts(parent) {
 			kinds[c.Path] = c
 		}
 		if kinds["root/bin"].Kind != "binary" || kinds["root/t"].Kind != "delete" {
