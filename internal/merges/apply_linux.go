@@ -85,9 +85,15 @@ const maxAttempts = 3
 // target moved on since the plan, the merge is planned again (stored
 // resolutions carry over by conflict id), at most maxAttempts times.
 func (s *Service) applyLocked(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, actor string, start time.Time) (Merge, error) {
-	base, err := s.core.Store().GetSnapshot(ctx, m.BaseSnapshot)
-	if err != nil {
-		return Merge{}, errs.Wrap(errs.FailedPrecondition, err, "fork point %s of merge %s", m.BaseSnapshot, m.ID)
+	var doc planDoc
+	_ = json.Unmarshal(m.Plan, &doc)
+	baseLayers := doc.Base
+	if len(baseLayers) == 0 {
+		base, err := s.core.Store().GetSnapshot(ctx, m.BaseSnapshot)
+		if err != nil {
+			return Merge{}, errs.Wrap(errs.FailedPrecondition, err, "fork point %s of merge %s", m.BaseSnapshot, m.ID)
+		}
+		baseLayers = base.Layers
 	}
 	capt, err := s.core.Store().GetSnapshot(ctx, m.SourceSnapshot)
 	if err != nil {
@@ -95,12 +101,12 @@ func (s *Service) applyLocked(ctx context.Context, target *sandbox.Sandbox, m st
 	}
 	var res Result
 	for attempt := 1; ; attempt++ {
-		res, err = s.applyOnce(ctx, target, m, plan, base.Layers, capt.Layers)
+		res, err = s.applyOnce(ctx, target, m, plan, baseLayers, capt.Layers)
 		if !errs.Is(err, errs.Conflict) || attempt == maxAttempts {
 			break
 		}
 		s.log.Info("target changed under the merge; planning again", "sandbox_id", target.ID, "merge", m.ID, "attempt", attempt, "err", err)
-		if plan, err = s.replan(ctx, target, m, base.Layers, capt.Layers); err != nil {
+		if plan, err = s.replan(ctx, target, m, baseLayers, capt.Layers); err != nil {
 			break
 		}
 		if !plan.Clean() {
@@ -170,7 +176,7 @@ func (s *Service) reconflict(ctx context.Context, target *sandbox.Sandbox, m sto
 	}
 	n := m
 	n.ID, n.State, n.Reason, n.CreatedAt, n.UpdatedAt = sandbox.NewID(), store.MergeConflicted, "", s.core.Now().UTC(), time.Time{}
-	if err := s.create(ctx, &n, plan, doc.Paths); err != nil {
+	if err := s.create(ctx, &n, plan, doc.planMeta); err != nil {
 		return Merge{}, err
 	}
 	return s.view(ctx, n)

@@ -205,7 +205,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Merge, error) {
 	if !plan.Clean() {
 		m.State = store.MergeConflicted
 	}
-	if err := s.create(ctx, &m, plan, req.Paths); err != nil {
+	if err := s.create(ctx, &m, plan, planMeta{Paths: req.Paths, Base: base.Layers}); err != nil {
 		return Merge{}, err
 	}
 	keep = true
@@ -252,14 +252,23 @@ func (s *Service) forkPoint(ctx context.Context, target, source *sandbox.Sandbox
 	return sn, nil
 }
 
-// planDoc is the stored plan: the engine's plan without its conflicts
-// (they are rows) and the request's path filters (for re-planning).
-type planDoc struct {
-	Plan  *merge.Plan `json:"plan"`
-	Paths []string    `json:"paths,omitempty"`
+// planMeta is what a stored plan keeps beside the engine's plan: the
+// request's path filters (for re-planning) and the fork point's layers
+// (so the merge does not depend on the fork snapshot's record; the layers
+// stay pinned by the capture of the source, which runs on them).
+type planMeta struct {
+	Paths []string `json:"paths,omitempty"`
+	Base  []string `json:"base,omitempty"`
 }
 
-func (s *Service) create(ctx context.Context, m *store.Merge, plan *merge.Plan, paths []string) error {
+// planDoc is the stored plan: the engine's plan without its conflicts
+// (they are rows) and its planMeta.
+type planDoc struct {
+	Plan *merge.Plan `json:"plan"`
+	planMeta
+}
+
+func (s *Service) create(ctx context.Context, m *store.Merge, plan *merge.Plan, meta planMeta) error {
 	var cs []store.MergeConflict
 	for _, c := range plan.Conflicts {
 		data, err := json.Marshal(c)
@@ -268,7 +277,7 @@ func (s *Service) create(ctx context.Context, m *store.Merge, plan *merge.Plan, 
 		}
 		cs = append(cs, store.MergeConflict{ID: c.ID, Path: c.Path, Kind: string(c.Kind), Message: c.Message, Data: data})
 	}
-	b, err := encodePlan(plan, paths)
+	b, err := encodePlan(plan, meta)
 	if err != nil {
 		return err
 	}
@@ -280,10 +289,10 @@ func (s *Service) create(ctx context.Context, m *store.Merge, plan *merge.Plan, 
 	return err
 }
 
-func encodePlan(plan *merge.Plan, paths []string) ([]byte, error) {
+func encodePlan(plan *merge.Plan, meta planMeta) ([]byte, error) {
 	p := *plan
 	p.Conflicts = nil
-	b, err := json.Marshal(planDoc{Plan: &p, Paths: paths})
+	b, err := json.Marshal(planDoc{Plan: &p, planMeta: meta})
 	if err != nil {
 		return nil, errs.Wrap(errs.Internal, err, "encode plan")
 	}
@@ -291,14 +300,14 @@ func encodePlan(plan *merge.Plan, paths []string) ([]byte, error) {
 }
 
 // loadPlan is a stored merge's plan with its unresolved conflicts.
-func (s *Service) loadPlan(ctx context.Context, m store.Merge) (*merge.Plan, []string, error) {
+func (s *Service) loadPlan(ctx context.Context, m store.Merge) (*merge.Plan, planMeta, error) {
 	var doc planDoc
 	if err := json.Unmarshal(m.Plan, &doc); err != nil || doc.Plan == nil {
-		return nil, nil, errs.E(errs.Internal, "merge %s: stored plan unreadable", m.ID)
+		return nil, planMeta{}, errs.E(errs.Internal, "merge %s: stored plan unreadable", m.ID)
 	}
 	rows, err := s.core.Store().ListMergeConflicts(ctx, m.ID)
 	if err != nil {
-		return nil, nil, err
+		return nil, planMeta{}, err
 	}
 	for _, r := range rows {
 		if len(r.Resolution) > 0 {
@@ -306,11 +315,11 @@ func (s *Service) loadPlan(ctx context.Context, m store.Merge) (*merge.Plan, []s
 		}
 		var c merge.Conflict
 		if err := json.Unmarshal(r.Data, &c); err != nil {
-			return nil, nil, errs.E(errs.Internal, "merge %s: stored conflict %s unreadable", m.ID, r.ID)
+			return nil, planMeta{}, errs.E(errs.Internal, "merge %s: stored conflict %s unreadable", m.ID, r.ID)
 		}
 		doc.Plan.Conflicts = append(doc.Plan.Conflicts, c)
 	}
-	return doc.Plan, doc.Paths, nil
+	return doc.Plan, doc.planMeta, nil
 }
 
 // openMerge is target's open merge, nil if none.
@@ -406,7 +415,7 @@ func (s *Service) Resolve(ctx context.Context, owner, actor, target, cid string,
 	if err != nil {
 		return Merge{}, err
 	}
-	plan, paths, err := s.loadPlan(ctx, m)
+	plan, meta, err := s.loadPlan(ctx, m)
 	if err != nil {
 		return Merge{}, err
 	}
@@ -417,7 +426,7 @@ func (s *Service) Resolve(ctx context.Context, owner, actor, target, cid string,
 	if err != nil {
 		return Merge{}, errs.Wrap(errs.Internal, err, "encode resolution")
 	}
-	b, err := encodePlan(plan, paths)
+	b, err := encodePlan(plan, meta)
 	if err != nil {
 		return Merge{}, err
 	}
