@@ -5,6 +5,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/fsdiff"
 	"github.com/berth-dev/berth/internal/merge"
 	"github.com/berth-dev/berth/internal/rootfs"
@@ -77,15 +78,17 @@ func TestShifted(t *testing.T) {
 func TestWritable(t *testing.T) {
 	for _, tc := range []struct {
 		sb   sandbox.Sandbox
-		want string
+		want errs.Kind // 0: writable
 	}{
-		{sandbox.Sandbox{ID: "a", State: sandbox.Running, Runtime: "runc"}, ""},
-		{sandbox.Sandbox{ID: "a", State: sandbox.Stopped, Runtime: "runc"}, "FailedPrecondition"},
-		{sandbox.Sandbox{ID: "a", State: sandbox.Paused, Runtime: "runc"}, "FailedPrecondition"},
+		{sandbox.Sandbox{ID: "a", State: sandbox.Running, Runtime: "runc"}, 0},
+		{sandbox.Sandbox{ID: "a", State: sandbox.Running, Runtime: "runsc"}, 0},
+		{sandbox.Sandbox{ID: "a", State: sandbox.Stopped, Runtime: "runc"}, errs.FailedPrecondition},
+		{sandbox.Sandbox{ID: "a", State: sandbox.Paused, Runtime: "runsc"}, errs.FailedPrecondition},
+		{sandbox.Sandbox{ID: "a", State: sandbox.Running, Runtime: "firecracker"}, errs.NotImplemented},
 	} {
 		err := writable(&tc.sb)
-		if (err == nil) != (tc.want == "") {
-			t.Errorf("writable(%s %s) = %v, want %s", tc.sb.State, tc.sb.Runtime, err, tc.want)
+		if (err == nil) != (tc.want == 0) || (err != nil && errs.KindOf(err) != tc.want) {
+			t.Errorf("writable(%s %s) = %v, want kind %v", tc.sb.State, tc.sb.Runtime, err, tc.want)
 		}
 	}
 }
