@@ -132,6 +132,7 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST /fs/watch", a.handleWatch)
 	mux.HandleFunc("POST /restored", a.handleRestored)
 	mux.HandleFunc("POST /quiesce", a.handleQuiesce)
+	a.mergeRoutes(mux) // merge.go: applying a merge where only the agent can write
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route %s %s", r.Method, r.URL.Path))
 	})

@@ -35,7 +35,7 @@ type Options struct {
 
 // Names are every metric, in measuring order.
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
-	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "e2b-tti", "e2b-tti-warm",
+	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"activity-follow"}
 
 // Runner measures against one server.
@@ -114,6 +114,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"pause-memory", "resume-memory"}, r.memoryPause},
 		{[]string{"pause-freeze", "resume-freeze"}, r.freezePause},
 		{[]string{"activity-follow"}, r.activityFollow},
+		{[]string{"merge"}, r.merge}, // merge.go
 	}
 	for _, g := range perRuntime {
 		if !slices.ContainsFunc(g.names, r.want) {

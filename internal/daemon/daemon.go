@@ -81,6 +81,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/lineage"
+	"github.com/berth-dev/berth/internal/merges"
 	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -119,6 +120,7 @@ type Daemon struct {
 	act     *activity.Service // activity timelines (internal/activity)
 	console *console.Service  // web console sessions (console.go)
 	lineage *lineage.Service  // views, diff, compare (lineage_core.go)
+	merges  *merges.Service   // merges of forks into their targets (merges.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -187,6 +189,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.chans.observe = d.act.Observer // every agent client reports execs and file changes
 	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})
 	d.lineage = lineage.New(lineageCore{d}, lineage.Config{DataDir: cfg.DataDir, Log: cfg.Log})
+	d.merges = newMerges(d)
 	return d, nil
 }
 

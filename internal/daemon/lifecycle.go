@@ -119,6 +119,7 @@ func (d *Daemon) delete(ctx context.Context, owner, id, actor, reason string) er
 	}
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
+	d.merges.TargetDeleted(tctx, id) // its open merge is aborted (internal/merges)
 	if err := d.destroy(tctx, sb); err != nil {
 		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "delete sandbox %s", id)
 	}

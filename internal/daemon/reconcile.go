@@ -22,6 +22,8 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 	}
 	known := map[string]bool{}
 	var errList []error
+	// Merges a crash interrupted first: their targets may still be frozen.
+	errList = append(errList, d.merges.Recover(ctx))
 	for _, sb := range all {
 		known[sb.ID] = true
 		if err := d.snaps.PinLegacy(ctx, sb); err != nil { // internal/checkpoint/pin.go

@@ -55,6 +55,10 @@ type ApplyOptions struct {
 	// rename: the daemon freezes the target and verifies the plan's
 	// Expect nodes here (Verify); an error aborts with nothing changed.
 	BeforeCommit func() error
+	// AfterStep, if set, runs after each committed step with the number of
+	// steps done: the daemon's test hook that holds a commit midway (an
+	// e2e test kills the daemon there).
+	AfterStep func(done int)
 	// crashAfter (tests) stops the commit after that many steps, as a
 	// kill -9 would, leaving the journal in committing.
 	crashAfter int
@@ -76,17 +80,7 @@ func Apply(ctx context.Context, root string, p *Plan, src Sources, id string, o 
 		return err
 	}
 	defer r.Close()
-	j := &Journal{ID: id, State: JournalPrepared, Staging: ".berth-merge-" + id}
-	for _, d := range p.Deletes {
-		j.Steps = append(j.Steps, Step{Op: "delete", Path: d.Path, N: len(j.Steps), Expect: d.Expect})
-	}
-	for _, w := range p.Writes {
-		op := "write"
-		if w.MetaOnly || (w.Node.Type == fsdiff.TypeDir && w.Expect != nil && w.Expect.Type == fsdiff.TypeDir) {
-			op = "meta"
-		}
-		j.Steps = append(j.Steps, Step{Op: op, Path: w.Path, N: len(j.Steps), Node: w.Node, Expect: w.Expect})
-	}
+	j := NewJournal(p, id)
 	// Journal first: a crash while staging leaves a staging dir that
 	// Recover (state prepared) removes.
 	if err := o.Save(j); err != nil {
@@ -118,6 +112,9 @@ func Apply(ctx context.Context, root string, p *Plan, src Sources, id string, o 
 			j.State = JournalRolledBack
 			return errors.Join(err, o.Save(j))
 		}
+		if o.AfterStep != nil {
+			o.AfterStep(i + 1)
+		}
 	}
 	j.State = JournalCommitted
 	if err := o.Save(j); err != nil {
@@ -145,6 +142,23 @@ func Recover(root string, j *Journal) error {
 		return errs.E(errs.Internal, "journal %s: bad staging name %q", j.ID, j.Staging)
 	}
 	return os.RemoveAll(path.Join(root, j.Staging))
+}
+
+// NewJournal is the journal of applying p as merge id: its steps in
+// commit order (deletes, then writes), state prepared.
+func NewJournal(p *Plan, id string) *Journal {
+	j := &Journal{ID: id, State: JournalPrepared, Staging: ".berth-merge-" + id}
+	for _, d := range p.Deletes {
+		j.Steps = append(j.Steps, Step{Op: "delete", Path: d.Path, N: len(j.Steps), Expect: d.Expect})
+	}
+	for _, w := range p.Writes {
+		op := "write"
+		if w.MetaOnly || (w.Node.Type == fsdiff.TypeDir && w.Expect != nil && w.Expect.Type == fsdiff.TypeDir) {
+			op = "meta"
+		}
+		j.Steps = append(j.Steps, Step{Op: op, Path: w.Path, N: len(j.Steps), Node: w.Node, Expect: w.Expect})
+	}
+	return j
 }
 
 func (s Step) newName(j *Journal) string { return j.Staging + "/new/" + strconv.Itoa(s.N) }

@@ -131,6 +131,14 @@ func (s *Server) routes() {
 	ui := s.d.Console().Handler()
 	s.mux.Handle(console.Prefix+"/", ui)
 	s.mux.Handle(console.Prefix, ui)
+	mg := mergeAPI{s} // merges of forks and their conflicts (merges.go)
+	s.handle("POST /v1/sandboxes/{id}/merges", mg.startMerge)
+	s.handle("GET /v1/sandboxes/{id}/merges", mg.listMerges)
+	s.handle("GET /v1/sandboxes/{id}/merges/{mid}", mg.getMerge)
+	s.handle("POST /v1/sandboxes/{id}/merges/{mid}/abort", mg.abortMerge)
+	s.handle("POST /v1/sandboxes/{id}/merges/{mid}/continue", mg.continueMerge)
+	s.handle("GET /v1/sandboxes/{id}/conflicts", mg.listConflicts)
+	s.handle("POST /v1/sandboxes/{id}/conflicts/{cid}/resolve", mg.resolveConflict)
 
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route for %s %s", r.Method, r.URL.Path))

@@ -206,7 +206,7 @@ CREATE TABLE secrets (
 	// 7: the schema-less extra map becomes attrs, the JSON of the typed
 	// sandbox.Attrs (typedAttrs converts every row, then extra is dropped).
 	`ALTER TABLE sandboxes ADD COLUMN attrs TEXT NOT NULL DEFAULT '{}';`,
-	// activity (issue 19): a sandbox's timeline (internal/activity). Rows
+	// 8: activity (issue 19): a sandbox's timeline (internal/activity). Rows
 	// the recorder writes carry their own data; lifecycle events and egress
 	// decisions are not copied: their rows point at the events / egress_log
 	// row (event_seq, egress_seq), which ListActivity joins. The triggers add
@@ -215,7 +215,7 @@ CREATE TABLE secrets (
 	// row holds at that moment), and drop a sandbox's timeline when its
 	// row is deleted. Existing events of live sandboxes are backfilled.
 	activitySchema,
-	// consoleops (issue 19, after activity): template build history, one row per import, pull or
+	// 9: template build history (issue 19), one row per import, pull or
 	// Dockerfile build (the console's pools and templates view).
 	`
 CREATE TABLE template_builds (
@@ -231,6 +231,41 @@ CREATE TABLE template_builds (
 	error       TEXT NOT NULL
 ) STRICT;
 CREATE INDEX template_builds_template ON template_builds (template, seq);
+`,
+	// 10: merges of a fork into its target and their conflicts (issue 18).
+	// A merge's rows go with its target sandbox; at most one merge per
+	// target is open (planned or conflicted).
+	`
+CREATE TABLE merges (
+	id              TEXT PRIMARY KEY,
+	owner           TEXT NOT NULL,
+	target          TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	source          TEXT NOT NULL,
+	base_snapshot   TEXT NOT NULL,
+	source_snapshot TEXT NOT NULL,
+	source_layer    TEXT NOT NULL,
+	strategy        TEXT NOT NULL,
+	state           TEXT NOT NULL,
+	plan_json       TEXT NOT NULL,
+	result_json     TEXT NOT NULL,
+	reason          TEXT NOT NULL,
+	created_at      INTEGER NOT NULL,
+	updated_at      INTEGER NOT NULL
+) STRICT;
+CREATE INDEX merges_target ON merges (target, created_at);
+CREATE UNIQUE INDEX merges_open ON merges (target) WHERE state IN ('planned', 'conflicted');
+
+CREATE TABLE merge_conflicts (
+	merge_id    TEXT NOT NULL REFERENCES merges (id) ON DELETE CASCADE,
+	conflict_id TEXT NOT NULL,
+	seq         INTEGER NOT NULL,
+	path        TEXT NOT NULL,
+	kind        TEXT NOT NULL,
+	message     TEXT NOT NULL,
+	data        TEXT NOT NULL,
+	resolution  TEXT NOT NULL,
+	PRIMARY KEY (merge_id, conflict_id)
+) STRICT;
 `,
 }
 

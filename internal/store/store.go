@@ -92,6 +92,18 @@ type Store interface {
 	ListSnapshots(ctx context.Context, owner string) ([]Snapshot, error)
 	DeleteSnapshot(ctx context.Context, id string) error
 
+	// CreateMerge inserts a merge and its conflicts; a second open merge
+	// of one target is AlreadyExists. Deleting the target deletes them.
+	CreateMerge(ctx context.Context, m Merge, cs []MergeConflict) error
+	GetMerge(ctx context.Context, id string) (Merge, error)
+	// ListMerges lists the merges into target ("" = all), oldest first.
+	ListMerges(ctx context.Context, target string) ([]Merge, error)
+	// UpdateMerge changes an open merge (state, plan, result, reason).
+	UpdateMerge(ctx context.Context, m Merge) error
+	ListMergeConflicts(ctx context.Context, mergeID string) ([]MergeConflict, error)
+	// ResolveMergeConflict records a resolution and the updated plan at once.
+	ResolveMergeConflict(ctx context.Context, mergeID, conflictID string, resolution, plan []byte) error
+
 	// RecordUsage writes metering steps in one transaction: each record's
 	// Usage replaces the sandbox's cursor row, its Inc is added to the hour
 	// bucket starting at Hour (skipped when Hour is zero).

@@ -43,6 +43,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Activity", suiteActivity},
 		{"UsageHours", suiteUsageHours},
 		{"TemplateBuilds", suiteTemplateBuilds},
+		{"Merges", suiteMerges},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}
