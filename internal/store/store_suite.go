@@ -40,6 +40,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Snapshots", suiteSnapshots},
 		{"Usage", suiteUsage},
 		{"Quotas", suiteQuotas},
+		{"Checkpoints", suiteCheckpoints},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}
