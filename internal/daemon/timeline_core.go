@@ -30,9 +30,9 @@ func (c timelineCore) Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ
 func (c timelineCore) RuntimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error) {
 	return c.d.RuntimeFor(sb)
 }
-func (c timelineCore) SandboxDir(id string) string               { return c.d.SandboxDir(id) }
-func (c timelineCore) Store() store.Store                        { return c.d.Store() }
-func (c timelineCore) Now() time.Time                            { return c.d.Now() }
+func (c timelineCore) SandboxDir(id string) string              { return c.d.SandboxDir(id) }
+func (c timelineCore) Store() store.Store                       { return c.d.Store() }
+func (c timelineCore) Now() time.Time                           { return c.d.Now() }
 func (c timelineCore) UserNS(sb *sandbox.Sandbox) *rootfs.IDMap { return c.d.userns.of(sb) }
 func (c timelineCore) ReserveSnapshot(ctx context.Context, owner string) (func(), error) {
 	return c.d.adm.ReserveSnapshot(ctx, owner)
