@@ -84,6 +84,8 @@ func init() {
 	register("timeline", timelineUsage, runTimeline)
 	register("rewind", rewindUsage, runRewind)
 	register("promote", promoteUsage, runPromote)
+	register("diff", diffUsage, runDiff)
+	register("compare", compareUsage, runCompare)
 	register("pool", poolUsage, runPool)
 	register("key", "key create --owner NAME", runKey)
 	register("info", "info [--json]", runInfo)

@@ -45,7 +45,7 @@
 //     hostnet.Service.mu (network owners and pending egress log),
 //     pool.Service.mu (pool bookkeeping; released before a member is
 //     claimed), admission.Service.mu and .mMu (live signals, metrics
-//     counters).
+//     counters), lineage.Service.mu (its runsc host-upper cache).
 //
 // The watcher and userNamespaces have no lock of their own: the watcher's
 // OOM counters belong to its watch loop's goroutine, the user-namespace
@@ -72,6 +72,7 @@ import (
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
+	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -108,6 +109,8 @@ type Daemon struct {
 	adm *admission.Service // quota admission, signals, metering, metrics (admission.go)
 
 	net *hostnet.Service // host networking (hostnet.go)
+
+	lineage *lineage.Service // views, diff, compare (lineage_core.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -172,6 +175,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
+	d.lineage = lineage.New(lineageCore{d}, lineage.Config{DataDir: cfg.DataDir, Log: cfg.Log})
+	d.lineage.SetCheckpoints(d.tl) // `berth diff A --checkpoint C`
 	return d, nil
 }
 
