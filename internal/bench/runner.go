@@ -35,7 +35,8 @@ type Options struct {
 
 // Names are every metric, in measuring order.
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
-	"upload", "download", "fork", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "e2b-tti", "e2b-tti-warm"}
+	"upload", "download", "fork", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "e2b-tti", "e2b-tti-warm",
+	"checkpoint-files", "rewind-files"}
 
 // Runner measures against one server.
 type Runner struct {
@@ -111,6 +112,8 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"fork"}, r.fork},
 		{[]string{"pause-memory", "resume-memory"}, r.memoryPause},
 		{[]string{"pause-freeze", "resume-freeze"}, r.freezePause},
+		{[]string{"checkpoint-files"}, r.checkpointFiles}, // timeline.go
+		{[]string{"rewind-files"}, r.rewindFiles},
 	}
 	for _, g := range perRuntime {
 		if !slices.ContainsFunc(g.names, r.want) {

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/internal/bench"
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 // checkpoint takes a checkpoint of id through the CLI.
@@ -453,5 +457,48 @@ func checkDeltaLayer(t *testing.T, dir, noneBelow string) {
 	})
 	if err != nil {
 		t.Fatalf("walk %s: %v", dir, err)
+	}
+}
+
+// TestBenchTimeline runs the timeline's `berth bench` rows end to end on
+// both runtimes and checks the report's shape (timings are logged, never
+// asserted): 3 samples each, the host-copy and same-run cold-create
+// baselines with a ratio, and the 100 MiB delta.
+func TestBenchTimeline(t *testing.T) {
+	requireRunsc(t)
+	testutil.RequireRoot(t)
+	bin := testutil.BuildBinaries(t)
+	out := filepath.Join(t.TempDir(), "bench.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "bench", "--self", "--runs", "3", "--runtime", "runc,runsc",
+		"--only", "checkpoint-files,rewind-files", "--json", out)
+	cmd.Env = append(os.Environ(), "BERTH_URL=http://127.0.0.1:1", "BERTH_API_KEY=unused")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("berth bench: %v\n%s", err, b)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, m := range rep.Metrics {
+		seen++
+		if !m.Available || len(m.Samples) != 3 || m.Summary == nil || m.Baseline == nil || !m.Baseline.Available || m.Ratio == nil {
+			t.Errorf("%s/%s: want 3 samples, a baseline and a ratio: %+v", m.Name, m.Runtime, m)
+			continue
+		}
+		t.Logf("%s/%s: p50 %.1f ms (min %.1f, max %.1f); baseline %s p50 %.1f ms; ratio %.2f; %v",
+			m.Name, m.Runtime, m.Summary.P50, m.Summary.Min, m.Summary.Max, m.Baseline.Name, m.Baseline.Summary.P50, *m.Ratio, m.Derived)
+		if m.Name == "checkpoint-files" && m.Derived["delta_mib"] < 100 {
+			t.Errorf("checkpoint-files/%s: delta %.1f MiB, want ≥ 100", m.Runtime, m.Derived["delta_mib"])
+		}
+	}
+	if seen != 4 {
+		t.Errorf("%d metrics in the report, want 4 (2 rows × 2 runtimes)", seen)
 	}
 }
