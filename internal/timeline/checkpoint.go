@@ -129,6 +129,8 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 		"checkpoint": ck.ID, "seq": strconv.FormatInt(ck.Seq, 10), "layer": ck.Layer, "prev": prev,
 		"mode": mode, "requested": requested, "bytes": strconv.FormatInt(ds.Bytes, 10),
 		"files": strconv.Itoa(ds.Files), "whiteouts": strconv.Itoa(ds.Whiteouts), "ms": strconv.FormatInt(took.Milliseconds(), 10),
+		"diff_ms": strconv.FormatInt(ds.DiffMillis, 10), "write_ms": strconv.FormatInt(ds.WriteMillis, 10),
+		"import_ms": strconv.FormatInt(ds.ImportMillis, 10),
 	}
 	if len(ds.Refused) > 0 {
 		data["refused"] = strconv.Itoa(len(ds.Refused))
@@ -176,16 +178,23 @@ func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, base, b
 		return template.Layer{}, DeltaStat{}, err
 	}
 	to := fsdiff.NewTree(append([]fsdiff.Layer{upper}, lowers...)...)
+	t0 := time.Now()
 	res, err := fsdiff.Diff(ctx, fsdiff.NewTree(from...), to, fsdiff.Options{DigestsOnly: true, NoText: true})
 	if err != nil {
 		return template.Layer{}, DeltaStat{}, err
 	}
-	var ds DeltaStat
+	t1 := time.Now()
+	var (
+		ds DeltaStat
+		t2 time.Time
+	)
 	l, err := s.layers.ImportDir(ctx, func(dir string) error {
 		var err error
 		ds, err = WriteDelta(ctx, res, to, dir)
+		t2 = time.Now()
 		return err
 	})
+	ds.DiffMillis, ds.WriteMillis, ds.ImportMillis = t1.Sub(t0).Milliseconds(), t2.Sub(t1).Milliseconds(), time.Since(t2).Milliseconds()
 	return l, ds, err
 }
 

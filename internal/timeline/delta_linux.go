@@ -23,6 +23,9 @@ type DeltaStat struct {
 	// Refused are the changed paths left out: device nodes and sockets
 	// (nothing a sandbox makes becomes a live device in a layer).
 	Refused []string
+	// Where a checkpoint's time went (set by the caller): the diff, the
+	// delta's writes, and the layer store's import (its content digest).
+	DiffMillis, WriteMillis, ImportMillis int64
 }
 
 const opaqueXattr = "trusted.overlay.opaque"

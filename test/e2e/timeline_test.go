@@ -471,7 +471,7 @@ func TestBenchTimeline(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "bench.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "bench", "--self", "--runs", "3", "--runtime", "runc,runsc",
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "bench", "--self", "--runs", "3", "--runtime", "both",
 		"--only", "checkpoint-files,rewind-files", "--json", out)
 	cmd.Env = append(os.Environ(), "BERTH_URL=http://127.0.0.1:1", "BERTH_API_KEY=unused")
 	if b, err := cmd.CombinedOutput(); err != nil {
