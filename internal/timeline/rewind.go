@@ -101,6 +101,10 @@ func (s *Service) restartOn(ctx context.Context, sb *sandbox.Sandbox, layers, lo
 		return "", "", errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "stop sandbox %s", sb.ID)
 	}
 	_ = os.Remove(aside)
+	if err := writeJournal(l.Dir, restartJournal{Old: oldLayers, New: layers}); err != nil {
+		return "", "", errors.Join(errs.Wrap(errs.Internal, err, "restart journal of %s", sb.ID), s.rebootOld(tctx, sb))
+	}
+	defer os.Remove(journalPath(l.Dir))
 	if err := os.Rename(l.Image, aside); err != nil {
 		return "", "", errors.Join(errs.Wrap(errs.Internal, err, "set the workspace of %s aside", sb.ID), s.rebootOld(tctx, sb))
 	}
