@@ -35,7 +35,7 @@ type Options struct {
 
 // Names are every metric, in measuring order.
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
-	"upload", "download", "fork", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "e2b-tti", "e2b-tti-warm",
+	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "e2b-tti", "e2b-tti-warm",
 	"checkpoint-files", "rewind-files"}
 
 // Runner measures against one server.
@@ -110,6 +110,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"density"}, r.density},
 		{[]string{"upload", "download"}, r.fileIO},
 		{[]string{"fork"}, r.fork},
+		{[]string{"diff"}, r.diff},
 		{[]string{"pause-memory", "resume-memory"}, r.memoryPause},
 		{[]string{"pause-freeze", "resume-freeze"}, r.freezePause},
 		{[]string{"checkpoint-files"}, r.checkpointFiles}, // timeline.go

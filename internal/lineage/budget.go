@@ -3,17 +3,25 @@ package lineage
 import (
 	"context"
 	"io"
+	"os"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/fsdiff"
 )
 
-// MaxReadBytes bounds the file content one view gives out (digests and
-// text of changed files). A sandbox can make a file of terabytes that
-// holds no blocks (sparse); hashing it would read zeros for hours. Past
-// the bound a read is ResourceExhausted.
-const MaxReadBytes = 4 << 30
+// Bounds of what a view reads. A sandbox can make a file of terabytes that
+// holds no blocks (sparse): hashing it would read zeros for hours while
+// the disk limit, which bounds every real byte, never notices. So a file
+// whose holes exceed MaxHoleBytes is refused before it is read
+// (ResourceExhausted), and MaxReadBytes bounds all content one view gives
+// out (digests and text of changed files) whatever the disk limit is.
+const (
+	MaxHoleBytes = 1 << 30
+	MaxReadBytes = 64 << 30
+)
 
 // readBudget is what a view may still read; it is shared by the view's
 // directory layers.
@@ -39,6 +47,15 @@ func (l boundedLayer) Open(rel string) (io.ReadCloser, error) {
 	rc, err := l.Layer.Open(rel)
 	if err != nil {
 		return nil, err
+	}
+	if f, ok := rc.(*os.File); ok {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err == nil {
+			if holes := st.Size - st.Blocks*512; holes > MaxHoleBytes {
+				rc.Close()
+				return nil, errs.E(errs.ResourceExhausted, "%q is a sparse file of %d bytes holding %d: it is not read; narrow the diff to other paths", rel, st.Size, st.Blocks*512)
+			}
+		}
 	}
 	return &boundedReader{rc: rc, l: l, rel: rel}, nil
 }

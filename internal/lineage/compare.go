@@ -288,13 +288,11 @@ func runCheck(ctx context.Context, ex Executor, req CompareRequest, id string) *
 		case "stdout", "stderr", "pty":
 			_, _ = out.Write(ev.Data)
 		case "exit":
-			res.ExitCode, res.Signal = ev.ExitCode, ev.Signal
-			if ev.Error != "" {
-				res.TimedOut = time.Since(start) >= req.Timeout
-				if !res.TimedOut {
-					res.Error = ev.Error
-				}
-			}
+			// The agent's exit event carries Error "timeout" when it
+			// killed the process at the timeout; otherwise Error only
+			// repeats the status ("exit status 3", "signal: killed").
+			res.ExitCode, res.Signal, res.TimedOut = ev.ExitCode, ev.Signal, ev.Error == "timeout"
+
 			res.OutputTail = string(out.buf)
 			return finish(nil)
 		case "error":

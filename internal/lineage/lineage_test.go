@@ -302,4 +302,17 @@ func TestReadBudget(t *testing.T) {
 	if err := read(); err == nil {
 		t.Fatal("read after the request ended succeeded")
 	}
+	// A sparse file of 1 TiB is refused before a byte is read.
+	f, err := os.Create(filepath.Join(dir, "sparse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 40); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	bl.ctx = context.Background()
+	if _, err := bl.Open("sparse"); !errs.Is(err, errs.ResourceExhausted) {
+		t.Fatalf("open of a 1 TiB sparse file: %v, want ResourceExhausted", err)
+	}
 }
