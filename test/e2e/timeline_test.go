@@ -204,9 +204,18 @@ func TestTimelineFileDeltas(t *testing.T) {
 			if len(tl.Checkpoints) != 3 || tl.Head != c2.ID {
 				t.Fatalf("timeline after rewind: head %s, %d checkpoints", tl.Head, len(tl.Checkpoints))
 			}
-			// Diff against the later checkpoint (lineage's diff through the timeline).
-			if code, body := s.api(s.key, "GET", "/v1/sandboxes/"+id+"/diff?against=checkpoint:"+c3.ID+"&stat=true", nil); code != 200 {
-				t.Errorf("diff --checkpoint: %d %v", code, body)
+			// Diff against the later checkpoint (lineage's diff through the
+			// timeline): from #3's view to now, c is gone and b lost its line.
+			var d wire.DiffResult
+			if err := json.Unmarshal([]byte(s.must("diff", id, "--checkpoint", c3.ID, "--json")), &d); err != nil {
+				t.Fatal(err)
+			}
+			kinds := map[string]string{}
+			for _, ch := range d.Changes {
+				kinds[ch.Path] = ch.Kind
+			}
+			if kinds["home/user/w/c"] != "deleted" || kinds["home/user/w/b"] != "modified" {
+				t.Errorf("diff against checkpoint #3 after the rewind: %v", kinds)
 			}
 			s.must("exec", id, "--", "sh", "-c", "echo d > "+w+"/d")
 			c4 := s.checkpoint(s.key, id)
@@ -500,5 +509,39 @@ func TestBenchTimeline(t *testing.T) {
 	}
 	if seen != 4 {
 		t.Errorf("%d metrics in the report, want 4 (2 rows × 2 runtimes)", seen)
+	}
+}
+
+// TestTimelineMemoryDegradesHonestly: a memory checkpoint that cannot be
+// taken (no CRIU for runc) is a files-only checkpoint that says why, in
+// the answer and the event; a rewind to it boots on its files.
+func TestTimelineMemoryDegradesHonestly(t *testing.T) {
+	t.Setenv("BERTH_CRIU", "/nonexistent/criu")
+	s := startServer(t)
+	id := s.create("--runtime", "runc")
+	s.must("exec", id, "--", "sh", "-c", "echo kept > /home/user/f")
+	ck := s.checkpoint(s.key, id, "--memory")
+	if ck.Mode != "files" || ck.Reason == "" {
+		t.Fatalf("checkpoint --memory without CRIU: mode %q reason %q", ck.Mode, ck.Reason)
+	}
+	var evs []wire.Event
+	if err := json.Unmarshal([]byte(s.must("events", id, "--json")), &evs); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs {
+		if e.Reason == "checkpoint_taken" && e.Data["requested"] == "memory" && e.Data["mode"] == "files" && e.Message == ck.Reason {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no checkpoint_taken event saying memory was asked for and files taken, and why: %+v", evs)
+	}
+	s.must("exec", id, "--", "sh", "-c", "echo changed > /home/user/f")
+	if res := s.rewind(id, ck.ID); res.Mode != "files" {
+		t.Fatalf("rewind: %+v", res)
+	}
+	if out := s.must("exec", id, "--", "cat", "/home/user/f"); out != "kept" {
+		t.Fatalf("after rewind: %q", out)
 	}
 }
