@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -328,15 +329,23 @@ func (s *Service) Forget(ctx context.Context, id string) error {
 }
 
 // dropLayers removes those of layers that no template, snapshot, sandbox
-// (but except), checkpoint or timeline head uses any more.
+// (but except), checkpoint, timeline head or mounted overlay uses any more.
 func (s *Service) dropLayers(ctx context.Context, except string, layers []string) {
 	refs, err := s.refs(ctx, except)
 	if err != nil {
 		s.log.Warn("timeline: layer references", "err", err)
 		return
 	}
+	// A sandbox whose layers no record names (one from before pins, on a
+	// rebuilt template) still has them in its overlay mount, as layer GC
+	// knows (template.Service.CollectLayers).
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		s.log.Warn("timeline: read mounts", "err", err)
+		return
+	}
 	for _, dg := range layers {
-		if refs.used(dg) {
+		if refs.used(dg) || strings.Contains(string(mounts), s.layers.LayerPath(dg)) {
 			continue
 		}
 		if err := s.layers.RemoveLayer(dg); err != nil && !errs.Is(err, errs.NotFound) {
