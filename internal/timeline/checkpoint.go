@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/fsdiff"
 	"github.com/berth-dev/berth/internal/rootfs"
@@ -79,7 +81,7 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 	)
 	capture := func(ctx context.Context, running bool) error {
 		var err error
-		layer, ds, err = s.captureDelta(ctx, sb, base, boot, running)
+		layer, ds, err = s.captureDelta(ctx, sb, id, base, boot, running)
 		return err
 	}
 	mode, reason, memPath := ModeFiles, "", ""
@@ -141,10 +143,15 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 	return ck, nil
 }
 
+// checkpointXattr names the checkpoint on its delta layer's root (a
+// trusted.* name: only host root reads it; overlayfs ignores all but
+// trusted.overlay.*, and the root of a lower is never what a sandbox sees).
+const checkpointXattr = "trusted.berth.checkpoint"
+
 // captureDelta writes the delta from view base to sb's live view (its
 // upper over boot) as a layer. A running sandbox is frozen for the diff
 // and the copy, so the delta is one instant and no file moves under it.
-func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, base, boot []string, running bool) (template.Layer, DeltaStat, error) {
+func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, id string, base, boot []string, running bool) (template.Layer, DeltaStat, error) {
 	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return template.Layer{}, DeltaStat{}, err
@@ -193,7 +200,13 @@ func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, base, b
 		var err error
 		ds, err = WriteDelta(ctx, res, to, dir)
 		t2 = time.Now()
-		return err
+		if err != nil {
+			return err
+		}
+		// The checkpoint's id on the layer's root makes its digest its own:
+		// two deltas with the same changes (none, or a file set back) would
+		// otherwise be one layer, twice in a view, which overlayfs refuses.
+		return unix.Setxattr(dir, checkpointXattr, []byte(id), 0)
 	})
 	ds.DiffMillis, ds.WriteMillis, ds.ImportMillis = t1.Sub(t0).Milliseconds(), t2.Sub(t1).Milliseconds(), time.Since(t2).Milliseconds()
 	return l, ds, err

@@ -105,3 +105,15 @@ type childRef struct {
 	id, parent string
 	deleted    bool
 }
+
+// promoteLayers is the stack a promoted parent runs on: the child's
+// captured upper over the child's layers, with an adjacent duplicate
+// collapsed (an empty upper over an empty fork snapshot digest alike:
+// [X, X, ...] shows what [X, ...] shows, and overlayfs refuses a lower
+// twice).
+func promoteLayers(captured string, child []string) []string {
+	if len(child) > 0 && child[0] == captured {
+		return slices.Clone(child)
+	}
+	return append([]string{captured}, child...)
+}

@@ -1,6 +1,7 @@
 package timeline
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -106,5 +107,25 @@ func TestLayerRefsAndChildren(t *testing.T) {
 	all := []childRef{{"a", "p", false}, {"b", "p", false}, {"c", "p", true}, {"d", "q", false}, {"p", "", false}}
 	if d := cmp.Diff([]string{"b"}, otherChildren("p", "a", all)); d != "" {
 		t.Errorf("otherChildren (-want +got):\n%s", d)
+	}
+}
+
+func TestPromoteLayers(t *testing.T) {
+	for _, tc := range []struct {
+		captured string
+		child    []string
+		want     []string
+	}{
+		{"l", []string{"s", "t"}, []string{"l", "s", "t"}},
+		{"e", []string{"e", "t"}, []string{"e", "t"}}, // an empty upper over an empty snapshot layer
+		{"l", nil, []string{"l"}},
+	} {
+		child := slices.Clone(tc.child)
+		if d := cmp.Diff(tc.want, promoteLayers(tc.captured, tc.child)); d != "" {
+			t.Errorf("promoteLayers(%s, %v) (-want +got):\n%s", tc.captured, tc.child, d)
+		}
+		if !slices.Equal(child, tc.child) {
+			t.Errorf("promoteLayers changed its input")
+		}
 	}
 }

@@ -228,7 +228,7 @@ func (s *Service) Promote(ctx context.Context, req PromoteRequest) (PromoteResul
 		unlock()
 		return PromoteResult{}, err
 	}
-	layers := append([]string{layer.Digest}, childLayers...)
+	layers := promoteLayers(layer.Digest, childLayers)
 	lowers, err := s.lowerPaths(layers)
 	if err != nil {
 		unlock()

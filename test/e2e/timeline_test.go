@@ -545,3 +545,38 @@ func TestTimelineMemoryDegradesHonestly(t *testing.T) {
 		t.Fatalf("after rewind: %q", out)
 	}
 }
+
+// TestTimelineRepeatedDeltas: checkpoints whose deltas hold the same
+// changes (none at all; a file set back to an earlier content) are still
+// distinct layers, so every view mounts and every rewind lands.
+func TestTimelineRepeatedDeltas(t *testing.T) {
+	s := startServer(t)
+	id := s.create("--runtime", "runc")
+	s.must("exec", id, "--", "sh", "-c", "echo 1 > /home/user/v")
+	c1 := s.checkpoint(s.key, id)
+	c2 := s.checkpoint(s.key, id) // nothing changed
+	s.must("exec", id, "--", "sh", "-c", "echo 2 > /home/user/v")
+	c3 := s.checkpoint(s.key, id)
+	s.must("exec", id, "--", "sh", "-c", "echo 1 > /home/user/v")
+	c4 := s.checkpoint(s.key, id) // the same change as c1's... against c3
+	s.must("exec", id, "--", "sh", "-c", "echo 2 > /home/user/v")
+	c5 := s.checkpoint(s.key, id) // ... and as c3's
+	seen := map[string]bool{}
+	for _, c := range []wire.Checkpoint{c1, c2, c3, c4, c5} {
+		if seen[c.Layer] {
+			t.Errorf("checkpoint #%d shares its delta layer %s", c.Seq, c.Layer)
+		}
+		seen[c.Layer] = true
+	}
+	for _, c := range []struct {
+		ck   wire.Checkpoint
+		want string
+	}{{c5, "2"}, {c4, "1"}, {c2, "1"}, {c3, "2"}, {c1, "1"}} {
+		if res := s.rewind(id, c.ck.ID); res.Mode != "files" {
+			t.Fatalf("rewind to #%d: %+v", c.ck.Seq, res)
+		}
+		if out := s.must("exec", id, "--", "cat", "/home/user/v"); out != c.want {
+			t.Errorf("after rewind to #%d: v = %q, want %s", c.ck.Seq, out, c.want)
+		}
+	}
+}
