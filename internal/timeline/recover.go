@@ -98,3 +98,32 @@ func (s *Service) Recover(ctx context.Context, sb *sandbox.Sandbox) error {
 	_ = os.Remove(journalPath(dir))
 	return nil
 }
+
+// Sweep removes, at daemon start, what no checkpoint owns under
+// <data dir>/checkpoints: a promote's scratch image, or the image of a
+// checkpoint whose row was never written (a crash between the two).
+func (s *Service) Sweep(ctx context.Context) error {
+	dir := filepath.Join(s.cfg.DataDir, "checkpoints")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	list, err := s.core.Store().ListCheckpoints(ctx, "")
+	if err != nil {
+		return err
+	}
+	owned := map[string]bool{}
+	for _, c := range list {
+		owned[c.ID] = true
+	}
+	for _, e := range entries {
+		if !owned[e.Name()] {
+			s.log.Warn("timeline: removing an image no checkpoint owns", "dir", e.Name())
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+	return nil
+}
