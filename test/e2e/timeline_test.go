@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -578,5 +579,56 @@ func TestTimelineRepeatedDeltas(t *testing.T) {
 		if out := s.must("exec", id, "--", "cat", "/home/user/v"); out != c.want {
 			t.Errorf("after rewind to #%d: v = %q, want %s", c.ck.Seq, out, c.want)
 		}
+	}
+}
+
+// TestTimelineRewindSurvivesKill9: the daemon is killed (-9) in the middle
+// of a rewind — as soon as its restart journal is written, and as soon as
+// the workspace is set aside. After a restart the sandbox is never half:
+// the interrupted restart is settled (an event says so), no workspace is
+// left aside, and once running (started again if the restart found it
+// dead) it holds either the state it had before the rewind or the
+// checkpoint's, never a mix and never an empty disk.
+func TestTimelineRewindSurvivesKill9(t *testing.T) {
+	s := startServer(t)
+	for _, at := range []string{"timeline-restart.json", "disk.img.timeline"} {
+		t.Run(at, func(t *testing.T) {
+			id := s.create("--runtime", "runc")
+			defer s.run("rm", id)
+			s.must("exec", id, "--", "sh", "-c", "echo checkpoint > /home/user/state")
+			ck := s.checkpoint(s.key, id)
+			s.must("exec", id, "--", "sh", "-c", "echo later > /home/user/state; echo later > /home/user/later")
+			cmd := exec.Command(filepath.Join(s.bin, "berth"), "rewind", id, "--to", ck.ID)
+			cmd.Env = s.env(s.key)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			mark := filepath.Join(s.dataDir, "sandboxes", id, at)
+			testutil.Eventually(t, testutil.Within(30*time.Second).Every(time.Millisecond), func() error {
+				if _, err := os.Stat(mark); err != nil {
+					return fmt.Errorf("%s never appeared: %v", at, err)
+				}
+				return nil
+			})
+			s.kill9()
+			_ = cmd.Wait()
+			s.start()
+			if _, err := os.Stat(filepath.Join(s.dataDir, "sandboxes", id, "disk.img.timeline")); !os.IsNotExist(err) {
+				t.Errorf("workspace left aside after the restart: %v", err)
+			}
+			if !strings.Contains(s.must("events", id, "--json"), "restart_settled") {
+				t.Errorf("no restart_settled event")
+			}
+			if v := inspect(t, s, id); v.State != "running" {
+				s.must("start", id)
+			}
+			out := s.must("exec", id, "--", "sh", "-c", "cat /home/user/state; ls /home/user")
+			switch out {
+			case "checkpoint\nstate", "later\nlater\nstate":
+				t.Logf("killed at %s: the sandbox holds %q", at, strings.SplitN(out, "\n", 2)[0])
+			default:
+				t.Fatalf("killed at %s: the sandbox holds %q: neither the old state nor the checkpoint's", at, out)
+			}
+		})
 	}
 }
