@@ -32,7 +32,10 @@
 //     running sandbox's PID 1, and after a memory pause by the background
 //     release until the sandbox's filesystem and network are released. One
 //     operation holds one sandbox's lock at a time: a fork releases its
-//     parent's lock before it locks each child.
+//     parent's lock before it locks each child. The one exception is a
+//     diff of two sandboxes that are not running (internal/lineage reads
+//     their workspace images under their locks): it takes both in id
+//     order and nothing else while it holds them.
 //  3. admission (admission.Service.admitMu): quota check + intent insert;
 //     taken with a sandbox's lock held (start, fork, snapshot reservations).
 //     A warm-pool claim is the one inversion: it holds admitMu while it

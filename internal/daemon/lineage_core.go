@@ -69,3 +69,20 @@ func (c lineageCore) Usage(ctx context.Context, id string) (lineage.Cost, error)
 	}
 	return lineage.Cost{}, nil
 }
+
+func (c lineageCore) Lock(id string) func() { return c.d.Lock(id) }
+
+// MountWorkspace mounts a stopped or paused sandbox's workspace image
+// read-only (rootfs.MountWorkspaceReadOnly); a plain-directory filesystem
+// of unit tests has its upper dir as it is.
+func (c lineageCore) MountWorkspace(ctx context.Context, sb *sandbox.Sandbox) (string, func() error, error) {
+	dir := c.d.SandboxDir(sb.ID)
+	if _, ok := c.d.cfg.Filesystem.(overlayFS); ok {
+		return rootfs.MountWorkspaceReadOnly(ctx, dir)
+	}
+	upper := rootfs.LayoutOf(dir).Upper
+	if _, err := os.Lstat(upper); err != nil {
+		return "", nil, errs.Wrap(errs.FailedPrecondition, err, "the workspace of sandbox %s", sb.ID)
+	}
+	return upper, func() error { return nil }, nil
+}

@@ -207,7 +207,7 @@ func (s *Service) children(ctx context.Context, parent *sandbox.Sandbox) ([]*san
 func (s *Service) compareOne(ctx context.Context, req CompareRequest, c *sandbox.Sandbox) ChildReport {
 	r := ChildReport{ID: c.ID, State: c.State}
 	var problems []error
-	if st, err := s.stat(ctx, c); err != nil {
+	if st, err := s.stat(ctx, req.Owner, c); err != nil {
 		problems = append(problems, err)
 	} else {
 		r.Stat = st
@@ -230,13 +230,13 @@ func (s *Service) compareOne(ctx context.Context, req CompareRequest, c *sandbox
 	return r
 }
 
-func (s *Service) stat(ctx context.Context, c *sandbox.Sandbox) (*fsdiff.Stat, error) {
+func (s *Service) stat(ctx context.Context, owner string, c *sandbox.Sandbox) (*fsdiff.Stat, error) {
 	base, err := s.ForkPoint(ctx, c)
 	if err != nil {
 		return nil, err
 	}
 	defer base.Close()
-	v, err := s.View(ctx, c)
+	v, err := s.anyView(ctx, owner, c)
 	if err != nil {
 		return nil, err
 	}

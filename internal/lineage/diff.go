@@ -118,30 +118,23 @@ func (s *Service) Diff(ctx context.Context, req DiffRequest) (*fsdiff.Result, er
 	if err != nil {
 		return nil, err
 	}
-	var from, to View
+	// The sides: a view builder each, resolved once. A sandbox that is
+	// not running is read under its lock (stoppedView): two of them are
+	// locked in id order, so diffs of A B and B A cannot deadlock.
+	var fromView, toView func() (View, error)
+	swap := false
 	switch ag.kind {
 	case "base":
-		if from, err = s.ForkPoint(ctx, sb); err != nil {
-			return nil, err
-		}
-		defer from.Close()
-		if to, err = s.View(ctx, sb); err != nil {
-			return nil, err
-		}
-		defer to.Close()
+		fromView = func() (View, error) { return s.ForkPoint(ctx, sb) }
+		toView = func() (View, error) { return s.anyView(ctx, req.Owner, sb) }
 	case "sandbox":
 		other, err := s.core.Visible(ctx, req.Owner, ag.id)
 		if err != nil {
 			return nil, err
 		}
-		if from, err = s.View(ctx, sb); err != nil {
-			return nil, err
-		}
-		defer from.Close()
-		if to, err = s.View(ctx, other); err != nil {
-			return nil, err
-		}
-		defer to.Close()
+		fromView = func() (View, error) { return s.anyView(ctx, req.Owner, sb) }
+		toView = func() (View, error) { return s.anyView(ctx, req.Owner, other) }
+		swap = other.ID < sb.ID
 	case "checkpoint":
 		r := s.checkpointResolver()
 		if r == nil {
@@ -151,24 +144,57 @@ func (s *Service) Diff(ctx context.Context, req DiffRequest) (*fsdiff.Result, er
 		if err != nil {
 			return nil, err
 		}
-		if from, err = s.LayersView(layers); err != nil {
-			return nil, err
+		fromView = func() (View, error) { return s.LayersView(layers) }
+		toView = func() (View, error) { return s.anyView(ctx, req.Owner, sb) }
+	}
+	// A live upper changes while it is read: a file listed a moment ago
+	// may be gone when it is opened (NotFound). The diff is "as of about
+	// now", so it is taken again on fresh views, a few times.
+	var lastErr error
+	for attempt := 0; attempt < diffAttempts; attempt++ {
+		res, changed, err := s.diffOnce(ctx, req, fromView, toView, swap)
+		if err == nil || !changed || ctx.Err() != nil {
+			return res, err
 		}
-		defer from.Close()
-		if to, err = s.View(ctx, sb); err != nil {
-			return nil, err
-		}
-		defer to.Close()
+		lastErr = err
+	}
+	// Not a NotFound for the caller (no such sandbox?): try again later.
+	return nil, errs.Reclassify(errs.Unavailable, lastErr, "sandbox %s kept changing while it was diffed (%d tries)", req.ID, diffAttempts)
+}
+
+// diffAttempts is how often a diff of a changing tree is taken.
+const diffAttempts = 5
+
+// diffOnce diffs fresh views; changed says the error is a path that
+// vanished while the diff read it (worth another try).
+func (s *Service) diffOnce(ctx context.Context, req DiffRequest, fromView, toView func() (View, error), toFirst bool) (*fsdiff.Result, bool, error) {
+	first, second := fromView, toView
+	if toFirst {
+		first, second = toView, fromView
+	}
+	a, err := first()
+	if err != nil {
+		return nil, false, err
+	}
+	defer a.Close()
+	b, err := second()
+	if err != nil {
+		return nil, false, err
+	}
+	defer b.Close()
+	from, to := a, b
+	if toFirst {
+		from, to = b, a
 	}
 	if commonBase(from.Digests, to.Digests) == 0 {
-		return nil, errs.E(errs.FailedPrecondition, "no common base: %s and %s share no layer", req.ID, describeAgainst(req))
+		return nil, false, errs.E(errs.FailedPrecondition, "no common base: %s and %s share no layer", req.ID, describeAgainst(req))
 	}
 	res, err := fsdiff.Diff(ctx, from.Tree, to.Tree, req.Options)
 	if err != nil {
-		return nil, err
+		return nil, errs.Is(err, errs.NotFound), err
 	}
 	Bound(res, MaxUnifiedTotal)
-	return res, nil
+	return res, false, nil
 }
 
 func describeAgainst(req DiffRequest) string {

@@ -30,6 +30,13 @@ type Core interface {
 	// workspace is mounted (FailedPrecondition when it is not: stopped,
 	// paused to memory or disk).
 	UpperDir(sb *sandbox.Sandbox) (string, error)
+	// Lock takes sb's lifecycle lock (nothing starts, stops or deletes
+	// it until the returned unlock).
+	Lock(id string) func()
+	// MountWorkspace mounts the workspace of a sandbox that is not
+	// running read-only and returns its upper dir and the undo step; the
+	// caller holds the sandbox's lock until it has undone it.
+	MountWorkspace(ctx context.Context, sb *sandbox.Sandbox) (upper string, release func() error, err error)
 	// UserNS is the id mapping sb's upper was written through (nil: none).
 	UserNS(sb *sandbox.Sandbox) *rootfs.IDMap
 	// LayerPath is the host directory of the read-only layer digest.

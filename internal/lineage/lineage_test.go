@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -126,6 +127,10 @@ func TestCheckOptions(t *testing.T) {
 type dirCore struct {
 	dir string
 	sbs map[string]*sandbox.Sandbox
+
+	mu      sync.Mutex
+	locked  map[string]int // lock holders per sandbox
+	mounted int            // read-only workspace mounts alive
 }
 
 func (c *dirCore) Visible(_ context.Context, owner, id string) (*sandbox.Sandbox, error) {
@@ -140,8 +145,36 @@ func (c *dirCore) UpperDir(sb *sandbox.Sandbox) (string, error) {
 	return filepath.Join(c.dir, "sandboxes", sb.ID, "upper"), nil
 }
 func (c *dirCore) UserNS(*sandbox.Sandbox) *rootfs.IDMap { return nil }
-func (c *dirCore) LayerPath(dg string) string            { return filepath.Join(c.dir, "layers", dg) }
-func (c *dirCore) Store() store.Store                    { return nil }
+func (c *dirCore) Lock(id string) func() {
+	c.mu.Lock()
+	if c.locked == nil {
+		c.locked = map[string]int{}
+	}
+	c.locked[id]++
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		c.locked[id]--
+		c.mu.Unlock()
+	}
+}
+func (c *dirCore) MountWorkspace(_ context.Context, sb *sandbox.Sandbox) (string, func() error, error) {
+	c.mu.Lock()
+	held := c.locked[sb.ID] > 0
+	c.mounted++
+	c.mu.Unlock()
+	if !held {
+		return "", nil, errs.E(errs.Internal, "mount of %s without its lock", sb.ID)
+	}
+	return filepath.Join(c.dir, "sandboxes", sb.ID, "upper"), func() error {
+		c.mu.Lock()
+		c.mounted--
+		c.mu.Unlock()
+		return nil
+	}, nil
+}
+func (c *dirCore) LayerPath(dg string) string { return filepath.Join(c.dir, "layers", dg) }
+func (c *dirCore) Store() store.Store         { return nil }
 func (c *dirCore) Agent(context.Context, string, string) (*agentapi.Client, error) {
 	return nil, errs.E(errs.Unavailable, "no agents here")
 }
@@ -182,6 +215,7 @@ func TestDiffViews(t *testing.T) {
 	writeFiles(t, filepath.Join(dir, "sandboxes", "child1", "upper"), map[string]string{"new.txt": "hello\n"})
 	writeFiles(t, filepath.Join(dir, "sandboxes", "child2", "upper"), map[string]string{"src/main.go": "package other\n"})
 	writeFiles(t, filepath.Join(dir, "sandboxes", "plain", "upper"), map[string]string{"p": "p\n"})
+	writeFiles(t, filepath.Join(dir, "sandboxes", "gone", "upper"), map[string]string{"stopped.txt": "s\n"})
 	if err := os.MkdirAll(filepath.Join(dir, "sandboxes", "alien", "upper"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +227,7 @@ func TestDiffViews(t *testing.T) {
 		"alien":  {ID: "alien", Owner: "alice", State: run, Attrs: sandbox.Attrs{Layers: []string{other}}},
 		"bobs":   {ID: "bobs", Owner: "bob", State: run, Attrs: sandbox.Attrs{Layers: []string{tpl}}},
 		"gone":   {ID: "gone", Owner: "alice", State: sandbox.Stopped, Attrs: sandbox.Attrs{Layers: []string{tpl}}},
+		"broken": {ID: "broken", Owner: "alice", State: sandbox.Failed, Attrs: sandbox.Attrs{Layers: []string{tpl}}},
 	}}
 	s := New(core, Config{DataDir: dir})
 	ctx := context.Background()
@@ -219,7 +254,10 @@ func TestDiffViews(t *testing.T) {
 		{name: "unrelated", req: DiffRequest{Owner: "alice", ID: "child1", Against: "alien"}, kind: errs.FailedPrecondition},
 		{name: "another owner's sandbox", req: DiffRequest{Owner: "bob", ID: "child1"}, kind: errs.NotFound},
 		{name: "against another owner's sandbox", req: DiffRequest{Owner: "alice", ID: "child1", Against: "bobs"}, kind: errs.NotFound},
-		{name: "stopped", req: DiffRequest{Owner: "alice", ID: "gone"}, kind: errs.FailedPrecondition},
+		{name: "stopped: its workspace read under its lock", req: DiffRequest{Owner: "alice", ID: "gone"}, want: []string{"added stopped.txt"}},
+		{name: "stopped against running", req: DiffRequest{Owner: "alice", ID: "plain", Against: "gone"}, want: []string{"deleted p", "added stopped.txt"}},
+		{name: "running against stopped", req: DiffRequest{Owner: "alice", ID: "gone", Against: "plain"}, want: []string{"added p", "deleted stopped.txt"}},
+		{name: "failed", req: DiffRequest{Owner: "alice", ID: "broken"}, kind: errs.FailedPrecondition},
 		{name: "checkpoint without a timeline", req: DiffRequest{Owner: "alice", ID: "child1", Against: "checkpoint:c1"}, kind: errs.NotFound},
 		{name: "checkpoint", req: DiffRequest{Owner: "alice", ID: "child1", Against: "checkpoint:c1"},
 			resolve: stackResolver{"child1/c1": {ck, snap, tpl}}, want: []string{"deleted ck", "added new.txt"}},
@@ -240,6 +278,16 @@ func TestDiffViews(t *testing.T) {
 			}
 			if d := cmp.Diff(tc.want, paths(res)); d != "" {
 				t.Fatal(d)
+			}
+			core.mu.Lock()
+			defer core.mu.Unlock()
+			for id, n := range core.locked {
+				if n != 0 {
+					t.Errorf("sandbox %s still locked %d times", id, n)
+				}
+			}
+			if core.mounted != 0 {
+				t.Errorf("%d read-only mounts left", core.mounted)
 			}
 		})
 	}

@@ -18,7 +18,10 @@ import (
 
 // View is a tree of layers as fsdiff sees it, with what holds it open.
 // Close it when done; a View is used by one goroutine at a time (its
-// Tree caches lookups).
+// Tree caches lookups). Its file reads stop when the ctx it was built
+// with ends, and draw on a budget (MaxReadBytes; no file with more than
+// MaxHoleBytes of holes is read), so a long-lived user builds it on a
+// context that lives as long as it does.
 type View struct {
 	Tree *fsdiff.Tree
 	// Digests are the read-only layers below the upper, top first.
@@ -256,4 +259,78 @@ func (s *Service) Forget(id string) {
 	s.mu.Lock()
 	delete(s.hostUpper, id)
 	s.mu.Unlock()
+}
+
+// stoppedView is the view of a sandbox whose workspace is not mounted
+// (stopped, paused to memory or disk): under its lock, held until the
+// view is closed so that nothing starts it meanwhile, its workspace image
+// is mounted read-only. Only the service's own verbs (Diff, Compare) take
+// it: they hold no sandbox lock, and a diff of two such sandboxes locks
+// them in id order. Anything holding a sandbox's lock uses View.
+func (s *Service) stoppedView(ctx context.Context, owner string, sb *sandbox.Sandbox) (View, error) {
+	unlock := s.core.Lock(sb.ID)
+	cur, err := s.core.Visible(ctx, owner, sb.ID)
+	if err != nil {
+		unlock()
+		return View{}, err
+	}
+	if cur.State == sandbox.Running || cur.State == sandbox.Paused {
+		if v, err := s.View(ctx, cur); err == nil || !errs.Is(err, errs.FailedPrecondition) || cur.State == sandbox.Running {
+			unlock()
+			return v, err
+		}
+	}
+	if cur.State != sandbox.Stopped && cur.State != sandbox.Paused {
+		unlock()
+		return View{}, errs.E(errs.FailedPrecondition, "sandbox %s is %s: its workspace cannot be read", cur.ID, cur.State)
+	}
+	layers, err := s.Layers(ctx, cur)
+	if err != nil {
+		unlock()
+		return View{}, err
+	}
+	v := View{Digests: layers, closer: &closer{fns: []func() error{func() error { unlock(); return nil }}}}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = v.Close()
+		}
+	}()
+	upperDir, release, err := s.core.MountWorkspace(ctx, cur)
+	if err != nil {
+		return View{}, err
+	}
+	v.closer.fns = append(v.closer.fns, release)
+	var unshift func(uint32) uint32
+	if m := s.core.UserNS(cur); m != nil {
+		unshift = m.Unshift
+	}
+	b := newBudget(MaxReadBytes)
+	v.Upper = "upper:" + cur.ID
+	ul, err := fsdiff.OpenDirLayer(upperDir, v.Upper, unshift)
+	if err != nil {
+		return View{}, errs.Wrap(errs.FailedPrecondition, err, "workspace of sandbox %s", cur.ID)
+	}
+	v.closer.fns = append(v.closer.fns, ul.Close)
+	lowers, err := s.openLayers(ctx, v.closer, b, layers)
+	if err != nil {
+		return View{}, err
+	}
+	v.Tree = fsdiff.NewTree(append([]fsdiff.Layer{boundedLayer{Layer: ul, b: b, ctx: ctx}}, lowers...)...)
+	ok = true
+	return v, nil
+}
+
+// anyView is View, or stoppedView for a sandbox whose workspace is not
+// mounted.
+func (s *Service) anyView(ctx context.Context, owner string, sb *sandbox.Sandbox) (View, error) {
+	if sb.State == sandbox.Running {
+		return s.View(ctx, sb)
+	}
+	if sb.State == sandbox.Paused {
+		if v, err := s.View(ctx, sb); err == nil || !errs.Is(err, errs.FailedPrecondition) {
+			return v, err
+		}
+	}
+	return s.stoppedView(ctx, owner, sb)
 }

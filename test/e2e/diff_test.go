@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/internal/bench"
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
@@ -36,6 +38,12 @@ func changeLines(res wire.DiffResult) []string {
 		}
 		if c.New != nil && c.New.Type == "symlink" {
 			l += " -> " + c.New.Target
+		}
+		if c.OwnerChanged {
+			l += fmt.Sprintf(" owner %d:%d->%d:%d", c.Old.UID, c.Old.GID, c.New.UID, c.New.GID)
+		}
+		if c.New != nil && (c.New.UID != 0 || c.New.GID != 0) {
+			l += fmt.Sprintf(" uid %d gid %d", c.New.UID, c.New.GID) // root wrote everything, as seen inside
 		}
 		if c.RenamedTo != "" {
 			l += " renamed_to " + c.RenamedTo
@@ -157,6 +165,18 @@ func diffForks(t *testing.T, s *server, rt string) {
 		"modified work/run.sh mode 755->644",
 	})
 
+	// A stopped sandbox: its workspace image is read read-only under its
+	// lock; afterwards it starts as before (no loop device left behind).
+	s.must("stop", c1)
+	wantLines(t, "diff of a stopped fork", changeLines(s.diffJSON(c1, "--path", "work")), want)
+	if got := changeLines(s.diffJSON(c2, c1, "--path", "work", "--stat")); len(got) != 8 {
+		t.Errorf("diff of a running fork against a stopped one: %q", got)
+	}
+	s.must("start", c1)
+	if out := s.must("exec", c1, "--", "cat", "/work/added.txt"); out != "hi" {
+		t.Errorf("the stopped fork after its diff and a start: %q", out)
+	}
+
 	// Unrelated: another template's sandbox shares no layer.
 	unrelatedTemplate(t, s)
 	other := s.must("create", "--template", "other", "--runtime", rt)
@@ -245,6 +265,26 @@ func diffForks(t *testing.T, s *server, rt string) {
 	}
 	wantAttack = append(wantAttack, "added work/shadow -> /etc/shadow", "added work/up -> ../../../../../../etc/passwd")
 	wantLines(t, "planted objects", lines, wantAttack)
+	// A tree that changes while it is read: c2 creates and removes files
+	// as fast as it can; every diff still answers.
+	s.must("exec", "--user", "root", c2, "--", "sh", "-c",
+		"(i=0; while true; do mkdir -p /tmp/churn; echo $i > /tmp/churn/f$i; rm -f /tmp/churn/f$((i-1)); i=$((i+1)); done) >/dev/null 2>&1 &")
+	answered := 0
+	for i := 0; i < 10; i++ {
+		code, body := s.api(s.key, "GET", "/v1/sandboxes/"+c2+"/diff", nil)
+		switch {
+		case code == http.StatusOK:
+			answered++
+		case code == http.StatusServiceUnavailable && body["reason"] == "unavailable":
+			t.Logf("diff %d of a churning sandbox: %v", i, body["message"])
+		default:
+			t.Errorf("diff %d of a churning sandbox: %d %v, want 200 (or 503 'kept changing')", i, code, body)
+		}
+	}
+	if answered < 5 {
+		t.Errorf("only %d of 10 diffs of a churning sandbox answered", answered)
+	}
+	t.Logf("%s: %d of 10 diffs of a churning sandbox answered", rt, answered)
 	shadow, _ := os.ReadFile("/etc/shadow")
 	for _, c := range got.Changes {
 		if c.Unified != "" && len(shadow) > 0 && strings.Contains(c.Unified, string(shadow[:min(len(shadow), 20)])) {
@@ -254,4 +294,40 @@ func diffForks(t *testing.T, s *server, rt string) {
 			t.Errorf("big file: %+v", c)
 		}
 	}
+}
+
+// TestBenchSelfDiff measures the diff row (100 edited files of a 1 GiB
+// workspace, through the API) and checks the report's shape: every sample
+// an answer with the 100 edits (a wrong answer is a failed sample).
+// Timings are never asserted.
+func TestBenchSelfDiff(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "runc")
+	bin := testutil.BuildBinaries(t)
+	out := filepath.Join(t.TempDir(), "bench.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "bench", "--self", "--runs", "2", "--warmup", "0",
+		"--runtime", "runc", "--only", "diff", "--json", out)
+	cmd.Env = append(os.Environ(), "BERTH_URL=http://127.0.0.1:1", "BERTH_API_KEY=unused")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("berth bench: %v\n%s", err, b)
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatalf("report is not a bench.Report: %v\n%s", err, raw)
+	}
+	if len(rep.Metrics) != 1 || rep.Metrics[0].Name != "diff" {
+		t.Fatalf("want the diff row only, got %+v", rep.Metrics)
+	}
+	m := rep.Metrics[0]
+	if !m.Available || len(m.Samples) != 2 || len(m.Errors) != 0 || !strings.Contains(m.Definition, "1 GiB") {
+		t.Errorf("diff row: want 2 samples and no errors, got %+v", m)
+	}
+	t.Logf("diff of 100 edited files of a 1 GiB workspace (runc): %v ms", m.Samples)
 }
