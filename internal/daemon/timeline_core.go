@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -34,6 +35,7 @@ func (c timelineCore) SandboxDir(id string) string              { return c.d.San
 func (c timelineCore) Store() store.Store                       { return c.d.Store() }
 func (c timelineCore) Now() time.Time                           { return c.d.Now() }
 func (c timelineCore) UserNS(sb *sandbox.Sandbox) *rootfs.IDMap { return c.d.userns.of(sb) }
+func (c timelineCore) AgentClient(id string) *agentapi.Client   { return c.d.AgentClient(id) }
 func (c timelineCore) ReserveSnapshot(ctx context.Context, owner string) (func(), error) {
 	return c.d.adm.ReserveSnapshot(ctx, owner)
 }

@@ -3,10 +3,12 @@ package timeline
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -228,6 +230,7 @@ func (s *Service) Promote(ctx context.Context, req PromoteRequest) (PromoteResul
 		unlock()
 		return PromoteResult{}, err
 	}
+	machineID := s.readMachineID(ctx, parent.ID)
 	layers := promoteLayers(layer.Digest, childLayers)
 	lowers, err := s.lowerPaths(layers)
 	if err != nil {
@@ -248,6 +251,7 @@ func (s *Service) Promote(ctx context.Context, req PromoteRequest) (PromoteResul
 	if why != "" {
 		memReason = why
 	}
+	s.writeMachineID(ctx, parent.ID, machineID) // the parent keeps its own, as its hostname
 	res := PromoteResult{Parent: parent, From: child.ID, Layer: layer.Digest, Mode: mode, Reason: memReason}
 	s.core.Event(ctx, parent, req.Actor, "promote", "promoted", memReason, map[string]string{
 		"from": child.ID, "layer": layer.Digest, "mode": mode})
@@ -317,4 +321,43 @@ func (s *Service) captureChild(ctx context.Context, owner, id string) (template.
 		return layer, childLayers, "", why, err
 	}
 	return layer, childLayers, img, why, err
+}
+
+// maxMachineID bounds what is read of a sandbox's /etc/machine-id (32 hex
+// digits and a newline; the file is the sandbox's, so anything else is
+// not taken).
+const maxMachineID = 64
+
+// readMachineID reads a running sandbox's /etc/machine-id through its
+// agent, bounded; "" when it has none or it is not one.
+func (s *Service) readMachineID(ctx context.Context, id string) string {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rc, _, err := s.core.AgentClient(id).ReadFile(rctx, "/etc/machine-id", "root")
+	if err != nil {
+		return ""
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, maxMachineID+1))
+	if err != nil || len(b) > maxMachineID {
+		return ""
+	}
+	v := strings.TrimSpace(string(b))
+	if len(v) != 32 || strings.Trim(v, "0123456789abcdef") != "" {
+		return ""
+	}
+	return v
+}
+
+// writeMachineID puts a sandbox's own machine-id back after a promote
+// brought in its child's files.
+func (s *Service) writeMachineID(ctx context.Context, id, v string) {
+	if v == "" {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := s.core.AgentClient(id).WriteFile(wctx, "/etc/machine-id", "root", 0o444, strings.NewReader(v+"\n")); err != nil {
+		s.log.Warn("promote: write machine-id", "sandbox_id", id, "err", err)
+	}
 }

@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -40,6 +41,7 @@ type Core interface {
 	Store() store.Store
 	Now() time.Time
 	UserNS(sb *sandbox.Sandbox) *rootfs.IDMap
+	AgentClient(id string) *agentapi.Client
 	// ReserveSnapshot holds one unit of owner's snapshot quota (which
 	// counts checkpoints) until release.
 	ReserveSnapshot(ctx context.Context, owner string) (release func(), err error)

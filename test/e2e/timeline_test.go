@@ -320,6 +320,7 @@ func TestTimelinePromote(t *testing.T) {
 			parent := s.create("--runtime", rt)
 			defer s.run("rm", parent)
 			before, token := s.sandbox(parent), s.storedToken(parent)
+			s.must("exec", "--user", "root", parent, "--", "sh", "-c", "echo 0123456789abcdef0123456789abcdef > /etc/machine-id")
 			s.must("exec", parent, "--", "sh", "-c", "echo base > /home/user/base; echo parent > /home/user/who")
 			res := s.fork(parent, 3)
 			var kids []string
@@ -328,6 +329,9 @@ func TestTimelinePromote(t *testing.T) {
 				s.must("exec", c.ID, "--", "sh", "-c", "echo child"+strconv.Itoa(i)+" > /home/user/who")
 			}
 			chosen := kids[1]
+			if out := s.must("exec", chosen, "--", "cat", "/etc/machine-id"); out == "0123456789abcdef0123456789abcdef" {
+				t.Fatalf("the fork child kept its parent's machine-id: the check below would prove nothing")
+			}
 			startCounter(t, s, chosen)
 			pid := counterPid(s, chosen)
 			var pr wire.PromoteChildResult
@@ -346,6 +350,9 @@ func TestTimelinePromote(t *testing.T) {
 				t.Fatalf("parent after promote: %q", out)
 			}
 			sameIdentity(t, s, before, token)
+			if out := s.must("exec", parent, "--", "sh", "-c", "hostname; echo $BERTH_SANDBOX_ID; cat /etc/machine-id"); out != parent+"\n"+parent+"\n0123456789abcdef0123456789abcdef" {
+				t.Errorf("parent after promote calls itself %q, want %s and its own machine-id", out, parent)
+			}
 			if want == "memory" {
 				if got := counterPid(s, parent); got != pid {
 					t.Errorf("the child's counter (pid %s) is not running in the parent (%q)", pid, got)
