@@ -220,8 +220,8 @@ func (a *Service) CheckAdmit(ctx context.Context, owner string, r sandbox.Resour
 	return a.checkQuotaLocked(ctx, owner, r)
 }
 
-// ReserveSnapshot checks owner's snapshot limit counting stored snapshots
-// and captures in progress, and reserves one until release: a capture takes
+// ReserveSnapshot checks owner's snapshot limit counting stored snapshots,
+// checkpoints (internal/timeline) and captures in progress, and reserves one until release: a capture takes
 // seconds, so it is counted rather than run under the admission lock.
 func (a *Service) ReserveSnapshot(ctx context.Context, owner string) (release func(), err error) {
 	a.admitMu.Lock()
@@ -235,7 +235,11 @@ func (a *Service) ReserveSnapshot(ctx context.Context, owner string) (release fu
 		if err != nil {
 			return nil, err
 		}
-		if err := quota.CheckSnapshot(owner, l, quota.Use{Snapshots: len(list) + a.snapshotsPending[owner]}); err != nil {
+		cks, err := a.core.Store().CountCheckpoints(ctx, owner) // checkpoints on timelines count too
+		if err != nil {
+			return nil, err
+		}
+		if err := quota.CheckSnapshot(owner, l, quota.Use{Snapshots: len(list) + cks + a.snapshotsPending[owner]}); err != nil {
 			a.observeRejection("snapshots")
 			return nil, err
 		}

@@ -36,7 +36,7 @@ type Options struct {
 // Names are every metric, in measuring order.
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
-	"activity-follow"}
+	"activity-follow", "checkpoint-files", "rewind-files"}
 
 // Runner measures against one server.
 type Runner struct {
@@ -114,7 +114,9 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"pause-memory", "resume-memory"}, r.memoryPause},
 		{[]string{"pause-freeze", "resume-freeze"}, r.freezePause},
 		{[]string{"activity-follow"}, r.activityFollow},
-		{[]string{"merge"}, r.merge}, // merge.go
+		{[]string{"merge"}, r.merge},                      // merge.go
+		{[]string{"checkpoint-files"}, r.checkpointFiles}, // timeline.go
+		{[]string{"rewind-files"}, r.rewindFiles},
 	}
 	for _, g := range perRuntime {
 		if !slices.ContainsFunc(g.names, r.want) {

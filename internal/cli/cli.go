@@ -81,6 +81,10 @@ func init() {
 	register("template", "template ls [--json] | template import NAME FILE.tar | template from-snapshot SNAPSHOT NAME | "+pullUsage+" | "+buildUsage+" | template rm NAME...", runTemplate)
 	register("snapshot", "snapshot ID [--name N] [--json] | snapshot ls [--json] | snapshot rm SNAPSHOT...", runSnapshot)
 	register("fork", "fork ID [-n N] [--json]", runFork)
+	register("checkpoint", checkpointUsage, runCheckpoint) // timeline.go
+	register("timeline", timelineUsage, runTimeline)
+	register("rewind", rewindUsage, runRewind)
+	register("promote", promoteUsage, runPromote)
 	register("diff", diffUsage, runDiff)
 	register("compare", compareUsage, runCompare)
 	register("merge", mergeUsage, runMerge)

@@ -88,6 +88,7 @@ import (
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
+	"github.com/berth-dev/berth/internal/timeline"
 )
 
 // Daemon owns every sandbox on this host.
@@ -109,6 +110,7 @@ type Daemon struct {
 
 	ckpt  *checkpoint.Service   // pause, resume, fork (internal/checkpoint)
 	snaps *checkpoint.Snapshots // snapshots and layer pins (internal/checkpoint)
+	tl    *timeline.Service     // checkpoints on a timeline, rewind, promote (internal/timeline)
 
 	poolSvc *pool.Service     // warm pools (pool.go)
 	tplSvc  *template.Service // template import, pull, build, GC (templates.go)
@@ -190,6 +192,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})
 	d.lineage = lineage.New(lineageCore{d}, lineage.Config{DataDir: cfg.DataDir, Log: cfg.Log})
 	d.merges = newMerges(d)
+	d.lineage.SetCheckpoints(d.tl) // `berth diff A --checkpoint C`
 	return d, nil
 }
 
@@ -203,6 +206,7 @@ func wireCore(d *Daemon, chanKey []byte) {
 		CheckpointTimeout: d.cfg.CheckpointTimeout, CheckpointTimeoutPerGiB: d.cfg.CheckpointTimeoutPerGiB,
 		Lifetime: d.bg, Log: d.log,
 	}, d.templates)
+	d.tl = timeline.New(timelineCore{d}, timeline.Config{DataDir: d.cfg.DataDir, Log: d.log}, d.templates)
 }
 
 // Checkpoints is the pause, resume and fork service.
@@ -210,6 +214,9 @@ func (d *Daemon) Checkpoints() *checkpoint.Service { return d.ckpt }
 
 // Snapshots is the snapshot and layer-pin service.
 func (d *Daemon) Snapshots() *checkpoint.Snapshots { return d.snaps }
+
+// Timeline is the checkpoint-timeline service (checkpoint, rewind, promote).
+func (d *Daemon) Timeline() *timeline.Service { return d.tl }
 
 // Close stops background loops. Sandboxes keep running: a daemon restart
 // reconciles and adopts them.

@@ -126,6 +126,9 @@ func (d *Daemon) delete(ctx context.Context, owner, id, actor, reason string) er
 	if _, err := d.Transition(tctx, id, sandbox.Deleted, actor, reason, "", nil); err != nil {
 		return err
 	}
+	if err := d.tl.Forget(tctx, id); err != nil { // its checkpoints and their layers
+		d.log.Warn("forget timeline", "sandbox_id", id, "err", err)
+	}
 	d.locksMu.Lock()
 	delete(d.locks, id)
 	d.locksMu.Unlock()

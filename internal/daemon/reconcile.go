@@ -30,6 +30,10 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 			d.log.Error("pin layers", "sandbox_id", sb.ID, "err", err)
 			errList = append(errList, err)
 		}
+		if err := d.tl.Recover(ctx, sb); err != nil { // a rewind or promote the crash interrupted
+			d.log.Error("settle timeline restart", "sandbox_id", sb.ID, "err", err)
+			errList = append(errList, err)
+		}
 		if err := d.reconcileOne(ctx, sb); err != nil {
 			d.log.Error("reconcile", "sandbox_id", sb.ID, "err", err)
 			errList = append(errList, err)
@@ -62,6 +66,7 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 		}
 		errList = append(errList, os.RemoveAll(dir))
 	}
+	errList = append(errList, d.tl.Sweep(ctx)) // images no checkpoint owns
 	errList = append(errList, d.net.Reconcile(ctx))
 	return errors.Join(errList...)
 }
@@ -86,6 +91,9 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
 	case sandbox.Deleted:
 		if err := d.destroy(ctx, sb); err != nil {
 			return err
+		}
+		if err := d.tl.Forget(ctx, sb.ID); err != nil {
+			d.log.Warn("forget timeline", "sandbox_id", sb.ID, "err", err)
 		}
 		return d.store.DeleteSandbox(ctx, sb.ID)
 	case sandbox.Creating:

@@ -124,9 +124,13 @@ func (d templateCore) TemplateUsers(ctx context.Context, name string) ([]string,
 	return users, nil
 }
 
-// PinnedLayers is every layer a sandbox record pins.
+// PinnedLayers is every layer a sandbox record or a sandbox's timeline
+// (checkpoints, heads) pins.
 func (d templateCore) PinnedLayers(ctx context.Context) (map[string]bool, error) {
-	used := map[string]bool{}
+	used, err := d.tl.PinnedLayers(ctx)
+	if err != nil {
+		return nil, err
+	}
 	all, _, err := d.store.ListSandboxes(ctx, store.SandboxFilter{})
 	if err != nil {
 		return nil, err

@@ -267,6 +267,35 @@ CREATE TABLE merge_conflicts (
 	PRIMARY KEY (merge_id, conflict_id)
 ) STRICT;
 `,
+	// 11: checkpoints on a sandbox's timeline (internal/timeline) and the head
+	// each sandbox's next checkpoint is a delta against.
+	`
+CREATE TABLE checkpoints (
+	id          TEXT PRIMARY KEY,
+	sandbox_id  TEXT NOT NULL,
+	owner       TEXT NOT NULL,
+	seq         INTEGER NOT NULL,
+	name        TEXT NOT NULL,
+	layer       TEXT NOT NULL,
+	layers      TEXT,            -- JSON array, top first
+	prev        TEXT NOT NULL,
+	runtime     TEXT NOT NULL,
+	memory_path TEXT NOT NULL,
+	mode        TEXT NOT NULL,
+	reason      TEXT NOT NULL,
+	bytes       INTEGER NOT NULL,
+	entries     INTEGER NOT NULL,
+	created_at  INTEGER NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX checkpoints_sandbox_seq ON checkpoints (sandbox_id, seq);
+CREATE UNIQUE INDEX checkpoints_sandbox_name ON checkpoints (sandbox_id, name) WHERE name != '';
+CREATE INDEX checkpoints_owner ON checkpoints (owner);
+CREATE TABLE timeline_heads (
+	sandbox_id TEXT PRIMARY KEY,
+	checkpoint TEXT NOT NULL,
+	layers     TEXT             -- JSON array, top first
+) STRICT;
+`,
 }
 
 // migrationHooks run in the transaction of the migration with the same

@@ -298,7 +298,7 @@ func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
 		} else if n == 0 {
 			return errs.E(errs.NotFound, "sandbox %s not found", id)
 		}
-		return nil
+		return deleteTimeline(ctx, tx, id)
 	})
 }
 

@@ -21,6 +21,7 @@ import (
 // optimistic-concurrency race. Errors returned by caller callbacks and by
 // sandbox.Transition are returned unwrapped.
 type Store interface {
+	CheckpointStore // checkpoints.go
 	// CreateSandbox inserts sb and sets sb.Version to 1 (and sb.CreatedAt to
 	// now when zero).
 	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error

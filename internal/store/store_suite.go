@@ -44,6 +44,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"UsageHours", suiteUsageHours},
 		{"TemplateBuilds", suiteTemplateBuilds},
 		{"Merges", suiteMerges},
+		{"Checkpoints", suiteCheckpoints},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}
