@@ -53,6 +53,9 @@
 //     console.Service.mu (web console sessions; never held across a call),
 //     lineage.Service.mu (its runsc host-upper cache).
 //
+// internal/merges and internal/timeline have no lock of their own: they
+// work under the target sandbox's lock (2); a merge captures its source
+// under the source's lock and releases it before it locks the target.
 // The watcher and userNamespaces have no lock of their own: the watcher's
 // OOM counters belong to its watch loop's goroutine, the user-namespace
 // mapping is fixed at New and a sandbox's choice is written under that
