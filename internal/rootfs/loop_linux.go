@@ -17,10 +17,19 @@ import (
 // attachLoop binds image to a free loop device with LOOP_CONFIGURE (one
 // ioctl instead of losetup's SET_FD+SET_STATUS) and returns the open device.
 // The device is autoclear: it detaches itself when the last user (the ext4
-// mount) goes away, so Teardown only has to unmount.
-func attachLoop(image string) (*os.File, error) {
-	img, err := os.OpenFile(image, os.O_RDWR|unix.O_CLOEXEC, 0)
+// mount) goes away, so Teardown only has to unmount. A readOnly device
+// (a diff of a stopped sandbox's workspace) is opened and bound read-only
+// and buffered.
+func attachLoop(image string, readOnly bool) (*os.File, error) {
+	mode, flags := os.O_RDWR, uint32(unix.LO_FLAGS_AUTOCLEAR|unix.LO_FLAGS_DIRECT_IO)
+	if readOnly {
+		mode, flags = os.O_RDONLY, unix.LO_FLAGS_AUTOCLEAR|unix.LO_FLAGS_READ_ONLY
+	}
+	img, err := os.OpenFile(image, mode|unix.O_CLOEXEC, 0)
 	if err != nil {
+		if readOnly {
+			return nil, errs.Wrap(errs.FailedPrecondition, err, "open disk image")
+		}
 		return nil, errs.Wrap(errs.Internal, err, "open disk image")
 	}
 	defer img.Close()
@@ -41,11 +50,14 @@ func attachLoop(image string) (*os.File, error) {
 		if err != nil {
 			return nil, err
 		}
-		cfg := unix.LoopConfig{Fd: uint32(img.Fd()), Size: 4096}
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
+		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
+		cfg.Info.Flags = flags
+		if flags&unix.LO_FLAGS_DIRECT_IO != 0 {
+			cfg.Size = 4096
+		}
 		copy(cfg.Info.File_name[:], filepath.Base(image))
 		err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
-		if errors.Is(err, unix.EINVAL) {
+		if errors.Is(err, unix.EINVAL) && cfg.Info.Flags&unix.LO_FLAGS_DIRECT_IO != 0 {
 			// Backing file system without O_DIRECT: fall back to buffered I/O.
 			cfg.Info.Flags &^= unix.LO_FLAGS_DIRECT_IO
 			cfg.Size = 0

@@ -193,7 +193,7 @@ func mkdirsIn(l Layout) error {
 }
 
 func mountWS(l Layout) error {
-	dev, err := attachLoop(l.Image)
+	dev, err := attachLoop(l.Image, false)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func MountWorkspaceReadOnly(ctx context.Context, dir string) (upper string, rele
 			return "", nil, errs.Wrap(errs.Internal, err, "unmount stale %s", mnt)
 		}
 	}
-	dev, err := attachLoopReadOnly(l.Image)
+	dev, err := attachLoop(l.Image, true)
 	if err != nil {
 		return "", nil, err
 	}
@@ -55,42 +55,4 @@ func MountWorkspaceReadOnly(ctx context.Context, dir string) (upper string, rele
 		return waitDetached(context.WithoutCancel(ctx), l.Image, detachTimeout)
 	}
 	return filepath.Join(mnt, "upper"), release, nil
-}
-
-// attachLoopReadOnly is attachLoop for a read-only device.
-func attachLoopReadOnly(image string) (*os.File, error) {
-	img, err := os.OpenFile(image, os.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, errs.Wrap(errs.FailedPrecondition, err, "open disk image")
-	}
-	defer img.Close()
-	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, errs.Wrap(errs.Unavailable, err, "open /dev/loop-control")
-	}
-	defer ctl.Close()
-	for attempt := 0; attempt < 16; attempt++ {
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return nil, errs.Wrap(errs.ResourceExhausted, err, "find free loop device")
-		}
-		dev, err := openLoopDev(n)
-		if err != nil {
-			return nil, err
-		}
-		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
-		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_READ_ONLY
-		copy(cfg.Info.File_name[:], filepath.Base(image))
-		err = unix.IoctlLoopConfigure(int(dev.Fd()), &cfg)
-		if errors.Is(err, unix.EBUSY) {
-			dev.Close()
-			continue
-		}
-		if err != nil {
-			dev.Close()
-			return nil, errs.Wrap(errs.Internal, err, "configure %s for %s", dev.Name(), image)
-		}
-		return dev, nil
-	}
-	return nil, errs.E(errs.Unavailable, "no loop device could be configured for %s (busy)", image)
 }
