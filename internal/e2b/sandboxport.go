@@ -92,7 +92,10 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 	}
 	// Agent resumes an auto-resume sandbox, records API activity for the
 	// reaper, and refuses one that is not running.
-	if _, err := s.d.Agent(ctx, sb.Owner, sb.ID); err != nil {
+	rctx, cancel := s.resumeCtx(ctx, sb)
+	_, err = s.d.Agent(rctx, sb.Owner, sb.ID)
+	cancel()
+	if err != nil {
 		state, _ := e2bState(sb.State)
 		sandboxGone(w, id, "sandbox "+id+" is "+state+": "+err.Error())
 		return
@@ -121,10 +124,18 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 	s.ports.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// authorizePort accepts the sandbox's envd access token or its traffic
-// access token; nothing else (an API key is a control-plane credential and
-// never reaches a sandbox).
+// authorizePort accepts the sandbox's envd access token, its traffic
+// access token, or (berth's port rule) the API key of its owner or the
+// admin; nothing else. Every one of them is stripped before the request
+// is relayed (portProxy), so none reaches the sandbox.
 func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox.Sandbox) error {
+	if key := r.Header.Get(headerAPIKey); key != "" {
+		p, err := s.d.Auth().Authenticate(ctx, key)
+		if err == nil && (p.Admin || p.Owner == sb.Owner) {
+			return nil
+		}
+		return errors.New(headerAPIKey + " does not grant sandbox " + strconv.Quote(sb.ID) + " (only its owner's key does)")
+	}
 	if tok := r.Header.Get(headerAccessToken); tok != "" {
 		owner, err := s.d.Auth().SandboxByToken(ctx, tok)
 		if err == nil && owner.ID == sb.ID {
@@ -140,7 +151,7 @@ func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox
 		return errors.New(headerTrafficToken + " is not valid for sandbox " + strconv.Quote(sb.ID))
 	}
 	return errors.New("sandbox ports need the sandbox's " + headerAccessToken + " (envdAccessToken) or " +
-		headerTrafficToken + " (trafficAccessToken)")
+		headerTrafficToken + " (trafficAccessToken), or the owner's " + headerAPIKey)
 }
 
 // portProxy relays one request to its target (from the request's
