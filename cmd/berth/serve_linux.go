@@ -52,6 +52,7 @@ type ServeConfig struct {
 	// NoUserNS runs new runc sandboxes without a user namespace.
 	NoUserNS bool `json:"no_userns,omitempty"`
 	NetworkServeConfig
+	HostnamesServeConfig
 	// Reaper policies, per-owner quotas and prices (see internal/reaper,
 	// internal/quota, internal/metering); zero values are the defaults.
 	Reaper reaper.Config   `json:"reaper,omitzero"`
@@ -104,6 +105,9 @@ func (c *ServeConfig) Validate() error {
 	if err := c.CheckpointConfig.Validate(); err != nil {
 		return err
 	}
+	if err := c.HostnamesServeConfig.Validate(); err != nil {
+		return err
+	}
 	return c.NetworkServeConfig.Validate()
 }
 
@@ -134,6 +138,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	logLevel := pre.String("log-level", "", "debug, info, warn, error")
 	noUserNS := pre.Bool("no-userns", false, "run new runc sandboxes without a user namespace (root inside is root on the host)")
 	applyNetFlags := networkFlags(pre)
+	applyHostFlags := hostnameFlags(pre)
 	if err := pre.Parse(args); err != nil {
 		return cli.UsageError(err.Error())
 	}
@@ -149,6 +154,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	applyNetFlags(&cfg.NetworkServeConfig)
+	applyHostFlags(&cfg.HostnamesServeConfig)
 	deriveNetwork(cfg.DataDir, &cfg.NetworkServeConfig)
 	if *noBuild {
 		cfg.BuildDefault = false
@@ -273,7 +279,12 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	if err != nil {
 		return errs.Wrap(errs.Unavailable, err, "listen")
 	}
-	handler := routes(d, log)
+	handler := routes(d, log, cfg.SandboxDomain)
+	stopTLS, err := startSandboxTLS(cfg.HostnamesServeConfig, cfg.DataDir, handler, log)
+	if err != nil {
+		return err
+	}
+	defer stopTLS()
 	// WriteTimeout stays 0: exec and watch streams are long-lived.
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("berth serving", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", cfg.Runtime)
@@ -299,6 +310,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 // The E2B surface sits in front of /v1: requests for a sandbox's envd
 // (routing headers, access token, or Host) and E2B control-plane paths go
 // to it, everything else to berth's own API.
-func routes(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	return e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort}).Handler(server.New(d, log))
+// With a sandbox domain, "<port>-<id>.<domain>" names sandbox ports.
+func routes(d *daemon.Daemon, log *slog.Logger, sandboxDomain string) http.Handler {
+	return e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort, Domain: sandboxDomain}).Handler(server.New(d, log))
 }
