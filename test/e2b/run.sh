@@ -3,7 +3,7 @@
 # berth-agent, starts `berth serve` on a temporary data dir and a free port,
 # reads the admin key, puts the code-interpreter-v1 template in (built once,
 # then from the host cache), runs `npm test`, and stops the server.
-#   test/e2b/run.sh [extra node --test args]
+#   test/e2b/run.sh [node --test args and test files; default: all of tests/]
 # Needs root (berth serve runs sandboxes) and node >= 20. Sandbox host names
 # (hostnames.test.js): the server also serves https://<port>-<id>.berth.localhost
 # on 127.0.0.1:443 (BERTH_E2B_TLS_LISTEN overrides; SDKs build these URLs
@@ -74,7 +74,13 @@ cd "$here"
 [ -d node_modules ] || npm ci --no-audit --no-fund
 status=0
 "$work/bin/berth" ca --data-dir "$data" >"$work/sandbox-ca.pem"
-BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$(cat "$data/admin.key")" BERTH_SANDBOX_DOMAIN="$domain" \
-  NODE_EXTRA_CA_CERTS="$work/sandbox-ca.pem" npm test -- "$@" || status=$?
+export BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$(cat "$data/admin.key")" BERTH_SANDBOX_DOMAIN="$domain" \
+  NODE_EXTRA_CA_CERTS="$work/sandbox-ca.pem"
+if [ "$#" -gt 0 ]; then
+  # Files and flags given (e.g. tests/hostnames.test.js): only those.
+  node --test --test-concurrency=1 --test-timeout=600000 "$@" || status=$?
+else
+  npm test || status=$?
+fi
 if [ "$status" -ne 0 ]; then echo "--- berth serve log (tail) ---"; tail -n 200 "$work/serve.log"; fi
 exit "$status"
