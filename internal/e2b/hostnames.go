@@ -17,7 +17,8 @@ import (
 // E2B_SANDBOX_URL is set (envd at https://49983-<id>.<domain>) and the way
 // sbx.getHost(port) always does. The host name only routes; access is
 // decided as for header-routed ports (authorizePort: the sandbox's envd or
-// traffic token, or its owner's API key) and envd (serveEnvd: the envd
+// traffic token) plus, as berth's own port rule has it, the owner's API
+// key; envd (serveEnvd: the envd
 // token), and the relay is the same (serveSandboxPort). "api.<domain>" and
 // the domain itself are the control plane and berth's own API, so the SDK
 // default E2B_API_URL (https://api.<domain>) works too. TLS for these names
@@ -95,7 +96,7 @@ func (s *Server) serveHostRouted(w http.ResponseWriter, r *http.Request, t hostT
 		s.serveEnvd(w, r, t.id)
 		return
 	}
-	s.serveSandboxPort(w, r, t.id, t.port)
+	s.serveSandboxPort(w, r, t.id, t.port, true)
 }
 
 // resumeCtx bounds how long a request to a paused auto-resume sandbox

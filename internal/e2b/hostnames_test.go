@@ -192,6 +192,17 @@ func TestHostRoutedPorts(t *testing.T) {
 	}
 	mu.Unlock()
 
+	// Header-routed (E2B_SANDBOX_URL style, here on api.<domain>), the
+	// owner's key is no port credential: only the sandbox's tokens are.
+	if code, body := do("api."+domain, map[string]string{headerSandboxID: "sbxa", headerSandboxPort: "8000", headerAPIKey: aliceKey}); code != 401 {
+		t.Errorf("header-routed port with the owner's key: %d %q, want 401", code, body)
+	}
+	mu.Lock()
+	if len(dialed) != n {
+		t.Errorf("refused requests dialed the sandbox: %v", dialed[n:])
+	}
+	mu.Unlock()
+
 	// api.<domain> is berth's own API (and the control plane).
 	if code, body := do("api."+domain, nil); code != 200 || body != "berth api" {
 		t.Errorf("api host: %d %q", code, body)

@@ -62,8 +62,11 @@ const maxPortResponseHeader = 64 << 10
 // larger ones (and bodies of unknown length) stream through.
 const maxBufferedPortBody = 1 << 20
 
-// serveSandboxPort relays a request to port of sandbox id.
-func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, port string) {
+// serveSandboxPort relays a request to port of sandbox id. keyOK says
+// whether the owner's API key is a credential for it (host-routed
+// requests, berth's port rule; header-routed ones need the sandbox's own
+// tokens, as E2B's router does).
+func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, port string, keyOK bool) {
 	ctx := r.Context()
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != port {
 		writeStatus(w, http.StatusBadRequest, "E2b-Sandbox-Port must be a port number 1-65535, got "+strconv.Quote(port))
@@ -82,7 +85,7 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 		s.writeFilesError(w, r, err)
 		return
 	}
-	if err := s.authorizePort(ctx, r, sb); err != nil {
+	if err := s.authorizePort(ctx, r, sb, keyOK); err != nil {
 		writeStatus(w, http.StatusUnauthorized, err.Error())
 		return
 	}
@@ -124,12 +127,13 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 	s.ports.ServeHTTP(w, r.WithContext(ctx))
 }
 
-// authorizePort accepts the sandbox's envd access token, its traffic
-// access token, or (berth's port rule) the API key of its owner or the
-// admin; nothing else. Every one of them is stripped before the request
-// is relayed (portProxy), so none reaches the sandbox.
-func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox.Sandbox) error {
-	if key := r.Header.Get(headerAPIKey); key != "" {
+// authorizePort accepts the sandbox's envd access token or its traffic
+// access token and, with keyOK (a host-routed request: berth's port rule),
+// the API key of the sandbox's owner or the admin; nothing else. Every one
+// of them is stripped before the request is relayed (portProxy), so none
+// reaches the sandbox.
+func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox.Sandbox, keyOK bool) error {
+	if key := r.Header.Get(headerAPIKey); key != "" && keyOK {
 		p, err := s.d.Auth().Authenticate(ctx, key)
 		if err == nil && (p.Admin || p.Owner == sb.Owner) {
 			return nil
@@ -150,8 +154,11 @@ func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox
 		}
 		return errors.New(headerTrafficToken + " is not valid for sandbox " + strconv.Quote(sb.ID))
 	}
-	return errors.New("sandbox ports need the sandbox's " + headerAccessToken + " (envdAccessToken) or " +
-		headerTrafficToken + " (trafficAccessToken), or the owner's " + headerAPIKey)
+	msg := "sandbox ports need the sandbox's " + headerAccessToken + " (envdAccessToken) or " + headerTrafficToken + " (trafficAccessToken)"
+	if keyOK {
+		msg += ", or the owner's " + headerAPIKey
+	}
+	return errors.New(msg)
 }
 
 // portProxy relays one request to its target (from the request's

@@ -142,7 +142,7 @@ func (s *Server) Handler(next http.Handler) http.Handler {
 		case toEnvd:
 			s.serveEnvd(w, r, rt.SandboxID)
 		case toPort:
-			s.serveSandboxPort(w, r, rt.SandboxID, rt.Port)
+			s.serveSandboxPort(w, r, rt.SandboxID, rt.Port, false)
 		case toControlPlane:
 			s.cp.ServeHTTP(w, r)
 		default:
