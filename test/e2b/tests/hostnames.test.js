@@ -14,6 +14,7 @@ import { opts as baseOpts, runId, raw, sleep } from './env.js'
 delete process.env.E2B_SANDBOX_URL
 delete process.env.E2B_DOMAIN
 const { Sandbox } = await import('e2b')
+const { Sandbox: CodeSandbox } = await import('@e2b/code-interpreter')
 const { sandboxUrl: _unused, ...opts } = baseOpts
 
 const domain = process.env.BERTH_SANDBOX_DOMAIN
@@ -128,4 +129,33 @@ test('hostnames: a paused autoResume sandbox answers a getHost fetch after resum
   assert.equal(body.code, 502)
   assert.equal(body.sandboxId, plain.sandboxId)
   assert.equal((await Sandbox.getInfo(plain.sandboxId, opts)).state, 'paused')
+})
+
+test('hostnames: only E2B_DOMAIN and E2B_API_KEY set: the control plane is https://api.<domain>', async () => {
+  const saved = process.env.E2B_API_URL
+  delete process.env.E2B_API_URL
+  process.env.E2B_DOMAIN = domain
+  try {
+    const sbx = await Sandbox.create('base', { apiKey: opts.apiKey, requestTimeoutMs: 120_000, timeoutMs: 600_000, metadata: { run: runId, suite: 'domain' } })
+    made.push(sbx)
+    assert.equal(sbx.connectionConfig.apiUrl, `https://api.${domain}`)
+    assert.equal(sbx.envdApiUrl, `https://49983-${sbx.sandboxId}.${domain}`)
+    const r = await sbx.commands.run('echo only-domain')
+    assert.equal(r.stdout, 'only-domain\n')
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId, { apiKey: opts.apiKey })).sandboxId, sbx.sandboxId)
+    assert.equal(await sbx.kill(), true)
+  } finally {
+    process.env.E2B_API_URL = saved
+    delete process.env.E2B_DOMAIN
+  }
+})
+
+test('hostnames: @e2b/code-interpreter runCode through https://49999-<id>.<domain> with no E2B_SANDBOX_URL', async () => {
+  const sbx = await CodeSandbox.create({ ...opts, timeoutMs: 600_000, metadata: { run: runId, suite: 'ci' } })
+  made.push(sbx)
+  assert.equal(sbx.jupyterUrl, `https://49999-${sbx.sandboxId}.${domain}`)
+  await sbx.runCode('x = 41')
+  const ex = await sbx.runCode('x + 1')
+  assert.equal(ex.error, undefined)
+  assert.equal(ex.text, '42')
 })
