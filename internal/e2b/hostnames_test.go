@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/sandboxca"
@@ -219,5 +220,66 @@ func TestHostRoutedPorts(t *testing.T) {
 		t.Errorf("host/SNI mismatch: %v %v", res, err)
 	} else {
 		res.Body.Close()
+	}
+}
+
+// stuckResume is a backend whose resume of an auto-resume sandbox never
+// finishes: Agent waits for its context.
+type stuckResume struct{ *portBackend }
+
+func (b stuckResume) Agent(ctx context.Context, owner, id string) (*agentapi.Client, error) {
+	sb, err := b.Get(ctx, owner, id)
+	if err == nil && sb.State == sandbox.Paused && sb.AutoResume {
+		<-ctx.Done()
+		return nil, errs.Wrap(errs.Unavailable, ctx.Err(), "resume sandbox %s", id)
+	}
+	return b.portBackend.Agent(ctx, owner, id)
+}
+
+// TestAutoResumeWaitIsBounded: a request to a paused auto-resume sandbox
+// whose resume hangs answers E2B's 502 after ResumeWait, by host name and
+// by header, and never dials the sandbox.
+func TestAutoResumeWaitIsBounded(t *testing.T) {
+	now := time.Now()
+	b, envd := newPortBackend(t,
+		&sandbox.Sandbox{ID: "sbxr", Owner: "alice", State: sandbox.Paused, AutoResume: true, StartedAt: now, CreatedAt: now})
+	dialed := false
+	dial := func(ctx context.Context, id, port string) (net.Conn, error) {
+		dialed = true
+		return nil, errs.E(errs.Unavailable, "no")
+	}
+	s := New(stuckResume{b}, slog.New(slog.DiscardHandler), Options{Domain: "berth.localhost", DialPort: dial, ResumeWait: 200 * time.Millisecond})
+	front := httptest.NewServer(s.Handler(http.NotFoundHandler()))
+	defer front.Close()
+	for name, hdr := range map[string]map[string]string{
+		"host":   {"Host": "8000-sbxr.berth.localhost"},
+		"header": {headerSandboxID: "sbxr", headerSandboxPort: "8000"},
+		"envd":   {"Host": "49983-sbxr.berth.localhost"},
+	} {
+		req, _ := http.NewRequest("GET", front.URL+"/", nil)
+		req.Header.Set(headerAccessToken, envd["sbxr"])
+		for k, v := range hdr {
+			if k == "Host" {
+				req.Host = v
+			} else {
+				req.Header.Set(k, v)
+			}
+		}
+		start := time.Now()
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if took := time.Since(start); res.StatusCode != http.StatusBadGateway || took > 10*time.Second {
+			t.Errorf("%s: %d %s after %s, want 502 after the 200ms resume wait", name, res.StatusCode, body, took)
+		}
+		if !strings.Contains(string(body), `"sandboxId":"sbxr"`) {
+			t.Errorf("%s: body %s is not E2B's router error", name, body)
+		}
+	}
+	if dialed {
+		t.Error("a sandbox whose resume did not finish was dialed")
 	}
 }

@@ -6,7 +6,12 @@ import (
 	"encoding/pem"
 	"os"
 	"testing"
+
+	"go.uber.org/goleak"
 )
+
+// TestMain checks that no test leaves a goroutine (the TLS accept loop).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func writePEM(t *testing.T, certFile, keyFile string, c *tls.Certificate) {
 	t.Helper()
