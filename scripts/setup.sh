@@ -76,6 +76,24 @@ else
 	log "packages present: ${PKGS[*]} node"
 fi
 
+# Sandbox host names on one host (serve --sandbox-domain berth.localhost):
+# libnss-myhostname resolves every *.localhost name to loopback, so the
+# E2B SDK reaches https://<port>-<id>.berth.localhost with no DNS set-up.
+# Its postinst puts "myhostname" into the hosts line of /etc/nsswitch.conf;
+# an nsswitch.conf edited by hand is fixed here (after "files").
+if ! installed libnss-myhostname; then
+	apt_update
+	log "installing libnss-myhostname (*.localhost -> loopback, for sandbox host names)"
+	apt-get install -y -q -o Acquire::Retries=3 --no-install-recommends libnss-myhostname >/dev/null
+fi
+if ! grep -Eq '^hosts:.*[[:space:]]myhostname([[:space:]]|$)' /etc/nsswitch.conf; then
+	log "adding myhostname to the hosts line of /etc/nsswitch.conf"
+	sed -i -E 's/^(hosts:[[:space:]]*files)([[:space:]]|$)/\1 myhostname\2/' /etc/nsswitch.conf
+	grep -Eq '^hosts:.*[[:space:]]myhostname([[:space:]]|$)' /etc/nsswitch.conf ||
+		die "/etc/nsswitch.conf has no 'hosts: files ...' line to add myhostname to"
+fi
+getent hosts 49983-check.berth.localhost >/dev/null || die "*.localhost does not resolve to loopback (libnss-myhostname)"
+
 # The E2B SDK suite needs node >= 20; bookworm ships 18. The npm registry
 # carries official node builds as node-linux-<arch> packages.
 NODE_VERSION=20.20.2

@@ -58,6 +58,7 @@ type ServeConfig struct {
 	// ActivityRetention is how many activity entries each sandbox keeps.
 	ActivityRetention int `json:"activity_retention,omitempty"`
 	NetworkServeConfig
+	HostnamesServeConfig
 	// Reaper policies, per-owner quotas and prices (see internal/reaper,
 	// internal/quota, internal/metering); zero values are the defaults.
 	Reaper reaper.Config   `json:"reaper,omitzero"`
@@ -115,6 +116,9 @@ func (c *ServeConfig) Validate() error {
 	if err := c.CheckpointConfig.Validate(); err != nil {
 		return err
 	}
+	if err := c.HostnamesServeConfig.Validate(); err != nil {
+		return err
+	}
 	return c.NetworkServeConfig.Validate()
 }
 
@@ -148,6 +152,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	noUserNS := pre.Bool("no-userns", false, "run new runc sandboxes without a user namespace (root inside is root on the host)")
 	activityRetention := pre.Int("activity-retention", 0, "activity entries kept per sandbox, oldest pruned (default 10000)")
 	applyNetFlags := networkFlags(pre)
+	applyHostFlags := hostnameFlags(pre)
 	if err := pre.Parse(args); err != nil {
 		return cli.UsageError(err.Error())
 	}
@@ -163,6 +168,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 	}
 	applyNetFlags(&cfg.NetworkServeConfig)
+	applyHostFlags(&cfg.HostnamesServeConfig)
 	deriveNetwork(cfg.DataDir, &cfg.NetworkServeConfig)
 	if *noBuild {
 		cfg.BuildDefault = false
@@ -309,7 +315,12 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	if err != nil {
 		return errs.Wrap(errs.Unavailable, err, "listen")
 	}
-	handler := trace.Handler(routes(d, log)) // a span per request when tracing is on
+	handler := trace.Handler(routes(d, log, cfg.SandboxDomain)) // a span per request when tracing is on
+	stopTLS, err := startSandboxTLS(cfg.HostnamesServeConfig, cfg.DataDir, handler, log)
+	if err != nil {
+		return err
+	}
+	defer stopTLS()
 	// WriteTimeout stays 0: exec and watch streams are long-lived.
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("berth serving", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", cfg.Runtime)
@@ -335,6 +346,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 // The E2B surface sits in front of /v1: requests for a sandbox's envd
 // (routing headers, access token, or Host) and E2B control-plane paths go
 // to it, everything else to berth's own API.
-func routes(d *daemon.Daemon, log *slog.Logger) http.Handler {
-	return e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort}).Handler(server.New(d, log))
+// With a sandbox domain, "<port>-<id>.<domain>" names sandbox ports.
+func routes(d *daemon.Daemon, log *slog.Logger, sandboxDomain string) http.Handler {
+	return e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort, Domain: sandboxDomain}).Handler(server.New(d, log))
 }

@@ -63,7 +63,8 @@ func register(name, usage string, run func(e *env, args []string) error) {
 
 func init() {
 	// The verb table is data, assembled in one place so `berth help` lists it.
-	register("serve", "serve [--data-dir DIR] [--listen ADDR] [--config FILE] [--runtime runc|runsc] [--default-network P] [--upstream-ca FILE] [--no-userns] [--no-network] [--allow-private-egress CIDR]... [--egress-resolver ADDR:PORT] [--egress-max-conns N] [--egress-max-dns-inflight N] [--egress-dns-qps N] [--otlp-endpoint URL] [--activity-retention N]   (Linux only; the config file takes every setting)", runServe)
+	register("serve", "serve [--data-dir DIR] [--listen ADDR] [--config FILE] [--runtime runc|runsc] [--default-network P] [--upstream-ca FILE] [--no-userns] [--no-network] [--allow-private-egress CIDR]... [--egress-resolver ADDR:PORT] [--egress-max-conns N] [--egress-max-dns-inflight N] [--egress-dns-qps N] [--otlp-endpoint URL] [--activity-retention N] [--sandbox-domain D [--sandbox-tls-listen ADDR] [--sandbox-tls-cert F --sandbox-tls-key F]]   (Linux only; the config file takes every setting)", runServe)
+	register("ca", caUsage, runCA)
 	register("create", "create [--template T | --from-snapshot S] [--runtime R] [--ttl D] [--cpu N] [--memory MiB] [--disk MiB] [--pids N] [--label k=v]... [--env K=V]... [--expiry-action stop|delete|pause] [--workstation] [--auto-resume] [--idle-policy P|never] [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... [--secret NAME]... [--owner O] [--json]", runCreate)
 	register("ls", "ls [--state S] [--label k=v]... [--owner O] [--json]", runList)
 	register("inspect", "inspect ID", runInspect)

@@ -100,7 +100,9 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		sandboxGone(w, sb.ID, "sandbox "+sb.ID+" is "+state)
 		return
 	}
-	agent, err := s.d.Agent(ctx, sb.Owner, sb.ID)
+	rctx, cancel := s.resumeCtx(ctx, sb)
+	agent, err := s.d.Agent(rctx, sb.Owner, sb.ID)
+	cancel()
 	if err != nil {
 		switch errs.KindOf(err) {
 		case errs.NotFound, errs.Unavailable, errs.FailedPrecondition, errs.Conflict:

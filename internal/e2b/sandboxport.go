@@ -62,8 +62,11 @@ const maxPortResponseHeader = 64 << 10
 // larger ones (and bodies of unknown length) stream through.
 const maxBufferedPortBody = 1 << 20
 
-// serveSandboxPort relays a request to port of sandbox id.
-func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, port string) {
+// serveSandboxPort relays a request to port of sandbox id. keyOK says
+// whether the owner's API key is a credential for it (host-routed
+// requests, berth's port rule; header-routed ones need the sandbox's own
+// tokens, as E2B's router does).
+func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, port string, keyOK bool) {
 	ctx := r.Context()
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != port {
 		writeStatus(w, http.StatusBadRequest, "E2b-Sandbox-Port must be a port number 1-65535, got "+strconv.Quote(port))
@@ -82,7 +85,7 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 		s.writeFilesError(w, r, err)
 		return
 	}
-	if err := s.authorizePort(ctx, r, sb); err != nil {
+	if err := s.authorizePort(ctx, r, sb, keyOK); err != nil {
 		writeStatus(w, http.StatusUnauthorized, err.Error())
 		return
 	}
@@ -92,7 +95,10 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 	}
 	// Agent resumes an auto-resume sandbox, records API activity for the
 	// reaper, and refuses one that is not running.
-	if _, err := s.d.Agent(ctx, sb.Owner, sb.ID); err != nil {
+	rctx, cancel := s.resumeCtx(ctx, sb)
+	_, err = s.d.Agent(rctx, sb.Owner, sb.ID)
+	cancel()
+	if err != nil {
 		state, _ := e2bState(sb.State)
 		sandboxGone(w, id, "sandbox "+id+" is "+state+": "+err.Error())
 		return
@@ -122,9 +128,18 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 }
 
 // authorizePort accepts the sandbox's envd access token or its traffic
-// access token; nothing else (an API key is a control-plane credential and
-// never reaches a sandbox).
-func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox.Sandbox) error {
+// access token and, with keyOK (a host-routed request: berth's port rule),
+// the API key of the sandbox's owner or the admin; nothing else. Every one
+// of them is stripped before the request is relayed (portProxy), so none
+// reaches the sandbox.
+func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox.Sandbox, keyOK bool) error {
+	if key := r.Header.Get(headerAPIKey); key != "" && keyOK {
+		p, err := s.d.Auth().Authenticate(ctx, key)
+		if err == nil && (p.Admin || p.Owner == sb.Owner) {
+			return nil
+		}
+		return errors.New(headerAPIKey + " does not grant sandbox " + strconv.Quote(sb.ID) + " (only its owner's key does)")
+	}
 	if tok := r.Header.Get(headerAccessToken); tok != "" {
 		owner, err := s.d.Auth().SandboxByToken(ctx, tok)
 		if err == nil && owner.ID == sb.ID {
@@ -139,8 +154,11 @@ func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox
 		}
 		return errors.New(headerTrafficToken + " is not valid for sandbox " + strconv.Quote(sb.ID))
 	}
-	return errors.New("sandbox ports need the sandbox's " + headerAccessToken + " (envdAccessToken) or " +
-		headerTrafficToken + " (trafficAccessToken)")
+	msg := "sandbox ports need the sandbox's " + headerAccessToken + " (envdAccessToken) or " + headerTrafficToken + " (trafficAccessToken)"
+	if keyOK {
+		msg += ", or the owner's " + headerAPIKey
+	}
+	return errors.New(msg)
 }
 
 // portProxy relays one request to its target (from the request's

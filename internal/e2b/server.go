@@ -56,8 +56,13 @@ type Backend interface {
 // Options configure the E2B surface. Zero values are usable.
 type Options struct {
 	// Domain is returned as the sandbox domain; "" returns null, so SDKs use
-	// E2B_SANDBOX_URL or their own E2B_DOMAIN.
+	// E2B_SANDBOX_URL or their own E2B_DOMAIN. Set, requests for
+	// "<port>-<id>.<Domain>" are routed to that sandbox port
+	// (hostnames.go). Normalized: lower case, no trailing dot.
 	Domain string
+	// ResumeWait bounds how long a request to a paused auto-resume
+	// sandbox waits for the resume. Default 2m.
+	ResumeWait time.Duration
 	// BaseTemplate is the berth template that serves E2B's "base" template.
 	// Default "default".
 	BaseTemplate string
@@ -102,6 +107,9 @@ func New(d Backend, log *slog.Logger, opts Options) *Server {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.ResumeWait <= 0 {
+		opts.ResumeWait = defaultResumeWait
+	}
 	if opts.PortWait <= 0 {
 		opts.PortWait = 30 * time.Second
 	}
@@ -113,7 +121,8 @@ func New(d Backend, log *slog.Logger, opts Options) *Server {
 }
 
 // Handler routes E2B traffic and hands everything else to next (berth's own
-// /v1 API): requests addressed to a sandbox (E2b-Sandbox-Id, Host
+// /v1 API): a Host "<port>-<id>.<Domain>" goes to that sandbox port
+// (hostnames.go); requests addressed to a sandbox (E2b-Sandbox-Id, Host
 // "49983-<id>.<domain>", or an X-Access-Token without an API key) go to
 // envd, or with E2b-Sandbox-Port naming another port to that port of the
 // sandbox; E2B control-plane paths go to the control plane.
@@ -122,11 +131,18 @@ func (s *Server) Handler(next http.Handler) http.Handler {
 		next = http.NotFoundHandler()
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if t, ok, err := parseSandboxHost(r.Host, s.opts.Domain); err != nil {
+			writeStatus(w, http.StatusBadRequest, err.Error())
+			return
+		} else if ok {
+			s.serveHostRouted(w, r, t)
+			return
+		}
 		switch rt := decideRoute(r); rt.Dest {
 		case toEnvd:
 			s.serveEnvd(w, r, rt.SandboxID)
 		case toPort:
-			s.serveSandboxPort(w, r, rt.SandboxID, rt.Port)
+			s.serveSandboxPort(w, r, rt.SandboxID, rt.Port, false)
 		case toControlPlane:
 			s.cp.ServeHTTP(w, r)
 		default:

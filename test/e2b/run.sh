@@ -3,8 +3,12 @@
 # berth-agent, starts `berth serve` on a temporary data dir and a free port,
 # reads the admin key, puts the code-interpreter-v1 template in (built once,
 # then from the host cache), runs `npm test`, and stops the server.
-#   test/e2b/run.sh [extra node --test args]
-# Needs root (berth serve runs sandboxes) and node >= 20.
+#   test/e2b/run.sh [node --test args and test files; default: all of tests/]
+# Needs root (berth serve runs sandboxes) and node >= 20. Sandbox host names
+# (hostnames.test.js): the server also serves https://<port>-<id>.berth.localhost
+# on 127.0.0.1:443 (BERTH_E2B_TLS_LISTEN overrides; SDKs build these URLs
+# without a port), which resolve to loopback through libnss-myhostname
+# (scripts/setup.sh); node trusts berth's CA through NODE_EXTRA_CA_CERTS.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -18,7 +22,11 @@ chmod 711 "$work"
 (cd "$root" && CGO_ENABLED=0 go build -o "$work/bin/berth-agent" ./cmd/berth-agent && go build -o "$work/bin/berth" ./cmd/berth)
 
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-"$work/bin/berth" serve --data-dir "$data" --listen "127.0.0.1:$port" >"$work/serve.log" 2>&1 &
+domain=berth.localhost
+tls_listen="${BERTH_E2B_TLS_LISTEN:-127.0.0.1:443}"
+getent hosts "49983-check.$domain" >/dev/null || { echo "*.localhost does not resolve (install libnss-myhostname: scripts/setup.sh)"; exit 1; }
+"$work/bin/berth" serve --data-dir "$data" --listen "127.0.0.1:$port" \
+  --sandbox-domain "$domain" --sandbox-tls-listen "$tls_listen" >"$work/serve.log" 2>&1 &
 pid=$!
 cleanup() {
   kill "$pid" 2>/dev/null || true
@@ -65,6 +73,14 @@ BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$key" \
 cd "$here"
 [ -d node_modules ] || npm ci --no-audit --no-fund
 status=0
-BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$(cat "$data/admin.key")" npm test -- "$@" || status=$?
+"$work/bin/berth" ca --data-dir "$data" >"$work/sandbox-ca.pem"
+export BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$(cat "$data/admin.key")" BERTH_SANDBOX_DOMAIN="$domain" \
+  NODE_EXTRA_CA_CERTS="$work/sandbox-ca.pem"
+if [ "$#" -gt 0 ]; then
+  # Files and flags given (e.g. tests/hostnames.test.js): only those.
+  node --test --test-concurrency=1 --test-timeout=600000 "$@" || status=$?
+else
+  npm test || status=$?
+fi
 if [ "$status" -ne 0 ]; then echo "--- berth serve log (tail) ---"; tail -n 200 "$work/serve.log"; fi
 exit "$status"
