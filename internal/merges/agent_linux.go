@@ -20,7 +20,7 @@ import (
 // a fresh view, saves the journal as committing, and the agent commits
 // with renames. The journal stays here; a crash is rolled back by Recover
 // through the agent (/merge/finish).
-func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, base, theirs []string) (Result, error) {
+func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, base, theirs []string, clk *clock) (Result, error) {
 	ag := s.core.AgentClient(target.ID)
 	v, err := s.openViews(ctx, nil, base, theirs)
 	if err != nil {
@@ -32,6 +32,7 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	if err := s.saveJournal(j, target.ID); err != nil {
 		return Result{}, err
 	}
+	clk.mark("prepare")
 	// cleanup asks the agent to undo (journal committing) or clean up and
 	// resume the processes; the journal goes once the agent has done it.
 	cleanup := func(cause error) error {
@@ -53,6 +54,7 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	if err != nil {
 		return Result{}, cleanup(errs.Wrap(errs.KindOf(err), err, "stage merge %s in %s", m.ID, target.ID))
 	}
+	clk.mark("stage")
 	stop, err := ag.MergeStop(ctx, plan.Touched())
 	if err != nil {
 		return Result{}, cleanup(err)
@@ -60,6 +62,7 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	for _, f := range stop.OpenFiles {
 		res.OpenFiles = append(res.OpenFiles, OpenFile{PID: f.PID, Cmd: f.Cmd, Path: f.Path})
 	}
+	clk.mark("freeze")
 	fresh := &views{}
 	ours, err := s.oursTree(ctx, fresh, target)
 	if err == nil {
@@ -69,6 +72,7 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	if err != nil {
 		return Result{}, cleanup(err)
 	}
+	clk.mark("verify")
 	j.State = merge.JournalCommitting
 	if err := s.saveJournal(j, target.ID); err != nil {
 		j.State = merge.JournalPrepared
@@ -103,9 +107,11 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	if err := s.saveJournal(j, target.ID); err != nil {
 		return Result{}, err
 	}
+	clk.mark("commit")
 	if err := cleanup(nil); err != nil {
 		s.log.Warn("merge applied; cleanup in the agent failed", "sandbox_id", target.ID, "merge", m.ID, "err", err)
 	}
+	clk.mark("finish")
 	return res, nil
 }
 
