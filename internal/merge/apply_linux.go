@@ -209,9 +209,10 @@ func stage(ctx context.Context, r *safefs.Root, j *Journal, p *Plan, src Sources
 			}
 			continue
 		case fsdiff.TypeFile:
-			if err := stageFile(dfd, name, writes[s.Path], src); err != nil {
+			if err := stageFile(dfd, name, writes[s.Path], src, s.Node); err != nil {
 				return err
 			}
+			continue
 		case fsdiff.TypeFIFO:
 			if err := unix.Mkfifoat(dfd, name, 0o600); err != nil {
 				return errs.Wrap(errs.Internal, err, "stage %s", s.Path)
@@ -231,7 +232,10 @@ func stage(ctx context.Context, r *safefs.Root, j *Journal, p *Plan, src Sources
 	return nil
 }
 
-func stageFile(dfd int, name string, w Write, src Sources) error {
+// stageFile creates name in the staging dir dfd with w's content and
+// gives it n's owner, then mode (chown clears setuid), through its own
+// descriptor.
+func stageFile(dfd int, name string, w Write, src Sources, n fsdiff.Node) error {
 	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "stage %s", w.Path)
@@ -253,6 +257,12 @@ func stageFile(dfd int, name string, w Write, src Sources) error {
 		}
 		_, err = io.Copy(f, in)
 		in.Close()
+	}
+	if err == nil {
+		err = unix.Fchown(fd, int(n.UID), int(n.GID))
+	}
+	if err == nil {
+		err = unix.Fchmod(fd, n.Mode&0o7777)
 	}
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "stage %s", w.Path)

@@ -7,8 +7,11 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/merge"
+	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -49,8 +52,14 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	go func() {
 		pw.CloseWithError(merge.WriteStage(ctx, pw, j, plan, merge.Sources{merge.SideTheirs: v.theirs, merge.SideBase: v.base}))
 	}()
-	err = ag.MergeStage(ctx, j, pr)
+	// berth runs runsc with --overlay2=none: the sentry writes through to
+	// the host upper, so one syncfs of the workspace here makes the staged
+	// files durable (the agent's syncfs would fsync them one by one).
+	err = ag.MergeStage(ctx, j, pr, true)
 	pr.CloseWithError(errors.New("stage request ended"))
+	if err == nil {
+		err = syncWorkspace(s.core.SandboxDir(target.ID))
+	}
 	if err != nil {
 		return Result{}, cleanup(errs.Wrap(errs.KindOf(err), err, "stage merge %s in %s", m.ID, target.ID))
 	}
@@ -125,4 +134,19 @@ func (s *Service) recoverAgent(ctx context.Context, target *sandbox.Sandbox, j *
 		return errs.Wrap(errs.Unavailable, err, "agent of %s for merge recovery", target.ID)
 	}
 	return ag.MergeFinish(wctx, j)
+}
+
+// syncWorkspace flushes the filesystem of a sandbox's workspace (its
+// upper and work dirs) to disk: the workspace mount's root, a host path.
+func syncWorkspace(dir string) error {
+	ws := rootfs.LayoutOf(dir).WS
+	fd, err := unix.Open(ws, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "open workspace %s", ws)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return errs.Wrap(errs.Internal, err, "sync workspace %s", ws)
+	}
+	return nil
 }
