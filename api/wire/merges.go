@@ -28,7 +28,7 @@ type Merge struct {
 	OpenFiles []OpenFile `json:"open_files"`
 	Ms        int64      `json:"ms"`
 	// PhasesMs is where Ms went, by phase (docs/MERGES.md): capture, plan,
-	// store, prepare, stage, freeze, verify, commit, finish.
+	// store, prepare, journal, stage, freeze, verify, commit, finish.
 	PhasesMs  map[string]float64 `json:"phases_ms,omitempty"`
 	Reason    string             `json:"reason,omitempty"`
 	CreatedAt time.Time          `json:"created_at"`

@@ -11,7 +11,7 @@ import (
 
 // defMerge is the definition of the "merge" row (issue 18's figure, goal
 // ≤ 500 ms).
-const defMerge = "Merge of a 100-file diff into the parent: a fork edits line 3 and the parent line 15 of each of 100 text files (20 lines each, in the exec user's home: on runsc /tmp is not part of the root filesystem), so the plan is 100 clean line merges; the clock starts when POST /v1/sandboxes/{parent}/merges is sent and stops when it answers with the merge applied (child captured, plan, stage, freeze, verify, commit). Derived <phase>_p50 are the p50s of the server's own phases_ms of the measured merges (docs/MERGES.md: capture, plan, store, prepare, stage, freeze, verify, commit, finish)."
+const defMerge = "Merge of a 100-file diff into the parent: a fork edits line 3 and the parent line 15 of each of 100 text files (20 lines each, in the exec user's home: on runsc /tmp is not part of the root filesystem), so the plan is 100 clean line merges; the clock starts when POST /v1/sandboxes/{parent}/merges is sent and stops when it answers with the merge applied (child captured, plan, stage, freeze, verify, commit). Derived <phase>_p50 are the p50s of the server's own phases_ms of the measured merges (docs/MERGES.md: capture, plan, store, prepare, journal, stage, freeze, verify, commit, finish)."
 
 const mergeFiles = 100
 

@@ -32,10 +32,11 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	defer v.Close()
 	res := Result{Writes: len(plan.Writes), Deletes: len(plan.Deletes)}
 	j := merge.NewJournal(plan, m.ID)
+	clk.mark("prepare")
 	if err := s.saveJournal(j, target.ID); err != nil {
 		return Result{}, err
 	}
-	clk.mark("prepare")
+	clk.mark("journal")
 	// cleanup asks the agent to undo (journal committing) or clean up and
 	// resume the processes; the journal goes once the agent has done it.
 	cleanup := func(cause error) error {
@@ -87,6 +88,7 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 		j.State = merge.JournalPrepared
 		return Result{}, cleanup(err)
 	}
+	clk.mark("journal")
 	steps := j
 	if d := s.cfg.PauseAfterStep; d > 0 && len(j.Steps) > 1 {
 		// Test hook: the first step alone, then the pause, then the rest.
@@ -112,11 +114,12 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	case cr.Error != "":
 		return Result{}, cleanup(errs.E(errs.Internal, "merge %s failed in %s: %s", m.ID, target.ID, cr.Error))
 	}
+	clk.mark("commit")
 	j.State = merge.JournalCommitted
 	if err := s.saveJournal(j, target.ID); err != nil {
 		return Result{}, err
 	}
-	clk.mark("commit")
+	clk.mark("journal")
 	if err := cleanup(nil); err != nil {
 		s.log.Warn("merge applied; cleanup in the agent failed", "sandbox_id", target.ID, "merge", m.ID, "err", err)
 	}

@@ -222,19 +222,25 @@ func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m stor
 	if err != nil {
 		return Result{}, err
 	}
-	clk.mark("prepare")
 	saved := ""
 	opts := merge.ApplyOptions{
 		Save: func(j *merge.Journal) error {
+			switch j.State { // the phase that ends with this save
+			case merge.JournalPrepared:
+				clk.mark("prepare")
+			case merge.JournalCommitted, merge.JournalRolledBack:
+				clk.mark("commit")
+			}
 			err := s.saveJournal(j, target.ID)
+			clk.mark("journal")
 			if err == nil {
 				saved = j.State
 			}
 			if err == nil && j.State == merge.JournalCommitted {
 				// Durably committed: the target runs again while the
 				// staging dir (the old objects) is removed.
-				clk.mark("commit")
 				thaw()
+				clk.mark("finish")
 			}
 			return err
 		},

@@ -12,13 +12,14 @@ import (
 //	capture  snapshot of the source (its lock, freeze, copy of its upper)
 //	plan     views of base, theirs and ours, merge.Compute
 //	store    the merge's rows (and, when applied, its final state)
-//	prepare  views of the sources for the apply, journal saved (prepared)
+//	prepare  views of the sources for the apply
+//	journal  the journal's durable saves (prepared, committing, committed)
 //	stage    staged objects written (runc: beneath the target's rootfs;
 //	         runsc: one streamed tar to the agent)
 //	freeze   runc: cgroup freeze; runsc: the agent SIGSTOPs the other
 //	         processes and lists their open files
 //	verify   fresh view of ours, merge.Verify (and, on runc, the open files)
-//	commit   journal committing, the renames, journal committed
+//	commit   the renames (runsc: /merge/commit to the agent)
 //	finish   thaw / SIGCONT and removal of the staging dir
 //
 // A phase that ran more than once (a re-plan) is the sum of its runs.
