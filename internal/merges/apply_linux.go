@@ -14,6 +14,7 @@ import (
 	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merge"
 	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -218,10 +219,17 @@ func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m stor
 		}
 	}
 	defer thaw()
-	st, err := rt.State(ctx, target.ID)
-	if err != nil {
-		return Result{}, err
+	// The init's pid (for the open files) is asked of the runtime while
+	// the stage runs: one runtime process off the critical path.
+	type stateResult struct {
+		st  runtime.Status
+		err error
 	}
+	stateCh := make(chan stateResult, 1)
+	go func() {
+		st, err := rt.State(ctx, target.ID)
+		stateCh <- stateResult{st, err}
+	}()
 	saved := ""
 	opts := merge.ApplyOptions{
 		Save: func(j *merge.Journal) error {
@@ -246,6 +254,11 @@ func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m stor
 		},
 		BeforeCommit: func() error {
 			clk.mark("stage")
+			sr := <-stateCh
+			if sr.err != nil {
+				return sr.err
+			}
+			st := sr.st
 			if rt.Capabilities(ctx).Freeze {
 				if err := rt.Freeze(ctx, target.ID); err != nil {
 					return errs.Wrap(errs.Internal, err, "freeze %s for the merge", target.ID)
