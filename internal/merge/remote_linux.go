@@ -239,8 +239,10 @@ func Commit(root string, j *Journal, afterStep func(done int)) (rolledBack bool,
 		return true, err
 	}
 	defer r.Close()
+	sd := openStagingDirs(r, j)
+	defer sd.Close()
 	for i, s := range j.Steps {
-		if err := commitStep(r, j, s); err != nil {
+		if err := commitStep(sd, j, s); err != nil {
 			if rerr := rollback(r, j); rerr != nil {
 				return false, errors.Join(err, rerr)
 			}
