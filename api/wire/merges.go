@@ -27,8 +27,11 @@ type Merge struct {
 	Conflicts int        `json:"conflicts"`
 	OpenFiles []OpenFile `json:"open_files"`
 	Ms        int64      `json:"ms"`
-	Reason    string     `json:"reason,omitempty"`
-	CreatedAt time.Time  `json:"created_at"`
+	// PhasesMs is where Ms went, by phase (docs/MERGES.md): capture, plan,
+	// store, prepare, journal, stage, freeze, verify, commit, finish.
+	PhasesMs  map[string]float64 `json:"phases_ms,omitempty"`
+	Reason    string             `json:"reason,omitempty"`
+	CreatedAt time.Time          `json:"created_at"`
 }
 
 // OpenFile is a running process of the target that has a path the merge

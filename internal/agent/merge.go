@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
@@ -78,10 +79,16 @@ func (a *Agent) handleMergeStage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if err := merge.StageFromTar(r.Context(), mergeRoot, &j, br); err != nil {
+	t0 := time.Now()
+	// sync=host: the daemon syncs the host upper after this (runsc with
+	// --overlay2=none writes through to it); skipping it only risks the
+	// tenant's own merge on a power loss.
+	o := merge.StageOptions{NoSync: r.URL.Query().Get("sync") == "host"}
+	if err := merge.StageFromTar(r.Context(), mergeRoot, &j, br, o); err != nil {
 		writeError(w, err)
 		return
 	}
+	a.log.Info("merge staged", "merge", j.ID, "steps", len(j.Steps), "ms", time.Since(t0).Milliseconds())
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/merge"
@@ -15,6 +16,7 @@ import (
 // write: runsc keeps a sandbox's writes in the sentry):
 //
 //	POST /merge/stage  (body: one line of JSON merge.Journal, then a merge.WriteStage tar) -> 204
+//	                   ?sync=host: the agent does not syncfs; the host syncs its upper
 //	POST /merge/stop   MergeStopRequest   -> 200 MergeStopResult (every other process SIGSTOPped)
 //	POST /merge/commit MergeJournal       -> 200 MergeCommitResult
 //	POST /merge/finish MergeJournal       -> 204 (Recover beneath "/": rolls back a commit in progress, removes staging; SIGCONT)
@@ -50,14 +52,21 @@ type MergeCommitResult struct {
 	Error      string `json:"error,omitempty"`
 }
 
-// MergeStage sends the journal and the staged objects (a merge.WriteStage tar).
-func (c *Client) MergeStage(ctx context.Context, j *merge.Journal, tar io.Reader) error {
+// MergeStage sends the journal and the staged objects (a merge.WriteStage
+// tar), all in one streamed request. hostSync says the caller makes the
+// staged files durable itself (a syncfs of the host's upper): the agent
+// leaves out its own syncfs, which inside gVisor fsyncs file by file.
+func (c *Client) MergeStage(ctx context.Context, j *merge.Journal, tar io.Reader, hostSync bool) error {
 	b, err := json.Marshal(j)
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "encode merge journal")
 	}
+	var q url.Values
+	if hostSync {
+		q = url.Values{"sync": {"host"}}
+	}
 	body := io.MultiReader(bytes.NewReader(append(b, '\n')), tar)
-	resp, err := c.do(ctx, http.MethodPost, "/merge/stage", nil, body, "application/octet-stream")
+	resp, err := c.do(ctx, http.MethodPost, "/merge/stage", q, body, "application/octet-stream")
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 
 // defMerge is the definition of the "merge" row (issue 18's figure, goal
 // ≤ 500 ms).
-const defMerge = "Merge of a 100-file diff into the parent: a fork edits line 3 and the parent line 15 of each of 100 text files (20 lines each, in the exec user's home: on runsc /tmp is not part of the root filesystem), so the plan is 100 clean line merges; the clock starts when POST /v1/sandboxes/{parent}/merges is sent and stops when it answers with the merge applied (child captured, plan, stage, freeze, verify, commit)."
+const defMerge = "Merge of a 100-file diff into the parent: a fork edits line 3 and the parent line 15 of each of 100 text files (20 lines each, in the exec user's home: on runsc /tmp is not part of the root filesystem), so the plan is 100 clean line merges; the clock starts when POST /v1/sandboxes/{parent}/merges is sent and stops when it answers with the merge applied (child captured, plan, stage, freeze, verify, commit). Derived <phase>_p50 are the p50s of the server's own phases_ms of the measured merges (docs/MERGES.md: capture, plan, store, prepare, journal, stage, freeze, verify, commit, finish)."
 
 const mergeFiles = 100
 
@@ -31,16 +31,26 @@ func (r *Runner) merge(ctx context.Context, rt string) []Metric {
 	if res, err := r.c.Exec(ctx, parent.ID, "sh", "-c", setup); err != nil || res.ExitCode != 0 {
 		return fail(fmt.Sprintf("writing %d files: %v (exit %d)", mergeFiles, err, res.ExitCode))
 	}
+	phases := map[string][]float64{}
 	for i := 0; i < r.o.Warmups+r.o.Runs && ctx.Err() == nil; i++ {
-		d, err := r.mergeSample(ctx, parent.ID, i)
+		d, ph, err := r.mergeSample(ctx, parent.ID, i)
 		switch {
 		case err != nil:
 			m.Errors = append(m.Errors, err.Error())
 		case i >= r.o.Warmups:
 			m.Samples = append(m.Samples, ms(d))
+			for k, v := range ph {
+				phases[k] = append(phases[k], v)
+			}
 		}
 		if len(m.Errors) > 3 && len(m.Samples) == 0 {
 			break
+		}
+	}
+	if len(phases) > 0 {
+		m.Derived = map[string]float64{}
+		for k, v := range phases {
+			m.Derived[k+"_p50"] = Percentile(v, 50)
 		}
 	}
 	return []Metric{m}
@@ -48,13 +58,13 @@ func (r *Runner) merge(ctx context.Context, rt string) []Metric {
 
 // mergeSample forks the parent, makes both sides edit every file, and
 // times the merge request.
-func (r *Runner) mergeSample(ctx context.Context, parent string, i int) (time.Duration, error) {
+func (r *Runner) mergeSample(ctx context.Context, parent string, i int) (time.Duration, map[string]float64, error) {
 	fr, err := r.c.Fork(ctx, parent, 1)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if len(fr.Sandboxes) != 1 {
-		return 0, fmt.Errorf("fork made %d children: %s", len(fr.Sandboxes), fr.Reason)
+		return 0, nil, fmt.Errorf("fork made %d children: %s", len(fr.Sandboxes), fr.Reason)
 	}
 	child := fr.Sandboxes[0].ID
 	defer r.remove(ctx, child)
@@ -64,14 +74,14 @@ func (r *Runner) mergeSample(ctx context.Context, parent string, i int) (time.Du
 		{parent, "sed -i 15s/.*/parent" + tag + "/ $HOME/m/f*"},
 	} {
 		if res, err := r.c.Exec(ctx, e.id, "sh", "-c", e.script); err != nil || res.ExitCode != 0 {
-			return 0, fmt.Errorf("edit in %s: %v (exit %d)", e.id, err, res.ExitCode)
+			return 0, nil, fmt.Errorf("edit in %s: %v (exit %d)", e.id, err, res.ExitCode)
 		}
 	}
 	start := time.Now()
 	mg, err := r.c.Merge(ctx, parent, wire.MergeRequest{Source: child})
 	d := time.Since(start)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if mg.State == "conflicted" {
 		detail := ""
@@ -79,10 +89,10 @@ func (r *Runner) mergeSample(ctx context.Context, parent string, i int) (time.Du
 			detail = fmt.Sprintf(" (first: %s %s: %s)", l[0].Kind, l[0].Path, l[0].Message)
 		}
 		_, _ = r.c.AbortMerge(ctx, parent, mg.ID)
-		return 0, fmt.Errorf("merge %s: %d conflict(s)%s, want a clean merge", mg.ID, mg.Conflicts, detail)
+		return 0, nil, fmt.Errorf("merge %s: %d conflict(s)%s, want a clean merge", mg.ID, mg.Conflicts, detail)
 	}
 	if mg.State != "applied" || mg.Writes < mergeFiles {
-		return 0, fmt.Errorf("merge %s: state %s, %d writes, %d conflicts (want applied, ≥ %d writes)", mg.ID, mg.State, mg.Writes, mg.Conflicts, mergeFiles)
+		return 0, nil, fmt.Errorf("merge %s: state %s, %d writes, %d conflicts (want applied, ≥ %d writes)", mg.ID, mg.State, mg.Writes, mg.Conflicts, mergeFiles)
 	}
-	return d, nil
+	return d, mg.PhasesMs, nil
 }

@@ -101,11 +101,13 @@ func Apply(ctx context.Context, root string, p *Plan, src Sources, id string, o 
 		_ = os.RemoveAll(path.Join(root, j.Staging))
 		return err
 	}
+	sd := openStagingDirs(r, j)
+	defer sd.Close()
 	for i, s := range j.Steps {
 		if o.crashAfter > 0 && i == o.crashAfter {
 			return errCrash
 		}
-		if err := commitStep(r, j, s); err != nil {
+		if err := commitStep(sd, j, s); err != nil {
 			if rerr := rollback(r, j); rerr != nil {
 				return errors.Join(err, rerr)
 			}
@@ -209,9 +211,10 @@ func stage(ctx context.Context, r *safefs.Root, j *Journal, p *Plan, src Sources
 			}
 			continue
 		case fsdiff.TypeFile:
-			if err := stageFile(dfd, name, writes[s.Path], src); err != nil {
+			if err := stageFile(dfd, name, writes[s.Path], src, s.Node); err != nil {
 				return err
 			}
+			continue
 		case fsdiff.TypeFIFO:
 			if err := unix.Mkfifoat(dfd, name, 0o600); err != nil {
 				return errs.Wrap(errs.Internal, err, "stage %s", s.Path)
@@ -231,7 +234,10 @@ func stage(ctx context.Context, r *safefs.Root, j *Journal, p *Plan, src Sources
 	return nil
 }
 
-func stageFile(dfd int, name string, w Write, src Sources) error {
+// stageFile creates name in the staging dir dfd with w's content and
+// gives it n's owner, then mode (chown clears setuid), through its own
+// descriptor.
+func stageFile(dfd int, name string, w Write, src Sources, n fsdiff.Node) error {
 	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "stage %s", w.Path)
@@ -253,6 +259,12 @@ func stageFile(dfd int, name string, w Write, src Sources) error {
 		}
 		_, err = io.Copy(f, in)
 		in.Close()
+	}
+	if err == nil {
+		err = unix.Fchown(fd, int(n.UID), int(n.GID))
+	}
+	if err == nil {
+		err = unix.Fchmod(fd, n.Mode&0o7777)
 	}
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "stage %s", w.Path)
@@ -339,7 +351,64 @@ func exists(r *safefs.Root, rel string) (bool, error) {
 	return err == nil, err
 }
 
-func commitStep(r *safefs.Root, j *Journal, s Step) error {
+// stagingDirs holds a commit's staging dirs (new/, old/) open: every
+// write step renames out of one and often into the other, and reopening
+// them beneath the root per step is a path walk each (slow in gVisor).
+// Target parents are opened per step, as the plan names them.
+type stagingDirs struct {
+	r   *safefs.Root
+	fds map[string]*os.File
+}
+
+func openStagingDirs(r *safefs.Root, j *Journal) *stagingDirs {
+	d := &stagingDirs{r: r, fds: map[string]*os.File{}}
+	for _, name := range []string{j.Staging + "/new", j.Staging + "/old"} {
+		if f, err := r.OpenDir(name); err == nil {
+			d.fds[name] = f
+		}
+	}
+	return d
+}
+
+func (d *stagingDirs) Close() {
+	for _, f := range d.fds {
+		_ = f.Close()
+	}
+}
+
+// dir opens rel beneath the root, or lends a held staging dir (done is
+// then a no-op).
+func (d *stagingDirs) dir(rel string) (f *os.File, done func(), err error) {
+	if f, ok := d.fds[rel]; ok {
+		return f, func() {}, nil
+	}
+	f, err = d.r.OpenDir(rel)
+	if err != nil {
+		return nil, nil, err
+	}
+	return f, func() { _ = f.Close() }, nil
+}
+
+// rename is rename beneath the root through d.
+func (d *stagingDirs) rename(from, to string) error {
+	fd, fdone, err := d.dir(path.Dir(from))
+	if err != nil {
+		return err
+	}
+	defer fdone()
+	td, tdone, err := d.dir(path.Dir(to))
+	if err != nil {
+		return err
+	}
+	defer tdone()
+	if err := unix.Renameat(int(fd.Fd()), path.Base(from), int(td.Fd()), path.Base(to)); err != nil {
+		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
+	}
+	return nil
+}
+
+func commitStep(d *stagingDirs, j *Journal, s Step) error {
+	r := d.r
 	switch s.Op {
 	case "meta":
 		return setMeta(r, s.Path, s.Node)
@@ -350,18 +419,18 @@ func commitStep(r *safefs.Root, j *Journal, s Step) error {
 			// make it again on rollback.
 			return rmdir(r, s.Path)
 		}
-		return rename(r, s.Path, s.oldName(j))
+		return d.rename(s.Path, s.oldName(j))
 	}
 	there, err := exists(r, s.Path)
 	if err != nil {
 		return err
 	}
 	if there {
-		if err := rename(r, s.Path, s.oldName(j)); err != nil {
+		if err := d.rename(s.Path, s.oldName(j)); err != nil {
 			return err
 		}
 	}
-	return rename(r, s.newName(j), s.Path)
+	return d.rename(s.newName(j), s.Path)
 }
 
 // rollback undoes committed steps in reverse. A step's new object has been

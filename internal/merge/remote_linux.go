@@ -63,15 +63,18 @@ func WriteStage(ctx context.Context, w io.Writer, j *Journal, p *Plan, src Sourc
 				if err != nil {
 					return err
 				}
-				defer rc.Close()
 				hdr.Size, in = n.Size, rc
 			default:
 				in = bytesReader(nil)
 			}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return errs.Wrap(errs.Internal, err, "stage %s", s.Path)
+			n, err := int64(0), tw.WriteHeader(hdr)
+			if err == nil {
+				n, err = io.Copy(tw, io.LimitReader(in, hdr.Size))
 			}
-			if n, err := io.Copy(tw, io.LimitReader(in, hdr.Size)); err != nil || n != hdr.Size {
+			if c, ok := in.(io.Closer); ok {
+				_ = c.Close() // one open source file at a time, not one per step
+			}
+			if err != nil || n != hdr.Size {
 				return errs.E(errs.Internal, "stage %s: %d of %d bytes (%v)", s.Path, n, hdr.Size, err)
 			}
 			continue
@@ -100,11 +103,21 @@ func (r *byteReader) Read(p []byte) (int, error) {
 
 func bytesReader(b []byte) io.Reader { return &byteReader{b: b} }
 
+// StageOptions tune StageFromTar.
+type StageOptions struct {
+	// NoSync leaves out the syncfs of the staged files: the caller makes
+	// them durable another way before the commit (inside gVisor a syncfs
+	// fsyncs every file the sentry has open, one host fsync each; with
+	// --overlay2=none the data is already in the host's upper, where the
+	// host syncs it with one syncfs).
+	NoSync bool
+}
+
 // StageFromTar makes j's staging dir beneath root and fills Staging/new
 // from a WriteStage tar: every entry must be a write step of j of the
 // type the step says; owners and modes are the step's. A staging dir of
 // an earlier try is removed first, so the call can be repeated.
-func StageFromTar(ctx context.Context, root string, j *Journal, r io.Reader) error {
+func StageFromTar(ctx context.Context, root string, j *Journal, r io.Reader, o StageOptions) error {
 	if j.Staging == "" || path.Base(j.Staging) != j.Staging {
 		return errs.E(errs.InvalidArgument, "journal %s: bad staging name %q", j.ID, j.Staging)
 	}
@@ -168,7 +181,12 @@ func StageFromTar(ctx context.Context, root string, j *Journal, r io.Reader) err
 		case s.Node.Type == fsdiff.TypeFIFO && hdr.Typeflag == tar.TypeFifo:
 			err = unix.Mkfifoat(dfd, name, 0o600)
 		case s.Node.Type == fsdiff.TypeFile && hdr.Typeflag == tar.TypeReg:
-			err = stageStream(dfd, name, tr, hdr.Size)
+			// Owner and mode are set on the new file's own descriptor
+			// (no second walk to it).
+			if err = stageStream(dfd, name, tr, hdr.Size, s.Node); err != nil {
+				return errs.Wrap(errs.Internal, err, "stage %s", s.Path)
+			}
+			continue
 		default:
 			return errs.E(errs.InvalidArgument, "staging tar: entry %s of type %c for a %s", name, hdr.Typeflag, s.Node.Type)
 		}
@@ -182,23 +200,32 @@ func StageFromTar(ctx context.Context, root string, j *Journal, r io.Reader) err
 	if len(want) > 0 {
 		return errs.E(errs.InvalidArgument, "staging tar of merge %s lacks %d write step(s)", j.ID, len(want))
 	}
+	if o.NoSync {
+		return nil
+	}
 	if err := unix.Syncfs(dfd); err != nil {
 		return errs.Wrap(errs.Internal, err, "sync staged files")
 	}
 	return nil
 }
 
-func stageStream(dfd int, name string, r io.Reader, size int64) error {
+// stageStream creates name (exclusively, in the staging dir dfd), copies
+// size bytes of r into it and gives it n's owner, then mode (chown clears
+// setuid), through its descriptor.
+func stageStream(dfd int, name string, r io.Reader, size int64, n fsdiff.Node) error {
 	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
-	if n, err := io.Copy(f, io.LimitReader(r, size)); err != nil || n != size {
-		return errors.Join(err, errs.E(errs.Internal, "%d of %d bytes", n, size))
+	if c, err := io.Copy(f, io.LimitReader(r, size)); err != nil || c != size {
+		return errors.Join(err, errs.E(errs.Internal, "%d of %d bytes", c, size))
 	}
-	return nil
+	if err := unix.Fchown(fd, int(n.UID), int(n.GID)); err != nil {
+		return err
+	}
+	return unix.Fchmod(fd, n.Mode&0o7777)
 }
 
 // Commit runs j's steps beneath root, as Apply does once staged (the
@@ -212,8 +239,10 @@ func Commit(root string, j *Journal, afterStep func(done int)) (rolledBack bool,
 		return true, err
 	}
 	defer r.Close()
+	sd := openStagingDirs(r, j)
+	defer sd.Close()
 	for i, s := range j.Steps {
-		if err := commitStep(r, j, s); err != nil {
+		if err := commitStep(sd, j, s); err != nil {
 			if rerr := rollback(r, j); rerr != nil {
 				return false, errors.Join(err, rerr)
 			}

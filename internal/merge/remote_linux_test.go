@@ -36,10 +36,10 @@ func TestRemoteApplyMatchesApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A bad tar is refused before anything is committed.
-	if err := StageFromTar(ctx, remote.target, j, bytes.NewReader([]byte("not a tar at all, just bytes of junk padding..."))); err == nil {
+	if err := StageFromTar(ctx, remote.target, j, bytes.NewReader([]byte("not a tar at all, just bytes of junk padding...")), StageOptions{}); err == nil {
 		t.Error("StageFromTar took junk")
 	}
-	if err := StageFromTar(ctx, remote.target, j, bytes.NewReader(buf.Bytes())); err != nil {
+	if err := StageFromTar(ctx, remote.target, j, bytes.NewReader(buf.Bytes()), StageOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	j.State = JournalCommitting
@@ -74,7 +74,7 @@ func TestRemoteCommitInterrupted(t *testing.T) {
 	if err := WriteStage(ctx, &buf, j, p, f.src); err != nil {
 		t.Fatal(err)
 	}
-	if err := StageFromTar(ctx, f.target, j, &buf); err != nil {
+	if err := StageFromTar(ctx, f.target, j, &buf, StageOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	j.State = JournalCommitting

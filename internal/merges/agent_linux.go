@@ -7,8 +7,11 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/merge"
+	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -20,7 +23,7 @@ import (
 // a fresh view, saves the journal as committing, and the agent commits
 // with renames. The journal stays here; a crash is rolled back by Recover
 // through the agent (/merge/finish).
-func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, base, theirs []string) (Result, error) {
+func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, base, theirs []string, clk *clock) (Result, error) {
 	ag := s.core.AgentClient(target.ID)
 	v, err := s.openViews(ctx, nil, base, theirs)
 	if err != nil {
@@ -29,9 +32,11 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	defer v.Close()
 	res := Result{Writes: len(plan.Writes), Deletes: len(plan.Deletes)}
 	j := merge.NewJournal(plan, m.ID)
+	clk.mark("prepare")
 	if err := s.saveJournal(j, target.ID); err != nil {
 		return Result{}, err
 	}
+	clk.mark("journal")
 	// cleanup asks the agent to undo (journal committing) or clean up and
 	// resume the processes; the journal goes once the agent has done it.
 	cleanup := func(cause error) error {
@@ -48,11 +53,18 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	go func() {
 		pw.CloseWithError(merge.WriteStage(ctx, pw, j, plan, merge.Sources{merge.SideTheirs: v.theirs, merge.SideBase: v.base}))
 	}()
-	err = ag.MergeStage(ctx, j, pr)
+	// berth runs runsc with --overlay2=none: the sentry writes through to
+	// the host upper, so one syncfs of the workspace here makes the staged
+	// files durable (the agent's syncfs would fsync them one by one).
+	err = ag.MergeStage(ctx, j, pr, true)
 	pr.CloseWithError(errors.New("stage request ended"))
+	if err == nil {
+		err = syncWorkspace(s.core.SandboxDir(target.ID))
+	}
 	if err != nil {
 		return Result{}, cleanup(errs.Wrap(errs.KindOf(err), err, "stage merge %s in %s", m.ID, target.ID))
 	}
+	clk.mark("stage")
 	stop, err := ag.MergeStop(ctx, plan.Touched())
 	if err != nil {
 		return Result{}, cleanup(err)
@@ -60,6 +72,7 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	for _, f := range stop.OpenFiles {
 		res.OpenFiles = append(res.OpenFiles, OpenFile{PID: f.PID, Cmd: f.Cmd, Path: f.Path})
 	}
+	clk.mark("freeze")
 	fresh := &views{}
 	ours, err := s.oursTree(ctx, fresh, target)
 	if err == nil {
@@ -69,11 +82,13 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	if err != nil {
 		return Result{}, cleanup(err)
 	}
+	clk.mark("verify")
 	j.State = merge.JournalCommitting
 	if err := s.saveJournal(j, target.ID); err != nil {
 		j.State = merge.JournalPrepared
 		return Result{}, cleanup(err)
 	}
+	clk.mark("journal")
 	steps := j
 	if d := s.cfg.PauseAfterStep; d > 0 && len(j.Steps) > 1 {
 		// Test hook: the first step alone, then the pause, then the rest.
@@ -99,13 +114,16 @@ func (s *Service) applyAgent(ctx context.Context, target *sandbox.Sandbox, m sto
 	case cr.Error != "":
 		return Result{}, cleanup(errs.E(errs.Internal, "merge %s failed in %s: %s", m.ID, target.ID, cr.Error))
 	}
+	clk.mark("commit")
 	j.State = merge.JournalCommitted
 	if err := s.saveJournal(j, target.ID); err != nil {
 		return Result{}, err
 	}
+	clk.mark("journal")
 	if err := cleanup(nil); err != nil {
 		s.log.Warn("merge applied; cleanup in the agent failed", "sandbox_id", target.ID, "merge", m.ID, "err", err)
 	}
+	clk.mark("finish")
 	return res, nil
 }
 
@@ -119,4 +137,19 @@ func (s *Service) recoverAgent(ctx context.Context, target *sandbox.Sandbox, j *
 		return errs.Wrap(errs.Unavailable, err, "agent of %s for merge recovery", target.ID)
 	}
 	return ag.MergeFinish(wctx, j)
+}
+
+// syncWorkspace flushes the filesystem of a sandbox's workspace (its
+// upper and work dirs) to disk: the workspace mount's root, a host path.
+func syncWorkspace(dir string) error {
+	ws := rootfs.LayoutOf(dir).WS
+	fd, err := unix.Open(ws, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return errs.Wrap(errs.Internal, err, "open workspace %s", ws)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return errs.Wrap(errs.Internal, err, "sync workspace %s", ws)
+	}
+	return nil
 }

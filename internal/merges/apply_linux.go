@@ -14,6 +14,7 @@ import (
 	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merge"
 	"github.com/berth-dev/berth/internal/rootfs"
+	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -74,7 +75,8 @@ func (s *Service) applyStored(ctx context.Context, target *sandbox.Sandbox, m st
 	if err := writable(target); err != nil {
 		return Merge{}, err
 	}
-	return s.applyLocked(ctx, target, m, plan, actor, time.Now())
+	now := time.Now()
+	return s.applyLocked(ctx, target, m, plan, actor, now, newClock(now))
 }
 
 // maxAttempts bounds re-planning when the target changed under a plan.
@@ -84,7 +86,7 @@ const maxAttempts = 3
 // while it runs, verified and committed while it is frozen. When the
 // target moved on since the plan, the merge is planned again (stored
 // resolutions carry over by conflict id), at most maxAttempts times.
-func (s *Service) applyLocked(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, actor string, start time.Time) (Merge, error) {
+func (s *Service) applyLocked(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, actor string, start time.Time, clk *clock) (Merge, error) {
 	var doc planDoc
 	_ = json.Unmarshal(m.Plan, &doc)
 	baseLayers := doc.Base
@@ -101,7 +103,7 @@ func (s *Service) applyLocked(ctx context.Context, target *sandbox.Sandbox, m st
 	}
 	var res Result
 	for attempt := 1; ; attempt++ {
-		res, err = s.applyOnce(ctx, target, m, plan, baseLayers, capt.Layers)
+		res, err = s.applyOnce(ctx, target, m, plan, baseLayers, capt.Layers, clk)
 		if !errs.Is(err, errs.Conflict) || attempt == maxAttempts {
 			break
 		}
@@ -109,6 +111,7 @@ func (s *Service) applyLocked(ctx context.Context, target *sandbox.Sandbox, m st
 		if plan, err = s.replan(ctx, target, m, baseLayers, capt.Layers); err != nil {
 			break
 		}
+		clk.mark("plan")
 		if !plan.Clean() {
 			// New conflicts: store them and wait for resolution.
 			return s.reconflict(ctx, target, m, plan)
@@ -121,15 +124,20 @@ func (s *Service) applyLocked(ctx context.Context, target *sandbox.Sandbox, m st
 		s.core.Event(ctx, target, actor, "merge", "merge_failed", errs.Short(err), map[string]string{"merge": m.ID, "source": m.Source})
 		return Merge{}, err
 	}
+	// The store phase ends with the applied row: measured up to its write,
+	// which carries the figures.
+	clk.mark("store")
 	res.Ms = time.Since(start).Milliseconds()
-	s.log.Info("merge applied", "sandbox_id", target.ID, "merge", m.ID, "writes", res.Writes, "deletes", res.Deletes, "ms", res.Ms)
+	res.Phases = clk.phases()
+	s.log.Info("merge applied", "sandbox_id", target.ID, "merge", m.ID, "writes", res.Writes, "deletes", res.Deletes, "ms", res.Ms,
+		"phases_ms", res.Phases)
 	if err := s.finish(ctx, &m, store.MergeApplied, "", &res); err != nil {
 		return Merge{}, err
 	}
 	_ = os.RemoveAll(s.journalDir(m.ID))
-	s.core.Event(ctx, target, actor, "merge", "merge_applied", "", map[string]string{
+	s.core.Event(ctx, target, actor, "merge", "merge_applied", "", res.Phases.eventData(map[string]string{
 		"merge": m.ID, "source": m.Source, "base": m.BaseSnapshot, "strategy": m.Strategy,
-		"writes": itoa(res.Writes), "deletes": itoa(res.Deletes), "open_files": itoa(len(res.OpenFiles)), "ms": formatInt(res.Ms)})
+		"writes": itoa(res.Writes), "deletes": itoa(res.Deletes), "open_files": itoa(len(res.OpenFiles)), "ms": formatInt(res.Ms)}))
 	return s.view(ctx, m)
 }
 
@@ -183,9 +191,9 @@ func (s *Service) reconflict(ctx context.Context, target *sandbox.Sandbox, m sto
 }
 
 // applyOnce stages, freezes, verifies and commits one plan.
-func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, base, theirs []string) (Result, error) {
+func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m store.Merge, plan *merge.Plan, base, theirs []string, clk *clock) (Result, error) {
 	if target.Runtime == "runsc" {
-		return s.applyAgent(ctx, target, m, plan, base, theirs)
+		return s.applyAgent(ctx, target, m, plan, base, theirs, clk)
 	}
 	rt, err := s.core.RuntimeFor(target)
 	if err != nil {
@@ -211,26 +219,53 @@ func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m stor
 		}
 	}
 	defer thaw()
-	st, err := rt.State(ctx, target.ID)
-	if err != nil {
-		return Result{}, err
+	// The init's pid (for the open files) is asked of the runtime while
+	// the stage runs: one runtime process off the critical path.
+	type stateResult struct {
+		st  runtime.Status
+		err error
 	}
+	stateCh := make(chan stateResult, 1)
+	go func() {
+		st, err := rt.State(ctx, target.ID)
+		stateCh <- stateResult{st, err}
+	}()
 	saved := ""
 	opts := merge.ApplyOptions{
 		Save: func(j *merge.Journal) error {
+			switch j.State { // the phase that ends with this save
+			case merge.JournalPrepared:
+				clk.mark("prepare")
+			case merge.JournalCommitted, merge.JournalRolledBack:
+				clk.mark("commit")
+			}
 			err := s.saveJournal(j, target.ID)
+			clk.mark("journal")
 			if err == nil {
 				saved = j.State
+			}
+			if err == nil && j.State == merge.JournalCommitted {
+				// Durably committed: the target runs again while the
+				// staging dir (the old objects) is removed.
+				thaw()
+				clk.mark("finish")
 			}
 			return err
 		},
 		BeforeCommit: func() error {
+			clk.mark("stage")
+			sr := <-stateCh
+			if sr.err != nil {
+				return sr.err
+			}
+			st := sr.st
 			if rt.Capabilities(ctx).Freeze {
 				if err := rt.Freeze(ctx, target.ID); err != nil {
 					return errs.Wrap(errs.Internal, err, "freeze %s for the merge", target.ID)
 				}
 				frozen = true
 			}
+			clk.mark("freeze")
 			fresh := &views{}
 			defer fresh.Close()
 			ours, err := s.oursTree(ctx, fresh, target)
@@ -242,6 +277,7 @@ func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m stor
 				return err
 			}
 			res.OpenFiles = openFiles(st.Pid, plan.Touched())
+			clk.mark("verify")
 			return nil
 		},
 	}
@@ -254,6 +290,7 @@ func (s *Service) applyOnce(ctx context.Context, target *sandbox.Sandbox, m stor
 		}
 	}
 	err = merge.Apply(ctx, root, shifted(plan, s.core.UserNS(target)), merge.Sources{merge.SideTheirs: v.theirs, merge.SideBase: v.base}, m.ID, opts)
+	clk.mark("finish")
 	if err != nil && (saved == merge.JournalPrepared || saved == merge.JournalRolledBack) {
 		// Nothing of the target changed (or it was put back): no journal
 		// to recover. A commit that could not roll back keeps it.

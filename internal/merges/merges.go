@@ -95,6 +95,8 @@ type Result struct {
 	Deletes   int        `json:"deletes"`
 	OpenFiles []OpenFile `json:"open_files,omitempty"`
 	Ms        int64      `json:"ms"`
+	// Phases are where Ms went (phases.go).
+	Phases Phases `json:"phases_ms,omitempty"`
 }
 
 // Merge is a merge as the API shows it.
@@ -168,10 +170,12 @@ func (s *Service) Start(ctx context.Context, req Request) (Merge, error) {
 	// Theirs becomes immutable: a snapshot of the source, taken under the
 	// source's lock alone.
 	t0 := time.Now()
+	clk := newClock(t0)
 	capt, err := s.core.Capture(ctx, req.Owner, req.Actor, source.ID)
 	if err != nil {
 		return Merge{}, err
 	}
+	clk.mark("capture")
 	keep := false
 	defer func() {
 		if !keep {
@@ -201,6 +205,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Merge, error) {
 		return Merge{}, err
 	}
 	plan = withoutPrivate(plan)
+	clk.mark("plan")
 	m.State = store.MergePlanned
 	if !plan.Clean() {
 		m.State = store.MergeConflicted
@@ -209,6 +214,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Merge, error) {
 		return Merge{}, err
 	}
 	keep = true
+	clk.mark("store")
 	s.log.Info("merge planned", "sandbox_id", target.ID, "merge", m.ID, "source", source.ID, "state", m.State,
 		"capture_ms", captured.Milliseconds(), "plan_ms", time.Since(start).Milliseconds())
 	s.core.Event(ctx, target, req.Actor, "merge", "merge_planned", "", map[string]string{
@@ -218,7 +224,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Merge, error) {
 	if !plan.Clean() {
 		return s.view(ctx, m)
 	}
-	return s.applyLocked(ctx, target, m, plan, req.Actor, t0)
+	return s.applyLocked(ctx, target, m, plan, req.Actor, t0, clk)
 }
 
 // writable says whether a target can take a merge now.

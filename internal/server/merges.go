@@ -14,7 +14,7 @@ type mergeAPI struct{ *Server }
 
 func mergeView(m merges.Merge) wire.Merge {
 	out := wire.Merge{ID: m.ID, Target: m.Target, Source: m.Source, Base: m.Base, Strategy: string(m.Strategy),
-		State: m.State, Writes: m.Writes, Deletes: m.Deletes, Conflicts: m.Conflicts, Ms: m.Ms, Reason: m.Reason,
+		State: m.State, Writes: m.Writes, Deletes: m.Deletes, Conflicts: m.Conflicts, Ms: m.Ms, PhasesMs: m.Phases, Reason: m.Reason,
 		CreatedAt: m.CreatedAt, OpenFiles: []wire.OpenFile{}}
 	for _, f := range m.OpenFiles {
 		out.OpenFiles = append(out.OpenFiles, wire.OpenFile{PID: f.PID, Cmd: f.Cmd, Path: f.Path})

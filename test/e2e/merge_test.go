@@ -92,7 +92,20 @@ func testMerge(t *testing.T, rt string) {
 		if len(m.OpenFiles) != 1 || m.OpenFiles[0].Path != "root/held" || m.OpenFiles[0].Cmd != "sleep" || m.OpenFiles[0].PID <= 0 {
 			t.Errorf("open_files = %+v, want the sleep holding root/held", m.OpenFiles)
 		}
-		t.Logf("clean merge (%s): %d writes, %d deletes in %d ms", rt, m.Writes, m.Deletes, m.Ms)
+		t.Logf("clean merge (%s): %d writes, %d deletes in %d ms, phases %v", rt, m.Writes, m.Deletes, m.Ms, m.PhasesMs)
+		// Where the time went: every phase of a clean merge is measured,
+		// and together they are no more than the whole.
+		sum := 0.0
+		for _, k := range []string{"capture", "plan", "store", "prepare", "journal", "stage", "freeze", "verify", "commit", "finish"} {
+			v, ok := m.PhasesMs[k]
+			if !ok || v < 0 {
+				t.Errorf("phases_ms lacks %s: %v", k, m.PhasesMs)
+			}
+			sum += v
+		}
+		if sum > float64(m.Ms)+2 {
+			t.Errorf("phases_ms add up to %.1f ms, more than the merge's %d ms", sum, m.Ms)
+		}
 		if got := s.rootSh(parent, "cat /root/f"); got != "one\nTWO\nthree\nFOUR\nfive" {
 			t.Errorf("merged file reads %q", got)
 		}
