@@ -8,6 +8,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -23,9 +24,10 @@ type DeltaStat struct {
 	// Refused are the changed paths left out: device nodes and sockets
 	// (nothing a sandbox makes becomes a live device in a layer).
 	Refused []string
-	// Where a checkpoint's time went (set by the caller): the diff, the
-	// delta's writes, and the layer store's import (its content digest).
-	DiffMillis, WriteMillis, ImportMillis int64
+	// Where a checkpoint's time went (set by the caller): the freeze, the
+	// diff, the delta's writes, and the layer store's import (a count of
+	// the entries and the rename into place; no content is read).
+	FreezeMillis, DiffMillis, WriteMillis, ImportMillis int64
 }
 
 const opaqueXattr = "trusted.overlay.opaque"
@@ -46,12 +48,33 @@ const opaqueXattr = "trusted.overlay.opaque"
 // the size the diff saw). dst is written beneath a safefs root too, and
 // nothing is written below an object the delta made a non-directory.
 func WriteDelta(ctx context.Context, res *fsdiff.Result, to *fsdiff.Tree, dst string) (DeltaStat, error) {
+	return WriteDeltaStamped(ctx, res, to, dst, time.Time{})
+}
+
+// stampMargin is how far before the capture began a file's ctime must lie
+// for its stamp to be recorded: more than the coarse clock tick (a jiffy,
+// at most 10 ms) file times are taken from, so that a write after the
+// capture can never leave the same ctime behind.
+const stampMargin = 100 * time.Millisecond
+
+// WriteDeltaStamped is WriteDelta that also records, on each regular file
+// it copies, the original's fsdiff.StatStamp (xattr fsdiff.StampXattr), so
+// that the next checkpoint's diff (fsdiff.Options.QuickCheck) knows the
+// file unchanged without reading it. A stamp is recorded only when it
+// describes exactly the bytes copied: the original's stamp was the same
+// before and after the copy, its size the size the diff saw, and its
+// ctime before began − stampMargin (began: when the sandbox was frozen).
+// A zero began records none.
+func WriteDeltaStamped(ctx context.Context, res *fsdiff.Result, to *fsdiff.Tree, dst string, began time.Time) (DeltaStat, error) {
 	root, err := safefs.OpenRoot(dst)
 	if err != nil {
 		return DeltaStat{}, err
 	}
 	defer root.Close()
 	w := &deltaWriter{ctx: ctx, to: to, root: root, made: map[string]bool{".": true}}
+	if !began.IsZero() {
+		w.stampBefore = began.Add(-stampMargin)
+	}
 	changes := slices2(res.Changes)
 	sort.Slice(changes, func(i, j int) bool { return changes[i].Path < changes[j].Path })
 	for _, c := range changes {
@@ -87,6 +110,9 @@ type deltaWriter struct {
 	blocked []string        // non-directories and whiteouts written: nothing goes below them
 	dirs    []deltaDir
 	st      DeltaStat
+	// stampBefore: record the stamp of originals whose ctime is before
+	// it (zero: none).
+	stampBefore time.Time
 }
 
 func (w *deltaWriter) isBlocked(rel string) bool {
@@ -220,6 +246,10 @@ func (w *deltaWriter) copyFile(rel string, pfd int, name string, n fsdiff.Node) 
 	}
 	out := os.NewFile(uintptr(fd), name)
 	defer out.Close()
+	src, _ := in.(*os.File)
+	var before unix.Stat_t
+	stamp := !w.stampBefore.IsZero() && src != nil && unix.Fstat(int(src.Fd()), &before) == nil &&
+		before.Size == n.Size && time.Unix(before.Ctim.Unix()).Before(w.stampBefore)
 	// *os.File to *os.File through a LimitedReader: copy_file_range.
 	copied, err := io.Copy(out, io.LimitReader(in, n.Size))
 	if err != nil {
@@ -234,10 +264,14 @@ func (w *deltaWriter) copyFile(rel string, pfd int, name string, n fsdiff.Node) 
 	if err := unix.Fchmod(fd, n.Mode&0o7777); err != nil { // after chown: chown clears setuid
 		return err
 	}
-	if f, ok := in.(*os.File); ok {
+	if src != nil {
 		var st unix.Stat_t
-		if err := unix.Fstat(int(f.Fd()), &st); err == nil {
+		if err := unix.Fstat(int(src.Fd()), &st); err == nil {
 			_ = unix.UtimesNanoAt(pfd, name, []unix.Timespec{st.Atim, st.Mtim}, unix.AT_SYMLINK_NOFOLLOW)
+			if stamp && fsdiff.StatStamp(&st) == fsdiff.StatStamp(&before) {
+				// Best effort: a copy without a stamp is only copied again.
+				_ = unix.Fsetxattr(fd, fsdiff.StampXattr, []byte(fsdiff.StatStamp(&st)), 0)
+			}
 		}
 	}
 	w.st.Files++
