@@ -145,7 +145,8 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 		data["refused"] = strconv.Itoa(len(ds.Refused))
 	}
 	s.core.Event(ctx, sb, req.Actor, "checkpoint", "checkpoint_taken", reason, data)
-	s.log.Info("checkpoint taken", "sandbox_id", sb.ID, "checkpoint", ck.ID, "mode", mode, "bytes", ds.Bytes, "ms", took.Milliseconds())
+	s.log.Info("checkpoint taken", "sandbox_id", sb.ID, "checkpoint", ck.ID, "mode", mode, "bytes", ds.Bytes, "ms", took.Milliseconds(),
+		"freeze_ms", ds.FreezeMillis, "diff_ms", ds.DiffMillis, "write_ms", ds.WriteMillis, "import_ms", ds.ImportMillis, "store_ms", storeMillis)
 	return ck, nil
 }
 
