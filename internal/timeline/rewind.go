@@ -98,7 +98,7 @@ func (s *Service) restartOn(ctx context.Context, sb *sandbox.Sandbox, layers, lo
 	t0 := time.Now()
 	s.killFirst(tctx, sb)
 	t1 := time.Now()
-	if err := s.core.Halt(tctx, sb); err != nil {
+	if err := s.core.HaltForRestart(tctx, sb); err != nil {
 		// Still running as it was: let it be.
 		if berr := s.core.Boot(tctx, sb); berr != nil {
 			s.core.Fail(tctx, sb, "restart_failed", errors.Join(err, berr))
