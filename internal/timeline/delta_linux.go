@@ -125,8 +125,9 @@ const copyBuf = 1 << 20
 // copyBytes copies at most max bytes from in's offset to out's:
 // copy_file_range where in and out are on one filesystem (the kernel
 // copies, or shares the extents), else — a sandbox's upper is in its own
-// loop-mounted image, so across filesystems it always is — read and write
-// through one buffer of up to copyBuf bytes.
+// loop-mounted image, so across filesystems it always is — sendfile, and
+// where neither works read and write through one buffer of up to copyBuf
+// bytes.
 func (w *deltaWriter) copyBytes(out, in *os.File, max int64) (int64, error) {
 	var done int64
 	for done < max {
@@ -139,6 +140,25 @@ func (w *deltaWriter) copyBytes(out, in *os.File, max int64) (int64, error) {
 			return done, nil
 		}
 		if done == 0 && (errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP)) {
+			break
+		}
+		return done, err
+	}
+	if done >= max {
+		return done, nil
+	}
+	// sendfile(2): the kernel copies page cache to page cache, one copy
+	// and no buffer of ours.
+	for done < max {
+		k, err := unix.Sendfile(int(out.Fd()), int(in.Fd()), nil, int(min(max-done, 1<<30)))
+		if err == nil && k > 0 {
+			done += int64(k)
+			continue
+		}
+		if err == nil {
+			return done, nil
+		}
+		if done == 0 && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP)) {
 			break
 		}
 		return done, err
