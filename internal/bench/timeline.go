@@ -19,9 +19,9 @@ import (
 // create measured in the same run.
 
 const (
-	defCheckpointFiles = "A sandbox (disk 1 GiB) rewrites a 100 MiB file of random bytes in its workspace (dd, outside the clock) after its previous checkpoint; the clock starts when POST /v1/sandboxes/{id}/checkpoints {} (files only) is sent and stops when it answers 201: the sandbox frozen, the diff against the previous checkpoint, the 100 MiB delta layer written (copy_file_range), digested and stored, the sandbox thawed. Goal ≤ 50 ms."
+	defCheckpointFiles = "A sandbox (disk 1 GiB) rewrites a 100 MiB file of random bytes in its workspace (dd, outside the clock) after its previous checkpoint; the clock starts when POST /v1/sandboxes/{id}/checkpoints {} (files only) is sent and stops when it answers 201: the sandbox frozen, the diff against the previous checkpoint (a quick check by stat: no content read), the 100 MiB delta layer written (copy_file_range on one filesystem, else 1 MiB reads and writes), named by a digest of (checkpoint id, entry list) and stored, the sandbox thawed; the server's event breaks it down (freeze_ms, diff_ms, write_ms, import_ms, store_ms). Goal ≤ 50 ms."
 	defHostCopy100     = "copy_file_range of a 100 MiB host file into a new file in the same host directory (io.Copy between *os.File), no fsync."
-	defRewindFiles     = "A sandbox with a 1 MiB file checkpointed files-only, then changed; the clock starts when POST /v1/sandboxes/{id}/rewind {to} is sent and stops when a following `echo ok` exec has returned its output (the processes stopped, the sandbox booted on the checkpoint's layers over a fresh workspace). Baseline: create-cold (POST /v1/sandboxes → `echo ok`) measured in the same run; goal ratio ≤ 1.3."
+	defRewindFiles     = "A sandbox with a 1 MiB file checkpointed files-only, then changed; the clock starts when POST /v1/sandboxes/{id}/rewind {to} is sent and stops when a following `echo ok` exec has returned its output (runc: PID 1 killed and waited for on a pidfd, then the container deleted; the network attachment kept; the sandbox booted on the checkpoint's layers over a fresh workspace). Baseline: create-cold (POST /v1/sandboxes → `echo ok`) measured in the same run; goal ratio ≤ 1.3."
 	timelineMiB        = 100
 	timelineFile       = "/home/user/timeline.bin"
 )

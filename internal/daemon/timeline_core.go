@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
@@ -40,6 +41,31 @@ func (c timelineCore) ReserveSnapshot(ctx context.Context, owner string) (func()
 	return c.d.adm.ReserveSnapshot(ctx, owner)
 }
 func (c timelineCore) Halt(ctx context.Context, sb *sandbox.Sandbox) error { return c.d.halt(ctx, sb) }
+
+// HaltForRestart is halt without the network detach: PID 1 stopped and
+// the filesystem unmounted, the sandbox's network attachment (netns,
+// address, policy) left in place for the boot that follows at once —
+// Boot's net.Up keeps an attachment it finds, as after a memory pause,
+// and applies the stored policy again. Saves the detach and re-attach
+// (~40 ms of ip/nft commands on a loaded host) of every rewind and
+// promote. Nothing runs in the netns meanwhile; a restart that ends in
+// Fail detaches it there (fail halts fully), a rollback halts fully.
+func (c timelineCore) HaltForRestart(ctx context.Context, sb *sandbox.Sandbox) error {
+	d := c.d
+	d.chans.drop(sb.ID)
+	var errList []error
+	if rt, err := d.RuntimeFor(sb); err == nil {
+		if err := rt.Delete(ctx, sb.ID); err != nil {
+			errList = append(errList, err)
+		}
+	} else {
+		errList = append(errList, err)
+	}
+	if err := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
+		errList = append(errList, err)
+	}
+	return errors.Join(errList...)
+}
 func (c timelineCore) Boot(ctx context.Context, sb *sandbox.Sandbox) error {
 	return c.d.boot(ctx, sb, nil)
 }

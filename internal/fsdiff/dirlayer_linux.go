@@ -5,6 +5,7 @@ import (
 	"io"
 	"path"
 	"sort"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -177,4 +178,59 @@ func parentOf(rel string) string {
 		return "."
 	}
 	return rel[:i]
+}
+
+// StampXattr is where berth records, on a file it copied into a layer it
+// wrote (a checkpoint's delta), the StatStamp of the original as it was
+// copied. A trusted.* name: only host root sets or reads it, a sandbox
+// never (its upper's xattrs are not carried into a delta), and overlayfs
+// ignores all but trusted.overlay.*.
+const StampXattr = "trusted.berth.stamp"
+
+// StatStamp is a regular file's quick-check stamp: device, inode, size,
+// mtime and ctime (nanoseconds). Any write, truncate, chmod, chown or
+// utimes moves ctime, which no process can set; so an equal stamp means
+// the same inode untouched since — as long as the stamp was taken when
+// no write could still land in the same clock tick (the caller records
+// only stamps of files whose ctime lies safely before the sandbox was
+// frozen).
+func StatStamp(st *unix.Stat_t) string {
+	return strconv.FormatUint(st.Dev, 10) + ":" + strconv.FormatUint(st.Ino, 10) + ":" + strconv.FormatInt(st.Size, 10) + ":" +
+		strconv.FormatInt(st.Mtim.Sec, 10) + "." + strconv.FormatInt(st.Mtim.Nsec, 10) + ":" +
+		strconv.FormatInt(st.Ctim.Sec, 10) + "." + strconv.FormatInt(st.Ctim.Nsec, 10)
+}
+
+// maxStamp bounds a recorded stamp (seven decimal numbers and separators).
+const maxStamp = 128
+
+// liveStamp implements stamper: the stamp of the regular file rel now.
+func (l *DirLayer) liveStamp(rel string) (string, error) {
+	st, err := l.root.Lstat(rel)
+	if err != nil {
+		return "", err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return "", nil
+	}
+	return StatStamp(&st), nil
+}
+
+// recordedStamp implements stamper: the StampXattr of the regular file
+// rel, read from the descriptor safefs opened (never a symlink's target,
+// never a device), "" when it has none.
+func (l *DirLayer) recordedStamp(rel string) (string, error) {
+	f, err := l.root.Open(rel)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	buf := make([]byte, maxStamp)
+	n, err := unix.Fgetxattr(int(f.Fd()), StampXattr, buf)
+	switch {
+	case err == nil:
+		return string(buf[:n]), nil
+	case errors.Is(err, unix.ENODATA), errors.Is(err, unix.ENOTSUP), errors.Is(err, unix.EPERM), errors.Is(err, unix.ERANGE):
+		return "", nil
+	}
+	return "", errs.Wrap(errs.Internal, err, "read stamp of %q", rel)
 }

@@ -96,6 +96,16 @@ type hasher interface {
 	sha256(rel string) (string, bool)
 }
 
+// stamper is a Layer that can say, without reading content, whether a
+// regular file is still what berth copied (Options.QuickCheck).
+type stamper interface {
+	// liveStamp is the stat stamp of the file rel as it is now.
+	liveStamp(rel string) (string, error)
+	// recordedStamp is the stamp of the original recorded on rel when
+	// berth copied it there ("" = none).
+	recordedStamp(rel string) (string, error)
+}
+
 // skipEntry leaves out what belongs to one container run, not to the
 // workspace: gVisor's filestore for its in-sandbox overlay (as
 // internal/rootfs leaves it out of captures).

@@ -150,3 +150,80 @@ func hashXattrs(h hash.Hash, p string) error {
 	}
 	return nil
 }
+
+// ImportDirNamed stores a directory tree as a layer under name, a digest
+// the caller derived, instead of TreeDigest of the content: fill writes
+// the tree into the (empty) directory it is given, and nothing of it is
+// read back but its entries' metadata (for the counts). For a tree that
+// is unique by construction and whose name must not cost a read of its
+// bytes: a checkpoint's delta (internal/timeline names it by a digest of
+// its checkpoint id and its entry list). The name shares the sha256
+// namespace with content digests; the caller must make it one no content
+// digest can be (a domain-separated hash over a fresh id). A name already
+// stored is AlreadyExists: such a layer is never deduplicated. Like
+// ImportDir, the layer appears atomically under its name.
+func (s *Store) ImportDirNamed(ctx context.Context, name string, fill func(dir string) error) (Layer, error) {
+	if err := ValidateDigest(name); err != nil {
+		return Layer{}, err
+	}
+	if s.HasLayer(name) {
+		return Layer{}, errs.E(errs.AlreadyExists, "layer %s is already stored", name)
+	}
+	start := time.Now()
+	tmp, err := os.MkdirTemp(s.dir, tmpPrefix)
+	if err != nil {
+		return Layer{}, errs.Wrap(errs.Internal, err, "create layer dir")
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = os.RemoveAll(tmp)
+		}
+	}()
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return Layer{}, errs.Wrap(errs.Internal, err, "create layer dir")
+	}
+	if err := fill(tmp); err != nil {
+		return Layer{}, err
+	}
+	var entries, size int64
+	err = filepath.WalkDir(tmp, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		entries++
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			size += fi.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		return Layer{}, errs.Wrap(errs.Internal, err, "count layer %s", name)
+	}
+	l := Layer{Digest: name, TarSize: size, Entries: entries, CreatedAt: time.Now().UTC()}
+	meta, _ := json.Marshal(l)
+	if err := os.WriteFile(s.metaPath(name), meta, 0o600); err != nil {
+		return Layer{}, errs.Wrap(errs.Internal, err, "write layer metadata")
+	}
+	// rename(2) onto an existing directory that is not empty fails: a
+	// concurrent import under the same name never replaces a layer.
+	if err := os.Rename(tmp, s.LayerPath(name)); err != nil {
+		if s.HasLayer(name) {
+			return Layer{}, errs.E(errs.AlreadyExists, "layer %s is already stored", name)
+		}
+		_ = os.Remove(s.metaPath(name))
+		return Layer{}, errs.Wrap(errs.Internal, err, "move layer into place")
+	}
+	ok = true
+	l.Path = s.LayerPath(name)
+	s.log.Info("layer stored from directory", "digest", name, "entries", entries, "bytes", size,
+		"named", true, "duration", time.Since(start).Round(time.Millisecond))
+	return l, nil
+}

@@ -32,8 +32,9 @@ import (
 // the same tar stream twice yields the same layer; a re-packed tar of the
 // same files (different order or timestamps) is a different layer. Layers
 // stored from a directory (ImportDir, for snapshots) are named by
-// TreeDigest of their content instead; both are sha256 and share the
-// namespace.
+// TreeDigest of their content instead, and a checkpoint's delta
+// (ImportDirNamed) by a digest its caller derived from the checkpoint's id;
+// all are sha256 and share the namespace.
 //
 // Layers appear atomically: a layer is extracted into layers/.tmp-* and
 // renamed into place, so layers/<digest>/ either exists complete or not at

@@ -2,7 +2,10 @@ package timeline
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -107,7 +110,7 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 	} else if err := capture(ctx, true); err != nil {
 		return store.Checkpoint{}, err
 	}
-	took := time.Since(start)
+	captured := time.Now()
 	ck, err := s.core.Store().CreateCheckpoint(ctx, store.Checkpoint{
 		ID: id, Sandbox: sb.ID, Owner: sb.Owner, Name: req.Name, Layer: layer.Digest,
 		Layers: append([]string{layer.Digest}, base...), Prev: prev, Runtime: sb.Runtime,
@@ -124,6 +127,8 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 	if err := s.core.Store().SetTimelineHead(ctx, store.TimelineHead{Sandbox: sb.ID, Checkpoint: ck.ID, Layers: ck.Layers}); err != nil {
 		return store.Checkpoint{}, err
 	}
+	took := time.Since(start)
+	storeMillis := time.Since(captured).Milliseconds()
 	requested := ModeFiles
 	if req.Memory {
 		requested = ModeMemory
@@ -132,6 +137,7 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 		"checkpoint": ck.ID, "seq": strconv.FormatInt(ck.Seq, 10), "layer": ck.Layer, "prev": prev,
 		"mode": mode, "requested": requested, "bytes": strconv.FormatInt(ds.Bytes, 10),
 		"files": strconv.Itoa(ds.Files), "whiteouts": strconv.Itoa(ds.Whiteouts), "ms": strconv.FormatInt(took.Milliseconds(), 10),
+		"freeze_ms": strconv.FormatInt(ds.FreezeMillis, 10), "store_ms": strconv.FormatInt(storeMillis, 10),
 		"diff_ms": strconv.FormatInt(ds.DiffMillis, 10), "write_ms": strconv.FormatInt(ds.WriteMillis, 10),
 		"import_ms": strconv.FormatInt(ds.ImportMillis, 10),
 	}
@@ -139,7 +145,8 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 		data["refused"] = strconv.Itoa(len(ds.Refused))
 	}
 	s.core.Event(ctx, sb, req.Actor, "checkpoint", "checkpoint_taken", reason, data)
-	s.log.Info("checkpoint taken", "sandbox_id", sb.ID, "checkpoint", ck.ID, "mode", mode, "bytes", ds.Bytes, "ms", took.Milliseconds())
+	s.log.Info("checkpoint taken", "sandbox_id", sb.ID, "checkpoint", ck.ID, "mode", mode, "bytes", ds.Bytes, "ms", took.Milliseconds(),
+		"freeze_ms", ds.FreezeMillis, "diff_ms", ds.DiffMillis, "write_ms", ds.WriteMillis, "import_ms", ds.ImportMillis, "store_ms", storeMillis)
 	return ck, nil
 }
 
@@ -156,6 +163,7 @@ func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, id stri
 	if err != nil {
 		return template.Layer{}, DeltaStat{}, err
 	}
+	began := time.Now()
 	if running && canFreeze(ctx, rt) {
 		if err := rt.Freeze(ctx, sb.ID); err != nil {
 			return template.Layer{}, DeltaStat{}, errs.Wrap(errs.Internal, err, "freeze %s for a consistent checkpoint", sb.ID)
@@ -166,6 +174,7 @@ func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, id stri
 			}
 		}()
 	}
+	t0 := time.Now()
 	var open []*fsdiff.DirLayer
 	defer func() {
 		for _, l := range open {
@@ -186,8 +195,11 @@ func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, id stri
 		return template.Layer{}, DeltaStat{}, err
 	}
 	to := fsdiff.NewTree(append([]fsdiff.Layer{upper}, lowers...)...)
-	t0 := time.Now()
-	res, err := fsdiff.Diff(ctx, fsdiff.NewTree(from...), to, fsdiff.Options{DigestsOnly: true, NoText: true})
+	// QuickCheck: the from side is layers berth wrote, so a file the last
+	// delta copied and nobody touched since is known by its stamp, and any
+	// other file of equal size counts as modified (copied again: more
+	// bytes, never a wrong view) — no content is read to decide.
+	res, err := fsdiff.Diff(ctx, fsdiff.NewTree(from...), to, fsdiff.Options{DigestsOnly: true, NoText: true, QuickCheck: true})
 	if err != nil {
 		return template.Layer{}, DeltaStat{}, err
 	}
@@ -196,20 +208,61 @@ func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, id stri
 		ds DeltaStat
 		t2 time.Time
 	)
-	l, err := s.layers.ImportDir(ctx, func(dir string) error {
+	l, err := s.layers.ImportDirNamed(ctx, deltaName(id, res.Changes), func(dir string) error {
 		var err error
-		ds, err = WriteDelta(ctx, res, to, dir)
+		ds, err = WriteDeltaStamped(ctx, res, to, dir, began)
 		t2 = time.Now()
 		if err != nil {
 			return err
 		}
-		// The checkpoint's id on the layer's root makes its digest its own:
-		// two deltas with the same changes (none, or a file set back) would
-		// otherwise be one layer, twice in a view, which overlayfs refuses.
+		// The checkpoint's id on the layer's root says whose delta it is
+		// (its name is a digest and says nothing to a reader).
 		return unix.Setxattr(dir, checkpointXattr, []byte(id), 0)
 	})
+	ds.FreezeMillis = t0.Sub(began).Milliseconds()
 	ds.DiffMillis, ds.WriteMillis, ds.ImportMillis = t1.Sub(t0).Milliseconds(), t2.Sub(t1).Milliseconds(), time.Since(t2).Milliseconds()
 	return l, ds, err
+}
+
+// deltaDomain separates delta names from every other digest of the layer
+// store.
+const deltaDomain = "berth timeline delta v1\x00"
+
+// deltaName is the layer name of checkpoint id's delta: the SHA-256 of a
+// domain tag, the checkpoint's id and the delta's entry list (each
+// change's path, kind and the new object's type, mode, owner, size and
+// symlink target). Not a digest of the delta's bytes — computing one would
+// read every byte the delta holds (100 MiB for a rewritten 100 MiB file)
+// — and it need not be one:
+//   - it is unique: the checkpoint id is fresh (sandbox.NewID, random), so
+//     no two deltas share a name, which is what overlayfs needs (it
+//     refuses a lower twice in one view) and what content naming had to be
+//     bent for before (two deltas of the same changes);
+//   - it cannot be any other layer's name: content digests (ImportTar's
+//     tar stream, ImportDir's TreeDigest) hash other inputs, and meeting
+//     one would be a SHA-256 collision; the domain tag keeps even the
+//     inputs apart;
+//   - nothing trusts a layer's name as a statement about its bytes: the
+//     layer store, layer GC (CollectLayers, by reference), RemoveLayer and
+//     the timeline's own dropLayers address layers by name only; the bytes
+//     are as safe as every layer's are, in the root-only layer store,
+//     written once by berth and never changed.
+//
+// The entry list is in it so that the name also commits to the delta's
+// shape (a reader with the checkpoint id and the layer can recompute it).
+func deltaName(id string, changes []fsdiff.Change) string {
+	h := sha256.New()
+	h.Write([]byte(deltaDomain))
+	h.Write([]byte(id))
+	h.Write([]byte{0})
+	for _, c := range changes {
+		fmt.Fprintf(h, "%q %s", c.Path, c.Kind)
+		if n := c.New; n != nil {
+			fmt.Fprintf(h, " %s %o %d:%d %d %q", n.Type, n.Mode, n.UID, n.GID, n.Size, n.Target)
+		}
+		h.Write([]byte{'\n'})
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // view opens the stored layers digests (top first).

@@ -95,13 +95,17 @@ func (s *Service) restartOn(ctx context.Context, sb *sandbox.Sandbox, layers, lo
 	l := rootfs.LayoutOf(s.core.SandboxDir(sb.ID))
 	aside := l.Image + ".timeline"
 	oldLayers := slices.Clone(sb.Layers)
-	if err := s.core.Halt(tctx, sb); err != nil {
+	t0 := time.Now()
+	s.killFirst(tctx, sb)
+	t1 := time.Now()
+	if err := s.core.HaltForRestart(tctx, sb); err != nil {
 		// Still running as it was: let it be.
 		if berr := s.core.Boot(tctx, sb); berr != nil {
 			s.core.Fail(tctx, sb, "restart_failed", errors.Join(err, berr))
 		}
 		return "", "", errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "stop sandbox %s", sb.ID)
 	}
+	halted := time.Now()
 	_ = os.Remove(aside)
 	if err := writeJournal(l.Dir, restartJournal{Old: oldLayers, New: layers}); err != nil {
 		return "", "", errors.Join(errs.Wrap(errs.Internal, err, "restart journal of %s", sb.ID), s.rebootOld(tctx, sb))
@@ -124,13 +128,18 @@ func (s *Service) restartOn(ctx context.Context, sb *sandbox.Sandbox, layers, lo
 			mode = ModeMemory
 		}
 	}
+	t2 := time.Now()
 	if mode == ModeFiles {
 		if err := s.core.Boot(tctx, sb); err != nil {
 			return "", "", errors.Join(errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "restart %s", sb.ID),
 				s.rollback(tctx, sb, aside, oldLayers))
 		}
 	}
+	t3 := time.Now()
 	_ = os.Remove(aside)
+	s.log.Debug("timeline: restarted", "sandbox_id", sb.ID, "mode", mode, "kill_ms", t1.Sub(t0).Milliseconds(),
+		"halt_ms", halted.Sub(t1).Milliseconds(), "switch_ms", t2.Sub(halted).Milliseconds(),
+		"boot_ms", t3.Sub(t2).Milliseconds(), "drop_ms", time.Since(t3).Milliseconds())
 	return mode, why, nil
 }
 

@@ -49,6 +49,9 @@ type Core interface {
 	// Lifecycle steps of a restart: stop PID 1 keeping the workspace,
 	// boot from the workspace (a fresh one when disk.img is gone), fail.
 	Halt(ctx context.Context, sb *sandbox.Sandbox) error
+	// HaltForRestart is Halt keeping the network attachment for a boot
+	// that follows at once (Boot keeps an attachment it finds).
+	HaltForRestart(ctx context.Context, sb *sandbox.Sandbox) error
 	Boot(ctx context.Context, sb *sandbox.Sandbox) error
 	Fail(ctx context.Context, sb *sandbox.Sandbox, reason string, cause error)
 	Delete(ctx context.Context, owner, id, actor string) error
