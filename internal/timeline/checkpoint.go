@@ -155,6 +155,13 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 // trusted.overlay.*, and the root of a lower is never what a sandbox sees).
 const checkpointXattr = "trusted.berth.checkpoint"
 
+// isDeltaLayer reports whether the layer at dir is a checkpoint's delta
+// (its root carries checkpointXattr).
+func isDeltaLayer(dir string) bool {
+	_, err := unix.Getxattr(dir, checkpointXattr, nil)
+	return err == nil
+}
+
 // captureDelta writes the delta from view base to sb's live view (its
 // upper over boot) as a layer. A running sandbox is frozen for the diff
 // and the copy, so the delta is one instant and no file moves under it.
@@ -428,6 +435,14 @@ func (s *Service) dropLayers(ctx context.Context, except string, layers []string
 	}
 	for _, dg := range layers {
 		if refs.used(dg) || strings.Contains(string(mounts), s.layers.LayerPath(dg)) {
+			continue
+		}
+		// Only the timeline's own delta layers are its to drop. A sandbox's
+		// other layers are a template's (or a snapshot's): layer GC owns them,
+		// and a template build in progress holds GC off while its new layers
+		// are named by no record yet (its step sandboxes run on them and are
+		// deleted before the template row names them).
+		if !isDeltaLayer(s.layers.LayerPath(dg)) {
 			continue
 		}
 		if err := s.layers.RemoveLayer(dg); err != nil && !errs.Is(err, errs.NotFound) {

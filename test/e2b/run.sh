@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the E2B SDK suite against a real berth server: builds berth and
 # berth-agent, starts `berth serve` on a temporary data dir and a free port,
-# reads the admin key, puts the code-interpreter-v1 template in (built once,
-# then from the host cache), runs `npm test`, and stops the server.
+# reads the admin key, puts the code-interpreter-v1 and desktop templates in
+# (built once, then from the host cache), runs `npm test`, and stops the server.
 #   test/e2b/run.sh [node --test args and test files; default: all of tests/]
 # Needs root (berth serve runs sandboxes) and node >= 20. Sandbox host names
 # (hostnames.test.js): the server also serves https://<port>-<id>.berth.localhost
@@ -69,13 +69,22 @@ done
 BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$key" \
   bash "$root/scripts/code-interpreter-template.sh" "$work/bin/berth" "$data" ||
   { echo "code-interpreter-v1 template failed:"; tail -n 50 "$work/serve.log"; exit 1; }
+# @e2b/desktop's template, the same way (scripts/desktop-template.sh).
+BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$key" \
+  bash "$root/scripts/desktop-template.sh" "$work/bin/berth" "$data" ||
+  { echo "desktop template failed:"; tail -n 50 "$work/serve.log"; exit 1; }
 
 cd "$here"
-[ -d node_modules ] || npm ci --no-audit --no-fund
+# node_modules as the lockfile says: (re)installed when package-lock.json changed.
+lock_sum="$(sha256sum package-lock.json | cut -d' ' -f1)"
+if [ "$(cat node_modules/.berth-lock-sha256 2>/dev/null)" != "$lock_sum" ]; then
+  npm ci --no-audit --no-fund
+  echo "$lock_sum" >node_modules/.berth-lock-sha256
+fi
 status=0
 "$work/bin/berth" ca --data-dir "$data" >"$work/sandbox-ca.pem"
 export BERTH_URL="http://127.0.0.1:$port" BERTH_API_KEY="$(cat "$data/admin.key")" BERTH_SANDBOX_DOMAIN="$domain" \
-  NODE_EXTRA_CA_CERTS="$work/sandbox-ca.pem"
+  NODE_EXTRA_CA_CERTS="$work/sandbox-ca.pem" BERTH_SANDBOX_TLS_PORT="${tls_listen##*:}"
 if [ "$#" -gt 0 ]; then
   # Files and flags given (e.g. tests/hostnames.test.js): only those.
   node --test --test-concurrency=1 --test-timeout=600000 "$@" || status=$?
