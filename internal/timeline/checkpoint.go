@@ -389,32 +389,18 @@ func (s *Service) Forget(ctx context.Context, id string) error {
 		layers = append(layers, c.Layer)
 	}
 	// The head's and the sandbox's own stacks also hold template, snapshot
-	// and (for a template build's sandbox) not-yet-recorded build layers:
-	// only the delta layers a checkpoint wrote are the timeline's to drop.
+	// and build layers: dropLayers removes only the delta layers among them.
 	if h, err := s.core.Store().GetTimelineHead(ctx, id); err == nil {
-		layers = append(layers, s.deltasOf(h.Layers)...)
+		layers = append(layers, h.Layers...)
 		if err := s.core.Store().DeleteTimelineHead(ctx, id); err != nil && !errs.Is(err, errs.NotFound) {
 			errList = append(errList, err)
 		}
 	}
 	if sb, err := s.core.Store().GetSandbox(ctx, id); err == nil {
-		layers = append(layers, s.deltasOf(sb.Layers)...) // a rewound sandbox runs on delta layers
+		layers = append(layers, sb.Layers...) // a rewound sandbox runs on delta layers
 	}
 	s.dropLayers(ctx, id, layers)
 	return errors.Join(errList...)
-}
-
-// deltasOf keeps the layers that are checkpoint deltas: those whose root
-// carries checkpointXattr (written by WriteDelta's caller, never by a
-// sandbox: it is a trusted.* xattr on a host layer directory).
-func (s *Service) deltasOf(layers []string) []string {
-	var out []string
-	for _, dg := range layers {
-		if _, err := unix.Getxattr(s.layers.LayerPath(dg), checkpointXattr, nil); err == nil {
-			out = append(out, dg)
-		}
-	}
-	return out
 }
 
 // dropLayers removes those of layers that no template, snapshot, sandbox
