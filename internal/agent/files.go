@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 )
 
@@ -92,6 +93,13 @@ func (a *Agent) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 		}
 		mode = os.FileMode(m)
 	}
+	var meta map[string]string
+	if s, ok := q["metadata"]; ok {
+		if meta, err = agentapi.DecodeMetadata(s[0]); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	appendMode := q.Get("append") == "1" || q.Get("append") == "true"
 	// Write through a symlink at the target, as truncating would.
 	if target, err := filepath.EvalSymlinks(path); err == nil {
@@ -106,9 +114,9 @@ func (a *Agent) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if appendMode {
-		err = appendFile(path, mode, acct, r.Body)
+		err = appendFile(path, mode, acct, r.Body, meta)
 	} else {
-		err = replaceFile(path, mode, acct, r.Body)
+		err = replaceFile(path, mode, acct, r.Body, meta)
 	}
 	if err != nil {
 		writeError(w, err)
@@ -123,7 +131,9 @@ func (a *Agent) handleWriteFile(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, info)
 }
 
-func replaceFile(path string, mode os.FileMode, acct account, body io.Reader) error {
+// replaceFile writes body to a new file that replaces path; with meta
+// (non-nil) the new file carries that metadata, set before it takes the name.
+func replaceFile(path string, mode os.FileMode, acct account, body io.Reader, meta map[string]string) error {
 	fi, statErr := os.Stat(path)
 	if mode == 0 {
 		mode = 0o644
@@ -157,6 +167,11 @@ func replaceFile(path string, mode os.FileMode, acct account, body io.Reader) er
 	if err := tmp.Chown(acct.UID, acct.GID); err != nil {
 		return fsError(err, path)
 	}
+	if meta != nil {
+		if err := setMetadata(tmp, meta); err != nil {
+			return err
+		}
+	}
 	if err := tmp.Sync(); err != nil {
 		return fsError(err, path)
 	}
@@ -170,7 +185,7 @@ func replaceFile(path string, mode os.FileMode, acct account, body io.Reader) er
 	return syncDir(filepath.Dir(path))
 }
 
-func appendFile(path string, mode os.FileMode, acct account, body io.Reader) error {
+func appendFile(path string, mode os.FileMode, acct account, body io.Reader, meta map[string]string) error {
 	if mode == 0 {
 		mode = 0o644
 	}
@@ -187,6 +202,11 @@ func appendFile(path string, mode os.FileMode, acct account, body io.Reader) err
 	}
 	if _, err := io.Copy(f, body); err != nil {
 		return bodyError(err, path)
+	}
+	if meta != nil {
+		if err := setMetadata(f, meta); err != nil {
+			return err
+		}
 	}
 	if err := f.Sync(); err != nil {
 		return fsError(err, path)

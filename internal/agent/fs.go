@@ -79,6 +79,7 @@ func entryInfo(db *userDB, path string) (agentapi.EntryInfo, error) {
 		Permissions: permissions(fi.Mode()),
 		ModTime:     fi.ModTime().UTC(),
 	}
+	info.Metadata = readMetadata(path)
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		info.Owner = db.userName(int(st.Uid))
 		info.Group = db.groupName(int(st.Gid))

@@ -391,7 +391,19 @@ func (c *Client) ReadFile(ctx context.Context, path, user string) (io.ReadCloser
 // WriteFile streams r into path (created or replaced); mode 0 keeps the
 // agent's default.
 func (c *Client) WriteFile(ctx context.Context, path, user string, mode os.FileMode, r io.Reader) (EntryInfo, error) {
+	return c.WriteFileMetadata(ctx, path, user, mode, nil, r)
+}
+
+// WriteFileMetadata is WriteFile that also sets the file's metadata (its
+// user.e2b.* xattrs, see metadata.go) to meta; nil sets none.
+func (c *Client) WriteFileMetadata(ctx context.Context, path, user string, mode os.FileMode, meta map[string]string, r io.Reader) (EntryInfo, error) {
 	q := url.Values{"path": {path}}
+	if meta != nil {
+		if err := ValidateMetadata("metadata.", meta); err != nil {
+			return EntryInfo{}, err
+		}
+		q.Set("metadata", EncodeMetadata(meta))
+	}
 	if user != "" {
 		q.Set("user", user)
 	}

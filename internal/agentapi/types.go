@@ -22,7 +22,7 @@
 //	POST /processes/{pid}/signal SignalRequest -> 204
 //	POST /processes/{pid}/resize ResizeRequest -> 204
 //	GET  /files?path=P&user=U            -> 200 raw bytes (Content-Length set)
-//	PUT  /files?path=P&user=U[&mode=0644][&append=1] raw body -> 200 EntryInfo (parents created, owned by user, fsync'd)
+//	PUT  /files?path=P&user=U[&mode=0644][&append=1][&metadata=JSON] raw body -> 200 EntryInfo (parents created, owned by user, fsync'd; metadata replaces the file's user.e2b.* xattrs)
 //	POST /fs/stat   PathRequest          -> 200 EntryInfo
 //	POST /fs/list   ListRequest          -> 200 []EntryInfo
 //	POST /fs/mkdir  PathRequest          -> 200 EntryInfo (409 already_exists if it exists)
@@ -165,6 +165,8 @@ type EntryInfo struct {
 	Group         string    `json:"group"`
 	ModTime       time.Time `json:"mod_time"`
 	SymlinkTarget string    `json:"symlink_target,omitempty"`
+	// Metadata are the file's user.e2b.* xattrs, prefix stripped (metadata.go).
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // FSEvent is one line of a watch stream.

@@ -54,7 +54,11 @@ func (d watchAdapter) ExpireDelete(ctx context.Context, id string) error {
 }
 
 func (d watchAdapter) ExpirePause(ctx context.Context, sb *sandbox.Sandbox) error {
-	_, err := d.ckpt.PauseAs(ctx, "", sb.ID, d.ckpt.DefaultMode(sb), "expiry", "expired")
+	mode := d.ckpt.DefaultMode(sb)
+	if sb.ExpiryPauseMode != "" {
+		mode = sb.ExpiryPauseMode
+	}
+	_, err := d.ckpt.PauseAs(ctx, "", sb.ID, mode, "expiry", "expired")
 	return err
 }
 

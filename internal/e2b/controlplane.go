@@ -123,6 +123,9 @@ type sandboxJSON struct {
 type lifecycleJSON struct {
 	OnTimeout  string `json:"onTimeout"`
 	AutoResume bool   `json:"autoResume"`
+	// KeepMemory (berth's addition, the SDK ignores it) says whether an
+	// expiry pause keeps memory: false for autoPauseMemory: false.
+	KeepMemory *bool `json:"keepMemory,omitempty"`
 }
 
 // detailJSON is E2B's SandboxDetail and, without the detail-only fields,
@@ -214,6 +217,10 @@ func (s *Server) toDetailJSON(sb *sandbox.Sandbox, state string, detail bool, to
 			onTimeout = "pause"
 		}
 		out.Lifecycle = &lifecycleJSON{OnTimeout: onTimeout, AutoResume: sb.AutoResume}
+		if sb.ExpiryAction == sandbox.ExpirePause {
+			keep := sb.ExpiryPauseMode != sandbox.PauseDisk
+			out.Lifecycle.KeepMemory = &keep
+		}
 	}
 	return out
 }

@@ -34,9 +34,19 @@ func TestCreateRequest(t *testing.T) {
 			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", TTL: 15 * time.Second, ExpiryAction: sandbox.ExpireDelete}},
 		{name: "timeout capped, envs, lifecycle", v2: true,
 			body: newSandboxJSON{TemplateID: "base", Timeout: i64(86400), EnvVars: map[string]string{"A": "1"},
-				AutoPause: true, AutoPauseMemory: &f, AutoResume: &autoResumeJSON{Enabled: true}},
+				AutoPause: true, AutoPauseMemory: &tr, AutoResume: &autoResumeJSON{Enabled: true}},
 			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", TTL: time.Hour, Env: map[string]string{"A": "1"},
 				ExpiryAction: sandbox.ExpirePause, AutoResume: true}},
+		{name: "filesystem-only auto-pause", v2: true,
+			body: newSandboxJSON{TemplateID: "base", AutoPause: true, AutoPauseMemory: &f},
+			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", TTL: 300 * time.Second,
+				ExpiryAction: sandbox.ExpirePause, Attrs: sandbox.Attrs{ExpiryPauseMode: sandbox.PauseDisk}}},
+		{name: "autoPauseMemory without autoPause", v2: true,
+			body: newSandboxJSON{TemplateID: "base", AutoPauseMemory: &f},
+			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", TTL: 300 * time.Second, ExpiryAction: sandbox.ExpireDelete}},
+		{name: "auto-resume of a filesystem-only pause", v2: true,
+			body:  newSandboxJSON{TemplateID: "base", AutoPause: true, AutoPauseMemory: &f, AutoResume: &autoResumeJSON{Enabled: true}},
+			field: "autoResume"},
 		{name: "negative timeout is zero", v2: true, body: newSandboxJSON{TemplateID: "base", Timeout: i64(-5)},
 			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", ExpiryAction: sandbox.ExpireDelete}},
 		{name: "no internet access", v2: true, body: newSandboxJSON{TemplateID: "py", AllowInternetAccess: &f},
@@ -119,6 +129,7 @@ func TestListFilter(t *testing.T) {
 
 func TestDetailJSON(t *testing.T) {
 	s := New(nil, nil, Options{})
+	keep := true
 	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 	sb := &sandbox.Sandbox{ID: "abc", Template: "default", State: sandbox.Paused, CreatedAt: t0,
 		StartedAt: t0.Add(time.Second), ExpiresAt: t0.Add(time.Hour), ExpiryAction: sandbox.ExpirePause, AutoResume: true,
@@ -126,10 +137,16 @@ func TestDetailJSON(t *testing.T) {
 		PauseRequested: sandbox.PauseMemory, PauseActual: sandbox.PauseDisk}
 	want := detailJSON{SandboxID: "abc", TemplateID: "base", ClientID: "6532622b", EnvdVersion: EnvdVersion, EnvdAccessToken: "tok",
 		StartedAt: t0.Add(time.Second), EndAt: t0.Add(time.Hour), State: "paused", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024,
-		Metadata: map[string]string{}, Lifecycle: &lifecycleJSON{OnTimeout: "pause", AutoResume: true},
+		Metadata: map[string]string{}, Lifecycle: &lifecycleJSON{OnTimeout: "pause", AutoResume: true, KeepMemory: &keep},
 		PauseMode: "disk", PauseRequested: "memory"}
 	if diff := cmp.Diff(want, s.toDetailJSON(sb, "paused", true, "tok")); diff != "" {
 		t.Errorf("detail (-want +got):\n%s", diff)
+	}
+	// autoPauseMemory: false: the lifecycle says an expiry pause keeps no memory.
+	fsOnly := *sb
+	fsOnly.AutoResume, fsOnly.ExpiryPauseMode = false, sandbox.PauseDisk
+	if got := s.toDetailJSON(&fsOnly, "paused", true, "tok").Lifecycle; got.KeepMemory == nil || *got.KeepMemory || got.OnTimeout != "pause" {
+		t.Errorf("filesystem-only lifecycle = %+v", got)
 	}
 	// A warm-pool member booted before it was claimed: startedAt is the claim.
 	claimed := *sb

@@ -73,8 +73,18 @@ func (s *Server) createRequest(owner string, body newSandboxJSON, v2 bool) (daem
 	}
 	if body.AutoPause {
 		req.ExpiryAction = sandbox.ExpirePause
+		// autoPauseMemory (default true; SDK lifecycle.onTimeout.keepMemory)
+		// false: a filesystem-only pause at expiry, berth's disk pause.
+		if body.AutoPauseMemory != nil && !*body.AutoPauseMemory {
+			req.Attrs.ExpiryPauseMode = sandbox.PauseDisk
+		}
 	}
 	if body.AutoResume != nil && body.AutoResume.Enabled {
+		if req.Attrs.ExpiryPauseMode == sandbox.PauseDisk {
+			// As E2B (and the SDK, before sending): traffic does not resume
+			// a filesystem-only pause; Sandbox.connect() does.
+			return daemon.CreateRequest{}, errs.Field("autoResume", "cannot be enabled with autoPauseMemory: false (a filesystem-only pause is resumed by connect)")
+		}
 		req.AutoResume = true
 	}
 	// E2B's allow_internet_access (SDK option allowInternetAccess; 2.9 sends

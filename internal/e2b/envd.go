@@ -69,6 +69,19 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		sandboxGone(w, id, "sandbox not found")
 		return
 	}
+	if token == "" && isSignedFiles(r) {
+		// A signed file URL (envd_signed.go): the signature stands in for the token.
+		sb, err := s.signedTarget(ctx, r, id)
+		switch {
+		case errs.Is(err, errs.NotFound):
+			sandboxGone(w, id, "sandbox not found")
+		case err != nil:
+			s.writeFilesError(w, r, err)
+		default:
+			s.serveEnvdTo(w, r, sb)
+		}
+		return
+	}
 	if token == "" {
 		writeStatus(w, http.StatusUnauthorized, "missing X-Access-Token header (the envdAccessToken of sandbox "+strconv.Quote(id)+")")
 		return
@@ -91,6 +104,13 @@ func (s *Server) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
 		writeStatus(w, http.StatusUnauthorized, "X-Access-Token is not valid for sandbox "+strconv.Quote(id))
 		return
 	}
+	s.serveEnvdTo(w, r, sb)
+}
+
+// serveEnvdTo serves an envd request for sb, already authorised: it gets
+// the sandbox's agent (auto-resuming when the sandbox allows it).
+func (s *Server) serveEnvdTo(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox) {
+	ctx := r.Context()
 	if sb.State != sandbox.Running && !(sb.AutoResume && (sb.State == sandbox.Paused || sb.State == sandbox.Resuming)) {
 		state, ok := e2bState(sb.State)
 		if !ok {

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"path"
 	"strconv"
-	"strings"
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
@@ -42,9 +41,10 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 
 // writtenFile is one entry of the POST /files answer.
 type writtenFile struct {
-	Path string `json:"path"`
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // handleFilesPost serves POST /files: multipart/form-data (one "file" part
@@ -58,13 +58,10 @@ const metadataHeaderPrefix = "X-Metadata-"
 func (s *Server) handleFilesPost(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	user, target := q.Get("username"), q.Get("path")
-	for h := range r.Header {
-		// envd ≥ 0.6.2 takes file metadata as X-Metadata-<key> headers
-		// (EnvdVersion). berth does not store it yet; refuse rather than drop it.
-		if strings.HasPrefix(h, metadataHeaderPrefix) {
-			s.writeFilesError(w, r, errs.Field(h, "file metadata (X-Metadata-* headers) is not supported by berth yet"))
-			return
-		}
+	meta, err := uploadMetadata(r.Header)
+	if err != nil {
+		s.writeFilesError(w, r, err)
+		return
 	}
 	body := io.Reader(r.Body)
 	if r.Header.Get("Content-Encoding") == "gzip" {
@@ -84,15 +81,15 @@ func (s *Server) handleFilesPost(w http.ResponseWriter, r *http.Request) {
 	var written []writtenFile
 	switch mediaType {
 	case "multipart/form-data":
-		written, err = s.writeMultipart(r, multipart.NewReader(body, params["boundary"]), target, user)
+		written, err = s.writeMultipart(r, multipart.NewReader(body, params["boundary"]), target, user, meta)
 	case "application/octet-stream":
 		if target == "" {
 			err = errs.Field("path", "is required for an application/octet-stream upload")
 			break
 		}
 		var e agentapi.EntryInfo
-		e, err = targetFrom(r.Context()).agent.WriteFile(r.Context(), target, user, 0, body)
-		written = []writtenFile{{Path: e.Path, Name: e.Name, Type: "file"}}
+		e, err = targetFrom(r.Context()).agent.WriteFileMetadata(r.Context(), target, user, 0, meta, body)
+		written = []writtenFile{{Path: e.Path, Name: e.Name, Type: "file", Metadata: e.Metadata}}
 	default:
 		err = errs.Field("Content-Type", "must be multipart/form-data or application/octet-stream; got %q", mediaType)
 	}
@@ -111,7 +108,7 @@ func (s *Server) handleFilesPost(w http.ResponseWriter, r *http.Request) {
 // (multipart.Part.FileName strips directories, so Content-Disposition is
 // parsed here). A ?path= names the target of the first part. The same target
 // twice in one request is rejected.
-func (s *Server) writeMultipart(r *http.Request, mr *multipart.Reader, target, user string) ([]writtenFile, error) {
+func (s *Server) writeMultipart(r *http.Request, mr *multipart.Reader, target, user string, meta map[string]string) ([]writtenFile, error) {
 	var out []writtenFile
 	seen := map[string]bool{}
 	for {
@@ -138,7 +135,7 @@ func (s *Server) writeMultipart(r *http.Request, mr *multipart.Reader, target, u
 			return out, errs.Field("filename", "%q appears twice in one upload", p)
 		}
 		seen[p] = true
-		e, err := targetFrom(r.Context()).agent.WriteFile(r.Context(), p, user, 0, part)
+		e, err := targetFrom(r.Context()).agent.WriteFileMetadata(r.Context(), p, user, 0, meta, part)
 		_ = part.Close()
 		if err != nil {
 			return out, err
@@ -147,6 +144,6 @@ func (s *Server) writeMultipart(r *http.Request, mr *multipart.Reader, target, u
 			return out, errs.Field("filename", "%q appears twice in one upload", e.Path)
 		}
 		seen[e.Path] = true
-		out = append(out, writtenFile{Path: e.Path, Name: e.Name, Type: "file"})
+		out = append(out, writtenFile{Path: e.Path, Name: e.Name, Type: "file", Metadata: e.Metadata})
 	}
 }

@@ -164,6 +164,7 @@ func entryInfo(e agentapi.EntryInfo) *filesystem.EntryInfo {
 		Owner:        e.Owner,
 		Group:        e.Group,
 		ModifiedTime: timestamppb.New(e.ModTime),
+		Metadata:     e.Metadata,
 	}
 	if e.SymlinkTarget != "" {
 		out.SymlinkTarget = &e.SymlinkTarget

@@ -73,6 +73,11 @@ func decideRoute(r *http.Request) route {
 	if r.Header.Get(headerAccessToken) != "" && r.Header.Get(headerAPIKey) == "" {
 		return route{Dest: toEnvd}
 	}
+	// A signed file URL built on E2B_SANDBOX_URL names no sandbox: its
+	// signature does (envd_signed.go).
+	if isSignedFiles(r) && r.Header.Get(headerAPIKey) == "" {
+		return route{Dest: toEnvd}
+	}
 	if isControlPlanePath(r.URL.Path) {
 		return route{Dest: toControlPlane}
 	}

@@ -131,7 +131,7 @@ var detachedLayers = true
 // mount and detached right after; the overlay holds its own references.
 func mountRootOverlay(l Layout, lowers []string, m *IDMap) error {
 	if m == nil {
-		return mountOverlayOf(l, lowers)
+		return mountOverlayOf(l, lowers, sandboxMountFlags)
 	}
 	fds, err := idmapTrees(lowers, *m)
 	if err != nil {
@@ -143,7 +143,7 @@ func mountRootOverlay(l Layout, lowers []string, m *IDMap) error {
 		for i, fd := range fds {
 			paths[i] = "/proc/self/fd/" + strconv.Itoa(fd)
 		}
-		err = mountOverlayOf(l, paths)
+		err = mountOverlayOf(l, paths, userNSOverlayFlags)
 		if err == nil || !(errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM)) {
 			return err
 		}
@@ -164,15 +164,15 @@ func mountRootOverlay(l Layout, lowers []string, m *IDMap) error {
 			return errors.Join(errs.Wrap(errs.Internal, err, "move_mount %s", lowers[i]), detachIdmapped(l))
 		}
 	}
-	return errors.Join(mountOverlayOf(l, paths), detachIdmapped(l))
+	return errors.Join(mountOverlayOf(l, paths, userNSOverlayFlags), detachIdmapped(l))
 }
 
-func mountOverlayOf(l Layout, lowers []string) error {
+func mountOverlayOf(l Layout, lowers []string, flags uintptr) error {
 	data, err := overlayData(l, lowers)
 	if err != nil {
 		return err
 	}
-	if err := unix.Mount("overlay", l.RootFS, "overlay", sandboxMountFlags, data); err != nil {
+	if err := unix.Mount("overlay", l.RootFS, "overlay", flags, data); err != nil {
 		return errs.Wrap(errs.Internal, err, "mount overlay at %s (%s)", l.RootFS, data)
 	}
 	return nil

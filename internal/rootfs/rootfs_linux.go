@@ -23,10 +23,22 @@ import (
 const MinDiskMiB = 8
 
 // sandboxMountFlags are on every host mount of sandbox content (the
-// workspace image and the overlay): a setuid file or device node a sandbox
-// made is inert on the host. Inside, no-new-privileges already ignores
-// setuid bits, and /dev is the runtime's own tmpfs.
+// workspace image, the read-only workspace copy, the overlay of a sandbox
+// without a user namespace): a setuid file or device node a sandbox made is
+// inert on the host. Inside such a sandbox no-new-privileges ignores setuid
+// bits anyway, and /dev is the runtime's own tmpfs.
 const sandboxMountFlags = unix.MS_NOSUID | unix.MS_NODEV
+
+// userNSOverlayFlags are the flags of the overlay of a sandbox whose root
+// maps to an unprivileged host uid: setuid works there (sudo in the
+// template), because the overlay is the sandbox's own root filesystem and a
+// setuid bit on it can only raise a process to a uid of that sandbox's
+// mapping, never to a host uid outside it (its files are owned by mapped
+// uids). The host never executes from it, and only root and the mapped
+// root's group may search the sandbox dir above it (userNamespaces.share,
+// 0710), so no other host user can reach such a file. The workspace image
+// below it stays nosuid: nothing the host reaches through it honours setuid.
+const userNSOverlayFlags = unix.MS_NODEV
 
 // Prepare creates the sandbox filesystem in dir: a sparse ext4 image of
 // diskMiB, loop-mounted at dir/ws, and an overlay of lowers (first = top)

@@ -32,6 +32,10 @@ type Attrs struct {
 	LeaseUntil time.Time `json:"lease_until,omitzero"`
 	// PauseMillis is how long the last pause took.
 	PauseMillis int64 `json:"pause_ms,omitempty"`
+	// ExpiryPauseMode is the mode an expiry pause (ExpirePause) asks for;
+	// "": the checkpoint service's default for the sandbox. E2B's
+	// autoPauseMemory: false sets PauseDisk (filesystem-only auto-pause).
+	ExpiryPauseMode PauseMode `json:"expiry_pause_mode,omitempty"`
 }
 
 // UserNSNone is Attrs.UserNS of a sandbox made without a user namespace.

@@ -121,7 +121,10 @@ func (o *OCI) globalArgs(netns bool) []string {
 		// --overlay2=none: gVisor's default keeps rootfs writes in a memory
 		// overlay, which a disk pause would lose and the disk limit would not
 		// bound. Writes must land in the sandbox's workspace image.
-		args = append(args, "--network="+network, "--host-uds=open", "--overlay2=none")
+		// --allow-suid: setuid binaries (the template's sudo) work inside
+		// the Sentry, which implements the uid change itself; the host's
+		// mounts of sandbox content stay nosuid (rootfs.sandboxMountFlags).
+		args = append(args, "--network="+network, "--host-uds=open", "--overlay2=none", "--allow-suid")
 		args = append(args, o.cfg.RunscFlags...)
 	}
 	return args

@@ -101,7 +101,7 @@ func GenerateSpec(s runtime.Spec, backend string) (*specs.Spec, error) {
 				Bounding: caps, Effective: caps, Permitted: caps,
 			},
 			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
-			NoNewPrivileges: true,
+			NoNewPrivileges: noNewPrivileges(s, backend),
 		},
 		Root:     &specs.Root{Path: s.RootFS},
 		Hostname: hostname,
@@ -124,6 +124,18 @@ func GenerateSpec(s runtime.Spec, backend string) (*specs.Spec, error) {
 		spec.Linux.Seccomp = defaultSeccomp()
 	}
 	return spec, nil
+}
+
+// noNewPrivileges decides whether setuid binaries (the template's sudo) may
+// raise a process's privileges inside the sandbox. On runsc the Sentry
+// implements setuid itself, so the most a setuid binary reaches is root
+// inside gVisor. On runc with a user namespace, root inside maps to an
+// unprivileged host uid, so a setuid binary can only reach a uid of the
+// sandbox's own mapping. Only on runc without a user namespace (--no-userns)
+// would setuid reach real host root (capabilities still bounded), so there
+// no-new-privileges stays on and sudo does not work.
+func noNewPrivileges(s runtime.Spec, backend string) bool {
+	return backend == Runc && s.UserNS == nil
 }
 
 func validate(s runtime.Spec, backend string) error {

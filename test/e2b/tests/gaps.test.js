@@ -200,13 +200,3 @@ test('a command whose sandbox is killed mid-run gets the SDK\'s "killed" Timeout
     assert.match(err.message, /sandbox was killed/)
   })
 })
-
-test('file metadata on write is refused, not dropped (envd 0.6.4 lets the SDK send it)', async () => {
-  const sbx = await create('metadata')
-  await rejectsWith(sbx.files.write('/home/user/m.txt', 'x', { metadata: { owner: 'me' } }), 'InvalidArgumentError', (err) => {
-    assert.match(err.message, /metadata/)
-  })
-  assert.equal(await sbx.files.exists('/home/user/m.txt'), false)
-  await sbx.files.write('/home/user/m.txt', 'x')
-  assert.equal(await sbx.files.read('/home/user/m.txt'), 'x')
-})
