@@ -3,13 +3,15 @@
 // E2B_API_KEY: env.js sets them from run.sh's BERTH_URL / BERTH_API_KEY).
 // Neither provider is given a URL or a key in code.
 //   @mastra/e2b 0.8.0     E2BSandbox (a Mastra workspace sandbox)
-//   @computesdk/e2b 1.7.52 the ComputeSDK provider factory e2b()
+//   @computesdk/e2b 1.7.52 the ComputeSDK provider factory e2b(), directly
+//                          and through computesdk 4.1.4's compute manager
 // Both drive the e2b SDK (2.51.0, deduplicated in node_modules).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { runId, raw } from './env.js'
 import { E2BSandbox } from '@mastra/e2b'
 import { e2b as computeE2B } from '@computesdk/e2b'
+import { compute } from 'computesdk'
 
 // gone asserts that berth no longer has the sandbox (or only as killed).
 async function assertGone(id) {
@@ -135,5 +137,34 @@ test('@computesdk/e2b: create, runCommand, filesystem, getById, list, destroy', 
     assert.equal(await provider.sandbox.getById(id), null)
   } finally {
     await raw('DELETE', `/sandboxes/${id}`)
+  }
+})
+
+// The README's way: the compute manager configured with the provider;
+// a snapshot of a sandbox (E2B's createSnapshot, berth's snapshot) starts a
+// new sandbox with the file in it.
+test('computesdk: compute.setConfig({provider: e2b()}), snapshot, create from the snapshot', async () => {
+  compute.setConfig({ provider: computeE2B({}) })
+  const made = []
+  let snap
+  try {
+    const a = await compute.sandbox.create({ metadata: { run: runId, suite: 'frameworks' } })
+    made.push(a.sandboxId)
+    assert.equal((await a.runCommand('echo snapshot-me > /tmp/kept.txt && echo ok')).stdout, 'ok\n')
+    snap = await compute.snapshot.create(a.sandboxId, { name: `fw-${runId}` })
+    assert.ok(snap.id, `snapshot ${JSON.stringify(snap)}`)
+    const b = await compute.sandbox.create({ snapshotId: snap.id, metadata: { run: runId, suite: 'frameworks' } })
+    made.push(b.sandboxId)
+    assert.notEqual(b.sandboxId, a.sandboxId)
+    assert.equal(await b.filesystem.readFile('/tmp/kept.txt'), 'snapshot-me\n')
+    // The two are separate machines: a write in one is not in the other.
+    await b.filesystem.writeFile('/tmp/only-b.txt', 'b')
+    assert.equal(await a.filesystem.exists('/tmp/only-b.txt'), false)
+    await b.destroy()
+    await a.destroy()
+    for (const id of made) await assertGone(id)
+  } finally {
+    for (const id of made) await raw('DELETE', `/sandboxes/${id}`)
+    if (snap?.id) await raw('DELETE', `/templates/${encodeURIComponent(snap.id)}`)
   }
 })
