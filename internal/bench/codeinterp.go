@@ -23,13 +23,13 @@ const (
 	ciPort     = "49999"
 	// ciSettle is how long a refilled pool is left alone before a warm
 	// sample, so that its members' servers have started their kernels.
-	ciSettle = 3 * time.Second
+	ciSettle = 8 * time.Second
 
 	defCITTI = "Clock starts before the E2B create (POST /sandboxes, template " + ciTemplate + ", no warm pool on it) and stops when " +
 		"POST /execute {\"code\":\"1+1\"} on port " + ciPort + " (header-routed through the API address) has streamed a main result with text \"2\" " +
 		"and its end_of_execution; kill is outside the clock. A sandbox claimed from a pool is a failed sample."
 	defCITTIWarm = "As code-interpreter-tti, with a warm pool of 3 on " + ciTemplate + " (server default runtime and resources, as the E2B create), " +
-		"refilled to 3 and left 3 s (the members' kernels start) outside the clock before every create; a create not claimed from the pool is a failed sample."
+		"refilled to 3 and left 8 s (the members' kernels start) outside the clock before every create; a create not claimed from the pool is a failed sample."
 	defCIRTT = "One running " + ciTemplate + " sandbox whose kernel has answered once: clock starts before POST /execute {\"code\":\"1+1\"} " +
 		"on port " + ciPort + " (header-routed, kept-alive connection) and stops at the end of the NDJSON stream, checked to carry text \"2\"."
 )
