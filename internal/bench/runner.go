@@ -36,6 +36,7 @@ type Options struct {
 // Names are every metric, in measuring order.
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
+	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
 	"activity-follow", "checkpoint-files", "rewind-files"}
 
 // Runner measures against one server.
@@ -146,6 +147,17 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		m := r.e2bTTIWarm(ctx)
 		m.Finish()
 		r.out = append(r.out, m)
+	}
+	for _, ci := range []struct {
+		name string
+		run  func(context.Context) Metric
+	}{{"code-interpreter-tti", r.ciTTI}, {"code-interpreter-tti-warm", r.ciTTIWarm}, {"code-interpreter-rtt", r.ciRTT}} { // codeinterp.go
+		if r.want(ci.name) {
+			r.logf("measuring %s", ci.name)
+			m := ci.run(ctx)
+			m.Finish()
+			r.out = append(r.out, m)
+		}
 	}
 	return &Report{
 		Schema: Schema, StartedAt: started, Command: r.o.Command, Machine: MachineInfo(),

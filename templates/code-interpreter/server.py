@@ -38,6 +38,11 @@ PORT = int(os.environ.get("BERTH_CODE_INTERPRETER_PORT", "49999"))
 RUNTIME_DIR = os.environ.get("BERTH_CODE_INTERPRETER_DIR", "/tmp/berth-code-interpreter")
 DEFAULT_CWD = os.environ.get("HOME", "/home/user")
 MAX_BODY = 16 << 20  # bytes of a request body
+# The sandbox's default environment (its create-time envVars), written by the
+# host into the read-only channel dir and rewritten when a warm-pool member is
+# claimed; the agent reads it on every exec, this server on every execution.
+ENV_FILE = os.environ.get("BERTH_ENV_FILE", "/run/berth/env.json")
+MAX_ENV_FILE = 1 << 20
 KERNEL_START_TIMEOUT = 60.0
 
 # language -> (kernel spec name, prefix that makes the kernel run the code
@@ -62,6 +67,26 @@ MIME_FIELDS = {
     "application/json": "json",
     "application/javascript": "javascript",
 }
+
+def sandbox_env():
+    """The sandbox's default environment from ENV_FILE ({} when absent or
+    malformed): read per execution, so envVars given when a warm-pool member
+    was claimed reach kernels that were started before the claim."""
+    try:
+        with open(ENV_FILE, "rb") as f:
+            data = f.read(MAX_ENV_FILE + 1)
+    except OSError:
+        return {}
+    if len(data) > MAX_ENV_FILE:
+        return {}
+    try:
+        env = json.loads(data)
+    except ValueError:
+        return {}
+    if not isinstance(env, dict):
+        return {}
+    return {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str) and k and "=" not in k}
+
 
 class HTTPError(Exception):
     def __init__(self, status, message):
@@ -91,6 +116,8 @@ class Context:
         self.kc = None
         self.ready = threading.Event()
         self.start_error = None
+        self.applied_env = {}  # the sandbox env this kernel last took in
+        self.start_env = {}  # ... and the one it was started with (a restart goes back to it)
 
     def json(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -103,6 +130,9 @@ class Context:
                                ip=os.path.join(RUNTIME_DIR, "k-" + self.id))
             km.connection_file = os.path.join(RUNTIME_DIR, "k-%s.json" % self.id)
             env = dict(os.environ)
+            self.applied_env = sandbox_env()
+            env.update(self.applied_env)
+            self.start_env = self.applied_env
             # Figures inline (PNG + text), as in Jupyter; matplotlib is
             # imported on first use, not at kernel start.
             env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
@@ -154,6 +184,7 @@ class Context:
             kc.start_channels()
             kc.wait_for_ready(timeout=KERNEL_START_TIMEOUT)
             self.kc = kc
+            self.applied_env = self.start_env
 
     def shutdown(self):
         try:
@@ -170,6 +201,7 @@ class Context:
         the kernel and drains its remaining output."""
         with self.lock:
             self.wait_ready()
+            self._sync_sandbox_env()
             if env_vars:
                 self._silent(
                     "import os as __berth_os\n"
@@ -183,6 +215,22 @@ class Context:
                         "for __k, __v in __berth_env_saved.items():\n"
                         "    __berth_os.environ.pop(__k, None) if __v is None else __berth_os.environ.__setitem__(__k, __v)\n"
                         "del __berth_env_saved\n")
+
+    def _sync_sandbox_env(self):
+        """Applies changes of the sandbox's default environment to the
+        kernel, for good (unlike a call's env_vars): the keys that changed
+        since the kernel last took it in are set, the ones removed unset."""
+        env = sandbox_env()
+        if env == self.applied_env:
+            return
+        changed = {k: v for k, v in env.items() if self.applied_env.get(k) != v}
+        removed = [k for k in self.applied_env if k not in env]
+        self._silent(
+            "import os as __berth_os\n"
+            "__berth_os.environ.update(%r)\n"
+            "for __k in %r:\n"
+            "    __berth_os.environ.pop(__k, None)\n" % (changed, removed))
+        self.applied_env = env
 
     def _run(self, code, emit):
         kc = self.kc

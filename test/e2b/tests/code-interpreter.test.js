@@ -155,33 +155,90 @@ test('port routing: a sandbox port needs that sandbox\'s token', async () => {
   assert.equal(r.status, 502)
 })
 
-// A memory pause keeps the kernels' state. On runsc: gVisor checkpoints the
-// server's listening TCP socket; runc's CRIU 4.1.1 cannot dump any TCP socket
-// on kernels >= 6.16 (SO_PASSCRED on an inet socket is EOPNOTSUPP there), so a
-// runc sandbox's memory pause falls back to disk, recorded as such. The
-// sandbox is made through berth's own API (the E2B SDK cannot pick a
-// runtime) and used through the SDK from then on.
-test('pause (memory, runsc) + connect: the kernel state is still there', async () => {
-  const made = await fetch(apiUrl + '/v1/sandboxes', {
-    method: 'POST',
-    headers: { 'X-API-Key': opts.apiKey, 'Content-Type': 'application/json' },
-    body: JSON.stringify({ template: 'code-interpreter-v1', runtime: 'runsc', ttl: '10m', labels: md }),
+// A memory pause keeps the kernels' state, on both runtimes: runsc
+// checkpoints the server's listening TCP socket itself; runc's CRIU
+// (/var/cache/berth/bin/criu) dumps it too. The sandbox is made through
+// berth's own API (the E2B SDK cannot pick a runtime) and used through the
+// SDK from then on.
+for (const runtime of ['runsc', 'runc']) {
+  test(`pause (memory, ${runtime}) + connect: the kernel state is still there`, async () => {
+    const made = await fetch(apiUrl + '/v1/sandboxes', {
+      method: 'POST',
+      headers: { 'X-API-Key': opts.apiKey, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ template: 'code-interpreter-v1', runtime, ttl: '10m', labels: md }),
+    })
+    const body = await made.json()
+    assert.equal(made.status, 201, JSON.stringify(body))
+    let s = await Sandbox.connect(body.id, { ...opts, timeoutMs: 600_000 })
+    try {
+      await s.runCode('import numpy as np, os\nkept = int(np.arange(10).sum())\npid_before = os.getpid()')
+      assert.equal(await s.pause(), true)
+      const info = await Sandbox.getInfo(body.id, opts)
+      assert.equal(info.state, 'paused')
+      const v1 = await (await fetch(apiUrl + '/v1/sandboxes/' + body.id, { headers: { 'X-API-Key': opts.apiKey } })).json()
+      assert.equal(v1.pause_mode, 'memory', JSON.stringify(v1))
+      s = await Sandbox.connect(body.id, { ...opts, timeoutMs: 600_000 })
+      const ex = await s.runCode('kept, os.getpid() == pid_before')
+      assert.equal(ex.error, undefined, ex.error?.traceback)
+      assert.equal(ex.text, '(45, True)')
+    } finally {
+      await s.kill()
+    }
   })
-  const body = await made.json()
-  assert.equal(made.status, 201, JSON.stringify(body))
-  let s = await Sandbox.connect(body.id, { ...opts, timeoutMs: 600_000 })
+}
+
+// envVars given at create reach runCode in a sandbox claimed from a warm
+// pool, whose kernel was started before the claim (the server takes the
+// sandbox's environment file in before every execution), and a call's
+// own envs still win for that call only.
+test('warm pool: create-time envVars reach the already-running kernel', async () => {
+  const tpl = 'code-interpreter-v1'
+  const v1 = async (method, path, body) => {
+    const r = await fetch(apiUrl + path, {
+      method, headers: { 'X-API-Key': opts.apiKey, 'Content-Type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    })
+    const text = await r.text()
+    return { status: r.status, json: text ? JSON.parse(text) : undefined, text }
+  }
+  const pool = async () => (await v1('GET', '/v1/pools')).json.find((p) => p.template === tpl)
+  const prior = await pool()
+  const set = await v1('PUT', `/v1/pools/${tpl}`, { size: 1 })
+  assert.ok(set.status === 200 || set.status === 201, set.text)
+  let s
   try {
-    await s.runCode('import numpy as np, os\nkept = int(np.arange(10).sum())\npid_before = os.getpid()')
-    assert.equal(await s.pause(), true)
-    const info = await Sandbox.getInfo(body.id, opts)
-    assert.equal(info.state, 'paused')
-    const v1 = await (await fetch(apiUrl + '/v1/sandboxes/' + body.id, { headers: { 'X-API-Key': opts.apiKey } })).json()
-    assert.equal(v1.pause_mode, 'memory', JSON.stringify(v1))
-    s = await Sandbox.connect(body.id, { ...opts, timeoutMs: 600_000 })
-    const ex = await s.runCode('kept, os.getpid() == pid_before')
+    const end = Date.now() + 300_000
+    for (;;) {
+      const p = await pool()
+      if (p?.ready >= 1 && p?.starting === 0) break
+      assert.ok(Date.now() < end, `pool not ready: ${JSON.stringify(p)}`)
+      await new Promise((r) => setTimeout(r, 200))
+    }
+    // Let the member's server start its default kernel (with the pool's
+    // empty environment) before the claim.
+    await new Promise((r) => setTimeout(r, 3000))
+    s = await Sandbox.create({ ...opts, timeoutMs: 300_000, metadata: md, envs: { BERTH_POOL_ENV: 'claimed', BERTH_BOTH: 'create' } })
+    const info = await v1('GET', `/v1/sandboxes/${s.sandboxId}`)
+    assert.equal(info.json.extra?.claimed_from_pool, tpl, `not a pool hit: ${info.text}`)
+    let ex = await s.runCode('import os\n(os.environ.get("BERTH_POOL_ENV"), os.environ.get("BERTH_BOTH"))')
     assert.equal(ex.error, undefined, ex.error?.traceback)
-    assert.equal(ex.text, '(45, True)')
+    assert.equal(ex.text, "('claimed', 'create')")
+    ex = await s.runCode('os.environ.get("BERTH_BOTH")', { envs: { BERTH_BOTH: 'call' } })
+    assert.equal(ex.text, "'call'")
+    assert.equal((await s.runCode('os.environ.get("BERTH_BOTH")')).text, "'create'")
+    ex = await s.runCode('echo "$BERTH_POOL_ENV"', { language: 'bash' })
+    assert.equal(ex.logs.stdout.join(''), 'claimed\n')
+    // A context made after the claim starts with it too.
+    const c = await s.createCodeContext()
+    assert.equal((await s.runCode('import os; os.environ.get("BERTH_POOL_ENV")', { context: c })).text, "'claimed'")
+    // And a command through envd (the agent reads the same file).
+    assert.equal((await s.commands.run('echo $BERTH_POOL_ENV')).stdout, 'claimed\n')
   } finally {
-    await s.kill()
+    await s?.kill()
+    if (prior) {
+      await v1('PUT', `/v1/pools/${tpl}`, { size: prior.size, runtime: prior.runtime })
+    } else {
+      await v1('DELETE', `/v1/pools/${tpl}`)
+    }
   }
 })
