@@ -397,23 +397,10 @@ func (s *Service) Forget(ctx context.Context, id string) error {
 		}
 	}
 	if sb, err := s.core.Store().GetSandbox(ctx, id); err == nil {
-		// A rewound sandbox runs on delta layers: those (marked with
-		// checkpointXattr) go, never its other layers, which may be a
-		// template build's steps that no record names yet.
-		for _, dg := range sb.Layers {
-			if s.isDelta(dg) {
-				layers = append(layers, dg)
-			}
-		}
+		layers = append(layers, sb.Layers...) // a rewound sandbox runs on delta layers
 	}
 	s.dropLayers(ctx, id, layers)
 	return errors.Join(errList...)
-}
-
-// isDelta reports whether layer dg is a delta layer the timeline wrote.
-func (s *Service) isDelta(dg string) bool {
-	_, err := unix.Getxattr(s.layers.LayerPath(dg), checkpointXattr, nil)
-	return err == nil
 }
 
 // dropLayers removes those of layers that no template, snapshot, sandbox
