@@ -120,6 +120,11 @@ type sandboxJSON struct {
 	Alias              string  `json:"alias,omitempty"`
 }
 
+// networkJSON is the part of E2B's SandboxNetworkConfig berth honours.
+type networkJSON struct {
+	AllowPublicTraffic bool `json:"allowPublicTraffic"`
+}
+
 type lifecycleJSON struct {
 	OnTimeout  string `json:"onTimeout"`
 	AutoResume bool   `json:"autoResume"`
@@ -147,6 +152,7 @@ type detailJSON struct {
 	DiskSizeMB      int64             `json:"diskSizeMB"`
 	Metadata        map[string]string `json:"metadata"`
 	Lifecycle       *lifecycleJSON    `json:"lifecycle,omitempty"`
+	Network         *networkJSON      `json:"network,omitempty"`
 	PauseMode       string            `json:"pause_mode,omitempty"`
 	PauseRequested  string            `json:"pause_mode_requested,omitempty"`
 }
@@ -217,6 +223,7 @@ func (s *Server) toDetailJSON(sb *sandbox.Sandbox, state string, detail bool, to
 			onTimeout = "pause"
 		}
 		out.Lifecycle = &lifecycleJSON{OnTimeout: onTimeout, AutoResume: sb.AutoResume}
+		out.Network = &networkJSON{AllowPublicTraffic: sb.PublicTraffic}
 		if sb.ExpiryAction == sandbox.ExpirePause {
 			keep := sb.ExpiryPauseMode != sandbox.PauseDisk
 			out.Lifecycle.KeepMemory = &keep

@@ -56,7 +56,17 @@ func TestCreateRequest(t *testing.T) {
 			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "py", TTL: 300 * time.Second, ExpiryAction: sandbox.ExpireDelete,
 				Network: "allow-all"}},
 		{name: "missing template", v2: true, body: newSandboxJSON{}, field: "templateID"},
-		{name: "network rules", v2: true, body: newSandboxJSON{TemplateID: "base", Network: json.RawMessage(`{"denyOut":["0.0.0.0/0"]}`)}, field: "network"},
+		{name: "network rules", v2: true, body: newSandboxJSON{TemplateID: "base", Network: json.RawMessage(`{"denyOut":["0.0.0.0/0"]}`)}, field: "network.denyOut"},
+		{name: "network rules beside public traffic", v2: true, body: newSandboxJSON{TemplateID: "base", Network: json.RawMessage(`{"allowPublicTraffic":true,"maskRequestHost":"x"}`)}, field: "network.maskRequestHost"},
+		{name: "public traffic", v2: true, body: newSandboxJSON{TemplateID: "base", Network: json.RawMessage(`{"allowPublicTraffic":true}`)},
+			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", TTL: 300 * time.Second, ExpiryAction: sandbox.ExpireDelete,
+				Attrs: sandbox.Attrs{PublicTraffic: true}}},
+		{name: "private traffic", v2: true, body: newSandboxJSON{TemplateID: "base", Network: json.RawMessage(`{"allowPublicTraffic":false}`)},
+			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", TTL: 300 * time.Second, ExpiryAction: sandbox.ExpireDelete}},
+		{name: "empty network", v2: true, body: newSandboxJSON{TemplateID: "base", Network: json.RawMessage(`{}`)},
+			want: daemon.CreateRequest{Owner: "o", Actor: "e2b", Template: "default", TTL: 300 * time.Second, ExpiryAction: sandbox.ExpireDelete}},
+		{name: "public traffic not a boolean", v2: true, body: newSandboxJSON{TemplateID: "base", Network: json.RawMessage(`{"allowPublicTraffic":"yes"}`)}, field: "network.allowPublicTraffic"},
+		{name: "network not an object", v2: true, body: newSandboxJSON{TemplateID: "base", Network: json.RawMessage(`true`)}, field: "network"},
 		{name: "volumes", v2: true, body: newSandboxJSON{TemplateID: "base", VolumeMounts: []json.RawMessage{json.RawMessage(`{}`)}}, field: "volumeMounts"},
 	}
 	for _, tt := range tests {
@@ -138,6 +148,7 @@ func TestDetailJSON(t *testing.T) {
 	want := detailJSON{SandboxID: "abc", TemplateID: "base", ClientID: "6532622b", EnvdVersion: EnvdVersion, EnvdAccessToken: "tok",
 		StartedAt: t0.Add(time.Second), EndAt: t0.Add(time.Hour), State: "paused", CPUCount: 2, MemoryMB: 512, DiskSizeMB: 1024,
 		Metadata: map[string]string{}, Lifecycle: &lifecycleJSON{OnTimeout: "pause", AutoResume: true, KeepMemory: &keep},
+		Network:   &networkJSON{AllowPublicTraffic: false},
 		PauseMode: "disk", PauseRequested: "memory"}
 	if diff := cmp.Diff(want, s.toDetailJSON(sb, "paused", true, "tok")); diff != "" {
 		t.Errorf("detail (-want +got):\n%s", diff)
@@ -147,6 +158,12 @@ func TestDetailJSON(t *testing.T) {
 	fsOnly.AutoResume, fsOnly.ExpiryPauseMode = false, sandbox.PauseDisk
 	if got := s.toDetailJSON(&fsOnly, "paused", true, "tok").Lifecycle; got.KeepMemory == nil || *got.KeepMemory || got.OnTimeout != "pause" {
 		t.Errorf("filesystem-only lifecycle = %+v", got)
+	}
+	// allowPublicTraffic: true is shown back, as E2B's getInfo does.
+	public := *sb
+	public.PublicTraffic = true
+	if got := s.toDetailJSON(&public, "paused", true, "tok").Network; got == nil || !got.AllowPublicTraffic {
+		t.Errorf("public sandbox's network = %+v", got)
 	}
 	// A warm-pool member booted before it was claimed: startedAt is the claim.
 	claimed := *sb

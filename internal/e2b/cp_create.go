@@ -3,6 +3,7 @@ package e2b
 import (
 	"encoding/json"
 	"net/http"
+	"sort"
 	"time"
 
 	"github.com/berth-dev/berth/internal/daemon"
@@ -47,8 +48,9 @@ func (s *Server) createRequest(owner string, body newSandboxJSON, v2 bool) (daem
 	if len(body.VolumeMounts) > 0 {
 		return daemon.CreateRequest{}, errs.Field("volumeMounts", "volumes are not supported by berth")
 	}
-	if len(body.Network) > 0 && string(body.Network) != "null" && string(body.Network) != "{}" {
-		return daemon.CreateRequest{}, errs.Field("network", "E2B network rules are not supported by berth; use berth's /v1 network policy")
+	public, err := parseNetwork(body.Network)
+	if err != nil {
+		return daemon.CreateRequest{}, err
 	}
 	ttl := defaultTimeoutV2
 	if !v2 {
@@ -79,6 +81,7 @@ func (s *Server) createRequest(owner string, body newSandboxJSON, v2 bool) (daem
 			req.Attrs.ExpiryPauseMode = sandbox.PauseDisk
 		}
 	}
+	req.Attrs.PublicTraffic = public
 	if body.AutoResume != nil && body.AutoResume.Enabled {
 		if req.Attrs.ExpiryPauseMode == sandbox.PauseDisk {
 			// As E2B (and the SDK, before sending): traffic does not resume
@@ -98,6 +101,52 @@ func (s *Server) createRequest(owner string, body newSandboxJSON, v2 bool) (daem
 		}
 	}
 	return req, nil
+}
+
+// parseNetwork reads E2B's network object on create. Only
+// allowPublicTraffic is honoured (true: the sandbox's host-routed user
+// ports need no credential; false or absent: berth's default, private);
+// E2B's egress rules (allowOut, denyOut, rules, egressProxy) and
+// maskRequestHost/httpsPorts are rejected naming the field, as berth
+// cannot honour them (its egress policy is /v1's).
+func parseNetwork(raw json.RawMessage) (public bool, err error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return false, nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return false, errs.Field("network", "must be an object")
+	}
+	keys := make([]string, 0, len(fields))
+	for k := range fields {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := fields[k]
+		if k == "allowPublicTraffic" {
+			if string(v) == "null" {
+				continue
+			}
+			if err := json.Unmarshal(v, &public); err != nil {
+				return false, errs.Field("network.allowPublicTraffic", "must be a boolean, got %s", truncate(string(v), 40))
+			}
+			continue
+		}
+		if string(v) == "null" {
+			continue
+		}
+		return false, errs.Field("network."+k, "E2B network rules are not supported by berth (only allowPublicTraffic is); use berth's /v1 network policy")
+	}
+	return public, nil
+}
+
+// truncate shortens s to at most n bytes for an error message.
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }
 
 // policyBuilder is the part of the daemon that says whether this server

@@ -114,45 +114,7 @@ func TestHostRoutedPorts(t *testing.T) {
 	}
 	const domain = "berth.localhost"
 	s := New(b, slog.New(slog.DiscardHandler), Options{Domain: domain, DialPort: dial, PortWait: time.Second})
-	ca, err := sandboxca.LoadOrCreate(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	is, err := sandboxca.NewIssuer(ca, domain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewUnstartedServer(s.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "berth api")
-	})))
-	front.TLS = is.TLSConfig()
-	front.StartTLS()
-	defer front.Close()
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Certificate())
-	client := &http.Client{Transport: &http.Transport{
-		TLSClientConfig:   &tls.Config{RootCAs: pool},
-		ForceAttemptHTTP2: true,
-		// Every name resolves to the test server, as *.localhost does to loopback.
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, front.Listener.Addr().String())
-		},
-	}}
-	do := func(host string, hdr map[string]string) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequest("GET", "https://"+host+"/index.html", nil)
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		res, err := client.Do(req)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer res.Body.Close()
-		body, _ := io.ReadAll(res.Body)
-		return res.StatusCode, string(body)
-	}
+	client, do := hostFront(t, s, domain)
 
 	host := "8000-sbxa." + domain
 	for name, hdr := range map[string]map[string]string{
@@ -281,5 +243,127 @@ func TestAutoResumeWaitIsBounded(t *testing.T) {
 	}
 	if dialed {
 		t.Error("a sandbox whose resume did not finish was dialed")
+	}
+}
+
+// hostFront serves s's handler over TLS with a sandbox CA for domain and
+// returns a client that resolves every name to it, and do, which GETs
+// https://<host>/index.html with headers hdr.
+func hostFront(t *testing.T, s *Server, domain string) (*http.Client, func(host string, hdr map[string]string) (int, string)) {
+	t.Helper()
+	ca, err := sandboxca.LoadOrCreate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	is, err := sandboxca.NewIssuer(ca, domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewUnstartedServer(s.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "berth api")
+	})))
+	front.TLS = is.TLSConfig()
+	front.StartTLS()
+	t.Cleanup(front.Close)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Certificate())
+	client := &http.Client{Transport: &http.Transport{
+		TLSClientConfig:   &tls.Config{RootCAs: pool},
+		ForceAttemptHTTP2: true,
+		// Every name resolves to the test server, as *.localhost does to loopback.
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, front.Listener.Addr().String())
+		},
+	}}
+	do := func(host string, hdr map[string]string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "https://"+host+"/index.html", nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(body)
+	}
+	return client, do
+}
+
+// TestPublicTraffic: a sandbox created with allowPublicTraffic: true has
+// its host-routed user ports open without a credential; its envd still
+// needs its token, header-routed requests keep their rule, and another
+// (private) sandbox of the same owner gains nothing from it.
+func TestPublicTraffic(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, h := range []string{headerAPIKey, headerAccessToken, headerTrafficToken} {
+			if r.Header.Get(h) != "" {
+				http.Error(w, h+" leaked to the sandbox", 500)
+				return
+			}
+		}
+		io.WriteString(w, "hello from "+r.Host+r.URL.Path)
+	}))
+	defer upstream.Close()
+	now := time.Now()
+	pub := &sandbox.Sandbox{ID: "sbxpub", Owner: "alice", State: sandbox.Running, StartedAt: now, CreatedAt: now}
+	pub.PublicTraffic = true
+	b, envd := newPortBackend(t, pub,
+		&sandbox.Sandbox{ID: "sbxpriv", Owner: "alice", State: sandbox.Running, StartedAt: now, CreatedAt: now})
+	var mu sync.Mutex
+	var dialed []string
+	dial := func(ctx context.Context, id, port string) (net.Conn, error) {
+		mu.Lock()
+		dialed = append(dialed, id+":"+port)
+		mu.Unlock()
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp4", upstream.Listener.Addr().String())
+	}
+	const domain = "berth.localhost"
+	s := New(b, slog.New(slog.DiscardHandler), Options{Domain: domain, DialPort: dial, PortWait: time.Second})
+	_, do := hostFront(t, s, domain)
+
+	for _, host := range []string{"8000-sbxpub." + domain, "6080-sbxpub." + domain} {
+		if code, body := do(host, nil); code != 200 || body != "hello from "+host+"/index.html" {
+			t.Errorf("public port %s without credentials: %d %q, want 200 relayed", host, code, body)
+		}
+		// A credential sent anyway is stripped (the upstream answers 500 if not).
+		if code, body := do(host, map[string]string{headerAccessToken: envd["sbxpub"]}); code != 200 {
+			t.Errorf("public port %s with the envd token: %d %q", host, code, body)
+		}
+	}
+	mu.Lock()
+	if len(dialed) != 4 || dialed[0] != "sbxpub:8000" || dialed[2] != "sbxpub:6080" {
+		t.Errorf("dialed %v, want the public sandbox's ports", dialed)
+	}
+	n := len(dialed)
+	mu.Unlock()
+
+	for name, tc := range map[string]struct {
+		host string
+		hdr  map[string]string
+	}{
+		"public sandbox's envd":              {"49983-sbxpub." + domain, nil},
+		"public sandbox's envd, other token": {"49983-sbxpub." + domain, map[string]string{headerAccessToken: envd["sbxpriv"]}},
+		"private sandbox's port":             {"8000-sbxpriv." + domain, nil},
+		"private port, public's token":       {"8000-sbxpriv." + domain, map[string]string{headerAccessToken: envd["sbxpub"]}},
+		"private port, public's traffic":     {"8000-sbxpriv." + domain, map[string]string{headerTrafficToken: trafficToken(envd["sbxpub"])}},
+		"header-routed to the public port":   {"api." + domain, map[string]string{headerSandboxID: "sbxpub", headerSandboxPort: "8000"}},
+	} {
+		if code, body := do(tc.host, tc.hdr); code != 401 {
+			t.Errorf("%s: %d %q, want 401", name, code, body)
+		}
+	}
+	mu.Lock()
+	if len(dialed) != n {
+		t.Errorf("refused requests dialed a sandbox: %v", dialed[n:])
+	}
+	mu.Unlock()
+	// The private sandbox keeps today's rule: its own token works.
+	if code, body := do("8000-sbxpriv."+domain, map[string]string{headerTrafficToken: trafficToken(envd["sbxpriv"])}); code != 200 {
+		t.Errorf("private port with its traffic token: %d %q", code, body)
 	}
 }

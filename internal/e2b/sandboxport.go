@@ -85,9 +85,11 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 		s.writeFilesError(w, r, err)
 		return
 	}
-	if err := s.authorizePort(ctx, r, sb, keyOK); err != nil {
-		writeStatus(w, http.StatusUnauthorized, err.Error())
-		return
+	if !publicPort(sb, port, keyOK) {
+		if err := s.authorizePort(ctx, r, sb, keyOK); err != nil {
+			writeStatus(w, http.StatusUnauthorized, err.Error())
+			return
+		}
 	}
 	if _, ok := e2bState(sb.State); !ok {
 		sandboxGone(w, id, "sandbox not found")
@@ -125,6 +127,14 @@ func (s *Server) serveSandboxPort(w http.ResponseWriter, r *http.Request, id, po
 	}
 	ctx = context.WithValue(ctx, portTargetKey{}, portTarget{id: id, port: port, started: started})
 	s.ports.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// publicPort says whether a request to port of sb needs no credential:
+// only a host-routed one (hostRouted) to a user port (never envd) of a
+// sandbox created with E2B's network.allowPublicTraffic: true. Any
+// credentials sent are still stripped before relaying.
+func publicPort(sb *sandbox.Sandbox, port string, hostRouted bool) bool {
+	return hostRouted && port != EnvdPort && sb.PublicTraffic
 }
 
 // authorizePort accepts the sandbox's envd access token or its traffic

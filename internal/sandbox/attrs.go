@@ -36,6 +36,11 @@ type Attrs struct {
 	// "": the checkpoint service's default for the sandbox. E2B's
 	// autoPauseMemory: false sets PauseDisk (filesystem-only auto-pause).
 	ExpiryPauseMode PauseMode `json:"expiry_pause_mode,omitempty"`
+	// PublicTraffic makes the sandbox's host-routed user ports
+	// (https://<port>-<id>.<domain>, not envd) reachable without a
+	// credential: E2B's network.allowPublicTraffic, set only when the
+	// creator asked for it explicitly; false (berth's default) is private.
+	PublicTraffic bool `json:"public_traffic,omitempty"`
 }
 
 // UserNSNone is Attrs.UserNS of a sandbox made without a user namespace.

@@ -235,7 +235,7 @@ test('desktop: stream.start() serves noVNC at getUrl() = https://6080-<id>.<doma
   await sbx.stream.start()
   const url = sbx.stream.getUrl()
   assert.equal(url, `https://6080-${sbx.sandboxId}.${domain}/vnc.html?autoconnect=true&resize=scale`)
-  // berth has no public ports: the sandbox's traffic token lets the viewer in.
+  // berth's ports are private by default: the sandbox's traffic token lets the viewer in.
   const auth = { 'e2b-traffic-access-token': sbx.trafficAccessToken }
   const page = await get(url, auth)
   assert.equal(page.status, 200, page.text.slice(0, 200))
@@ -254,6 +254,22 @@ test('desktop: stream.start() serves noVNC at getUrl() = https://6080-<id>.<doma
   await sbx.stream.stop()
   const r = await sbx.commands.run('pgrep -x x11vnc').catch((e) => e)
   assert.notEqual(r.exitCode, 0, 'x11vnc still running after stream.stop()')
+})
+
+test('desktop: with network.allowPublicTraffic: true a browser opens getUrl() without any credential; envd stays private', async () => {
+  const pub = await Sandbox.create({ ...opts, timeoutMs: 600_000, metadata: md, resolution: [W, H], network: { allowPublicTraffic: true } })
+  made.push(pub)
+  await pub.stream.start()
+  const url = pub.stream.getUrl()
+  const page = await get(url)
+  assert.equal(page.status, 200, page.text.slice(0, 200))
+  assert.match(page.text, /<title>noVNC<\/title>/)
+  const ws = await rfbHello(new URL(url).hostname, {})
+  assert.match(ws.head, /^HTTP\/1\.1 101/, ws.head)
+  assert.match(ws.payload, /^RFB 003\.00\d\n/)
+  const envd = await get(`https://49983-${pub.sandboxId}.${domain}/files?path=/etc/hostname`)
+  assert.equal(envd.status, 401, envd.text)
+  await pub.kill()
 })
 
 // The closing note's figure: create -> first screenshot, p50 over

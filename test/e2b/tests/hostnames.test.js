@@ -107,6 +107,36 @@ test('hostnames: a web server in the sandbox is fetched through getHost(port) ov
   assert.match(bad.text, /host/)
 })
 
+test('hostnames: network.allowPublicTraffic: true opens getHost(port) without credentials; envd and the default sandbox stay private', async () => {
+  const pub = await create('public', { network: { allowPublicTraffic: true } })
+  const priv = await create('private')
+  await startWeb(pub, 8003, 'public page')
+  await startWeb(priv, 8004, 'private page')
+  assert.equal((await Sandbox.getInfo(pub.sandboxId, opts)).network?.allowPublicTraffic, true)
+  assert.equal((await Sandbox.getInfo(priv.sandboxId, opts)).network?.allowPublicTraffic, false)
+
+  // A plain fetch, as a browser would: no headers at all.
+  const res = await fetch(`https://${pub.getHost(8003)}/`, { signal: AbortSignal.timeout(120_000) })
+  const text = await res.text()
+  assert.equal(res.status, 200, text)
+  assert.equal(text, 'public page')
+
+  // envd of the public sandbox still needs its token.
+  const envd = await get(`https://49983-${pub.sandboxId}.${domain}/files?path=/home/user/www8003/index.html`)
+  assert.equal(envd.status, 401, envd.text)
+  // The default sandbox is private: 401, and the public one's tokens do not open it.
+  for (const [name, h] of Object.entries({
+    none: {},
+    publicsToken: { 'e2b-traffic-access-token': pub.trafficAccessToken },
+  })) {
+    const r = await get(`https://${priv.getHost(8004)}/`, h)
+    assert.equal(r.status, 401, `${name}: ${r.status} ${r.text}`)
+    assert.doesNotMatch(r.text, /private page/)
+  }
+  // E2B egress rules are not berth's: refused naming the field.
+  await assert.rejects(create('rules', { network: { allowPublicTraffic: true, denyOut: ['0.0.0.0/0'] } }), /network\.denyOut/)
+})
+
 test('hostnames: a paused autoResume sandbox answers a getHost fetch after resuming; without autoResume it is the 502 of a paused sandbox', async () => {
   const auto = await create('auto', { lifecycle: { onTimeout: 'pause', autoResume: true } })
   const plain = await create('plain')
