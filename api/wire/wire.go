@@ -267,6 +267,8 @@ type EntryInfo struct {
 	Group         string    `json:"group"`
 	ModTime       time.Time `json:"mod_time"`
 	SymlinkTarget string    `json:"symlink_target,omitempty"`
+	// Metadata is the file's user metadata (E2B's, kept as user.e2b.* xattrs).
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // RuntimeInfo describes one runtime in GET /v1/info.
