@@ -28,9 +28,9 @@ import (
 // (and keep its whiteouts, which ImportTar would drop).
 func (s *Store) ImportDir(ctx context.Context, fill func(dir string) error) (Layer, error) {
 	start := time.Now()
-	tmp, err := os.MkdirTemp(s.dir, tmpPrefix)
+	tmp, err := s.fillTemp(fill)
 	if err != nil {
-		return Layer{}, errs.Wrap(errs.Internal, err, "create layer dir")
+		return Layer{}, err
 	}
 	ok := false
 	defer func() {
@@ -38,12 +38,6 @@ func (s *Store) ImportDir(ctx context.Context, fill func(dir string) error) (Lay
 			_ = os.RemoveAll(tmp)
 		}
 	}()
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return Layer{}, errs.Wrap(errs.Internal, err, "create layer dir")
-	}
-	if err := fill(tmp); err != nil {
-		return Layer{}, err
-	}
 	digest, entries, size, err := TreeDigest(ctx, tmp)
 	if err != nil {
 		return Layer{}, err
@@ -170,9 +164,9 @@ func (s *Store) ImportDirNamed(ctx context.Context, name string, fill func(dir s
 		return Layer{}, errs.E(errs.AlreadyExists, "layer %s is already stored", name)
 	}
 	start := time.Now()
-	tmp, err := os.MkdirTemp(s.dir, tmpPrefix)
+	tmp, err := s.fillTemp(fill)
 	if err != nil {
-		return Layer{}, errs.Wrap(errs.Internal, err, "create layer dir")
+		return Layer{}, err
 	}
 	ok := false
 	defer func() {
@@ -180,12 +174,6 @@ func (s *Store) ImportDirNamed(ctx context.Context, name string, fill func(dir s
 			_ = os.RemoveAll(tmp)
 		}
 	}()
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return Layer{}, errs.Wrap(errs.Internal, err, "create layer dir")
-	}
-	if err := fill(tmp); err != nil {
-		return Layer{}, err
-	}
 	var entries, size int64
 	err = filepath.WalkDir(tmp, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -226,4 +214,24 @@ func (s *Store) ImportDirNamed(ctx context.Context, name string, fill func(dir s
 	s.log.Info("layer stored from directory", "digest", name, "entries", entries, "bytes", size,
 		"named", true, "duration", time.Since(start).Round(time.Millisecond))
 	return l, nil
+}
+
+// fillTemp makes a temp dir in the store (0755, on the layers' filesystem
+// so a rename puts it in place) and has fill write the layer's tree into
+// it; on error the dir is gone.
+func (s *Store) fillTemp(fill func(dir string) error) (string, error) {
+	tmp, err := os.MkdirTemp(s.dir, tmpPrefix)
+	if err != nil {
+		return "", errs.Wrap(errs.Internal, err, "create layer dir")
+	}
+	if err = os.Chmod(tmp, 0o755); err != nil {
+		err = errs.Wrap(errs.Internal, err, "create layer dir")
+	} else {
+		err = fill(tmp)
+	}
+	if err != nil {
+		_ = os.RemoveAll(tmp)
+		return "", err
+	}
+	return tmp, nil
 }
