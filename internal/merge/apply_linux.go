@@ -169,17 +169,7 @@ func (s Step) oldName(j *Journal) string { return j.Staging + "/old/" + strconv.
 // stage makes the staging dir and every new object in it, owned and
 // moded as it will be.
 func stage(ctx context.Context, r *safefs.Root, j *Journal, p *Plan, src Sources) error {
-	top, err := r.OpenDir(".")
-	if err != nil {
-		return err
-	}
-	defer top.Close()
-	for _, d := range []string{j.Staging, j.Staging + "/new", j.Staging + "/old"} {
-		if err := unix.Mkdirat(int(top.Fd()), d, 0o700); err != nil {
-			return errs.Wrap(errs.Internal, err, "make staging dir %s", d)
-		}
-	}
-	newDir, err := r.OpenDir(j.Staging + "/new")
+	newDir, err := makeStaging(r, j)
 	if err != nil {
 		return err
 	}
@@ -521,4 +511,20 @@ func Verify(p *Plan, ours *fsdiff.Tree) error {
 		}
 	}
 	return nil
+}
+
+// makeStaging makes the journal's staging dir with its new/ and old/
+// (0700, beneath r: the target is a sandbox's tree) and opens new/.
+func makeStaging(r *safefs.Root, j *Journal) (*os.File, error) {
+	top, err := r.OpenDir(".")
+	if err != nil {
+		return nil, err
+	}
+	defer top.Close()
+	for _, d := range []string{j.Staging, j.Staging + "/new", j.Staging + "/old"} {
+		if err := unix.Mkdirat(int(top.Fd()), d, 0o700); err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "make staging dir %s", d)
+		}
+	}
+	return r.OpenDir(j.Staging + "/new")
 }

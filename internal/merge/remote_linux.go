@@ -127,17 +127,7 @@ func StageFromTar(ctx context.Context, root string, j *Journal, r io.Reader, o S
 	}
 	defer sr.Close()
 	_ = os.RemoveAll(path.Join(root, j.Staging))
-	top, err := sr.OpenDir(".")
-	if err != nil {
-		return err
-	}
-	defer top.Close()
-	for _, d := range []string{j.Staging, j.Staging + "/new", j.Staging + "/old"} {
-		if err := unix.Mkdirat(int(top.Fd()), d, 0o700); err != nil {
-			return errs.Wrap(errs.Internal, err, "make staging dir %s", d)
-		}
-	}
-	newDir, err := sr.OpenDir(j.Staging + "/new")
+	newDir, err := makeStaging(sr, j)
 	if err != nil {
 		return err
 	}
