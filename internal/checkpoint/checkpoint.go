@@ -29,6 +29,7 @@ import (
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
 )
@@ -115,6 +116,8 @@ type Config struct {
 	// Lifetime is the daemon's context: capability probes wait on it.
 	Lifetime context.Context
 	Log      *slog.Logger
+	// Hooks hears pause, resume and fork (internal/statehook). Optional.
+	Hooks *statehook.Bus
 }
 
 // SnapshotPolicyKey is the key of a snapshot record's Extra that carries

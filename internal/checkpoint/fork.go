@@ -19,6 +19,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
 	"github.com/berth-dev/berth/internal/trace"
@@ -453,4 +454,6 @@ func (s *Service) personalizeChild(ctx context.Context, sb, parent *sandbox.Sand
 	}
 	s.core.Event(ctx, sb, actor, "fork", "forked", why, map[string]string{
 		"parent": parent.ID, "snapshot": sn.ID, "fork_mode": mode, "generation": strconv.Itoa(sb.Lineage.Generation)})
+	_ = s.cfg.Hooks.Fire(ctx, statehook.Event{Phase: statehook.Forked, Sandbox: sb, Actor: actor,
+		From: parent.ID, Snapshot: sn.ID, PointAt: sn.CreatedAt})
 }

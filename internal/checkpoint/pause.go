@@ -13,6 +13,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/trace"
 )
 
@@ -80,6 +81,7 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 	if err != nil {
 		return nil, err
 	}
+	_ = s.cfg.Hooks.Fire(ctx, statehook.Event{Phase: statehook.BeforePause, Sandbox: sb, Actor: actor})
 	// Intent before effect: a crash while pausing is resolved by ReconcilePaused.
 	if _, err := s.core.Transition(ctx, id, sandbox.Pausing, actor, reason, "", func(s *sandbox.Sandbox) error {
 		s.PauseRequested = mode
@@ -125,6 +127,9 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 		s.PauseMillis = time.Since(start).Milliseconds()
 		return nil
 	})
+	if err == nil {
+		_ = s.cfg.Hooks.Fire(tctx, statehook.Event{Phase: statehook.Paused, Sandbox: out, Actor: actor})
+	}
 	if release != nil {
 		// The image is durable and the processes are gone (RAM freed): answer
 		// now and release the filesystem and network in the background, still
@@ -355,11 +360,15 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 			map[string]string{"paused_with": string(sb.PauseActual), "resumed_from": string(from)})
 	}
 	span.Set(trace.String("resume.from", string(from)), trace.String("resume.reason", why))
-	return s.core.Transition(tctx, id, sandbox.Running, actor, "resumed", why, func(s *sandbox.Sandbox) error {
+	out, err := s.core.Transition(tctx, id, sandbox.Running, actor, "resumed", why, func(s *sandbox.Sandbox) error {
 		s.ResumedFrom = from
 		s.RestoreCount = restores
 		return nil
 	})
+	if err == nil {
+		_ = s.cfg.Hooks.Fire(tctx, statehook.Event{Phase: statehook.Resumed, Sandbox: out, Actor: actor})
+	}
+	return out, err
 }
 
 // restore starts the sandbox from its memory image and tells the agent.

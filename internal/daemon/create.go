@@ -14,6 +14,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/trace"
 	"github.com/berth-dev/berth/internal/undo"
@@ -177,6 +178,12 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sand
 	d.adm.ObserveCreate(d.cfg.Now().Sub(now))
 	d.log.InfoContext(ctx, "sandbox created", "sandbox_id", sb.ID, "owner", sb.Owner, "template", sb.Template,
 		"runtime", sb.Runtime, "ms", time.Since(start).Milliseconds())
+	if req.FromSnapshot != "" { // an older state of the snapshot's source, in a new sandbox
+		if sn, err := d.snaps.GetSnapshot(ctx, req.Owner, req.FromSnapshot); err == nil {
+			_ = d.hooks.Fire(ctx, statehook.Event{Phase: statehook.Restored, Sandbox: out, Actor: actor,
+				From: sn.SourceSandbox, Snapshot: sn.ID, PointAt: sn.CreatedAt})
+		}
+	}
 	return out, nil
 }
 

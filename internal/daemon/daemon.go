@@ -89,6 +89,7 @@ import (
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
 	"github.com/berth-dev/berth/internal/timeline"
@@ -123,6 +124,7 @@ type Daemon struct {
 	net *hostnet.Service // host networking (hostnet.go)
 
 	act     *activity.Service // activity timelines (internal/activity)
+	hooks   *statehook.Bus    // lifecycle moments for the state services (internal/statehook)
 	console *console.Service  // web console sessions (console.go)
 	lineage *lineage.Service  // views, diff, compare (lineage_core.go)
 	merges  *merges.Service   // merges of forks into their targets (merges.go)
@@ -204,13 +206,23 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 func wireCore(d *Daemon, chanKey []byte) {
 	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
 	d.watch = newWatcher(watchAdapter{d})
+	d.hooks = &statehook.Bus{Log: d.log, OnError: func(ctx context.Context, ev statehook.Event, hook string, err error) {
+		if ev.Sandbox != nil {
+			d.Event(ctx, ev.Sandbox, "berth", "state_degraded", hook, errs.Short(err), map[string]string{"phase": string(ev.Phase)})
+		}
+	}}
 	d.ckpt, d.snaps = checkpoint.New(checkpointCore{d}, checkpoint.Config{
 		DataDir: d.cfg.DataDir, ReadyTimeout: d.cfg.ReadyTimeout,
 		CheckpointTimeout: d.cfg.CheckpointTimeout, CheckpointTimeoutPerGiB: d.cfg.CheckpointTimeoutPerGiB,
-		Lifetime: d.bg, Log: d.log,
+		Lifetime: d.bg, Log: d.log, Hooks: d.hooks,
 	}, d.templates)
-	d.tl = timeline.New(timelineCore{d}, timeline.Config{DataDir: d.cfg.DataDir, Log: d.log}, d.templates)
+	d.tl = timeline.New(timelineCore{d}, timeline.Config{DataDir: d.cfg.DataDir, Log: d.log, Hooks: d.hooks}, d.templates)
 }
+
+// Hooks is the bus on which the state services (task ledger, notes, side
+// effects, leases, audit) hear pause, resume, fork and restore
+// (internal/statehook): each registers itself in New.
+func (d *Daemon) Hooks() *statehook.Bus { return d.hooks }
 
 // Checkpoints is the pause, resume and fork service.
 func (d *Daemon) Checkpoints() *checkpoint.Service { return d.ckpt }

@@ -9,6 +9,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -61,6 +62,9 @@ func (d *Daemon) Stop(ctx context.Context, owner, id, actor, reason string) (*sa
 	}
 	if err := sandbox.Transition(sb.State, sandbox.Stopped); err != nil {
 		return nil, err
+	}
+	if sb.State == sandbox.Running {
+		_ = d.hooks.Fire(ctx, statehook.Event{Phase: statehook.BeforeStop, Sandbox: sb, Actor: actor})
 	}
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()

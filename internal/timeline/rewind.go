@@ -14,6 +14,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
 )
@@ -79,6 +80,8 @@ func (s *Service) Rewind(ctx context.Context, owner, id, ref, actor string) (Rew
 	if out, err := s.core.Store().GetSandbox(ctx, sb.ID); err == nil {
 		res.Sandbox = out
 	}
+	_ = s.cfg.Hooks.Fire(ctx, statehook.Event{Phase: statehook.Restored, Sandbox: res.Sandbox, Actor: actor,
+		From: sb.ID, Checkpoint: c.ID, PointAt: c.CreatedAt})
 	return res, nil
 }
 

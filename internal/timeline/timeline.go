@@ -26,6 +26,7 @@ import (
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/template"
 )
@@ -69,6 +70,8 @@ type Core interface {
 type Config struct {
 	DataDir string
 	Log     *slog.Logger
+	// Hooks hears a rewind (Restored) (internal/statehook). Optional.
+	Hooks *statehook.Bus
 }
 
 // Service keeps checkpoints, rewinds and promotes.
