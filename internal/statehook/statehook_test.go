@@ -12,7 +12,9 @@ func TestBusOrderAndErrors(t *testing.T) {
 	var b Bus
 	var got []string
 	var reported []string
-	b.OnError = func(_ context.Context, ev Event, hook string, err error) { reported = append(reported, hook+":"+err.Error()) }
+	b.OnError = func(_ context.Context, ev Event, hook string, err error) {
+		reported = append(reported, hook+":"+err.Error())
+	}
 	b.Register("a", Func(func(_ context.Context, ev Event) error { got = append(got, "a:"+string(ev.Phase)); return nil }))
 	b.Register("b", Func(func(_ context.Context, ev Event) error { got = append(got, "b"); return errors.New("boom") }))
 	b.Register("c", Func(func(_ context.Context, ev Event) error { got = append(got, "c"); return nil }))
