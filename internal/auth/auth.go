@@ -27,6 +27,10 @@ import (
 type Principal struct {
 	Owner string
 	Admin bool // may act for any owner (the local admin key)
+	// Sandbox, when set, is the sandbox a request came from through the
+	// in-sandbox API (docs/STATE.md): the caller is that sandbox itself,
+	// acting for its owner on its own state only. Never set with Admin.
+	Sandbox string
 }
 
 // Service authenticates API keys and derives envd tokens.
