@@ -296,6 +296,34 @@ CREATE TABLE timeline_heads (
 	layers     TEXT             -- JSON array, top first
 ) STRICT;
 `,
+	// 12: the task ledger (internal/tasks): each sandbox's tasks as they are
+	// now, the append-only change log they are replayed from (the ledger at
+	// any time T), and a per-sandbox record (the last restore's warning).
+	// All of it goes with its sandbox.
+	`
+CREATE TABLE tasks (
+	sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	task_id    TEXT NOT NULL,
+	seq        INTEGER NOT NULL, -- creation order within the sandbox
+	state      TEXT NOT NULL,    -- JSON, the service's
+	updated_at INTEGER NOT NULL,
+	PRIMARY KEY (sandbox_id, task_id)
+) STRICT;
+CREATE TABLE task_changes (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	sandbox_id TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+	task_id    TEXT NOT NULL,
+	time       INTEGER NOT NULL,
+	actor      TEXT NOT NULL,
+	op         TEXT NOT NULL,
+	data       TEXT NOT NULL     -- JSON, the service's
+) STRICT;
+CREATE INDEX task_changes_sandbox ON task_changes (sandbox_id, seq);
+CREATE TABLE task_ledgers (
+	sandbox_id TEXT PRIMARY KEY REFERENCES sandboxes (id) ON DELETE CASCADE,
+	data       TEXT NOT NULL     -- JSON, the service's
+) STRICT;
+`,
 }
 
 // migrationHooks run in the transaction of the migration with the same
