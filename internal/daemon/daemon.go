@@ -91,6 +91,7 @@ import (
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
+	"github.com/berth-dev/berth/internal/tasks"
 	"github.com/berth-dev/berth/internal/template"
 	"github.com/berth-dev/berth/internal/timeline"
 )
@@ -128,6 +129,7 @@ type Daemon struct {
 	console *console.Service  // web console sessions (console.go)
 	lineage *lineage.Service  // views, diff, compare (lineage_core.go)
 	merges  *merges.Service   // merges of forks into their targets (merges.go)
+	tasks   *tasks.Service    // task ledgers (tasks.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -197,6 +199,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})
 	d.lineage = lineage.New(lineageCore{d}, lineage.Config{DataDir: cfg.DataDir, Log: cfg.Log})
 	d.merges = newMerges(d)
+	d.tasks = tasks.New(tasksCore{d}, tasks.Config{Log: d.log})
+	d.hooks.Register("tasks", d.tasks)
 	d.lineage.SetCheckpoints(d.tl) // `berth diff A --checkpoint C`
 	return d, nil
 }
