@@ -106,6 +106,16 @@ var operations = map[string]body{
 	"GET /v1/usage/series":             {resp: wire.UsageSeries{}},
 	"POST /v1/reports/orphans/cleanup": {wire.OrphanCleanupRequest{}, wire.OrphanCleanupResult{}},
 	"GET /v1/builds":                   {resp: wire.TemplateBuildList{}},
+
+	// Task ledger (issue 17).
+	"GET /v1/sandboxes/{id}/tasks":                                 {resp: wire.TaskLedger{}},
+	"POST /v1/sandboxes/{id}/tasks":                                {wire.TaskCreateRequest{}, wire.Task{}},
+	"GET /v1/sandboxes/{id}/tasks/{task}":                          {resp: wire.Task{}},
+	"GET /v1/sandboxes/{id}/tasks/{task}/history":                  {resp: []wire.TaskChange{}},
+	"POST /v1/sandboxes/{id}/tasks/{task}/steps":                   {wire.TaskStepAddRequest{}, wire.Task{}},
+	"POST /v1/sandboxes/{id}/tasks/{task}/steps/{step}/{op}":       {wire.TaskStepRequest{}, wire.Task{}},
+	"POST /v1/sandboxes/{id}/tasks/{task}/gates":                   {wire.TaskGateRequest{}, wire.Task{}},
+	"POST /v1/sandboxes/{id}/tasks/{task}/gates/{gate}/{decision}": {wire.TaskDecisionRequest{}, wire.Task{}},
 }
 
 var jsonTypes = []string{"application/json", "application/x-ndjson"}

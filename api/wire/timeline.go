@@ -46,6 +46,9 @@ type RewindResult struct {
 	Mode       string     `json:"mode"` // memory | files
 	Reason     string     `json:"reason,omitempty"`
 	Millis     int64      `json:"ms"`
+	// TaskRollback is the task ledger's warning: the steps the rewind
+	// rolled back (absent when the ledger is empty).
+	TaskRollback *TaskRollback `json:"task_rollback,omitempty"`
 }
 
 // PromoteChildRequest is the body of POST /v1/sandboxes/{id}/promote ({id}

@@ -102,6 +102,10 @@ type Sandbox struct {
 	// Extra carries the server's per-sandbox annotations (network policy,
 	// lineage, pool membership, pause timings, ...).
 	Extra map[string]string `json:"extra,omitempty"`
+
+	// Tasks is the sandbox's task ledger in brief (GET and resume; absent
+	// when it has none).
+	Tasks *TaskSummary `json:"tasks,omitempty"`
 }
 
 // CreateRequest is the body of POST /v1/sandboxes.

@@ -105,7 +105,7 @@ func (s sandboxAPI) getSandbox(w http.ResponseWriter, r *http.Request, p daemon.
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sandboxView(sb))
+	writeJSON(w, http.StatusOK, s.withTasks(r.Context(), sandboxView(sb)))
 	return nil
 }
 
@@ -174,7 +174,7 @@ func (s sandboxAPI) resumeSandbox(w http.ResponseWriter, r *http.Request, p daem
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sandboxView(sb))
+	writeJSON(w, http.StatusOK, s.withTasks(r.Context(), sandboxView(sb)))
 	return nil
 }
 

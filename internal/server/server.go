@@ -147,6 +147,16 @@ func (s *Server) routes() {
 	s.handle("GET /v1/sandboxes/{id}/conflicts", mg.listConflicts)
 	s.handle("POST /v1/sandboxes/{id}/conflicts/{cid}/resolve", mg.resolveConflict)
 
+	tk := taskAPI{s} // the task ledger (tasks.go); reachable from inside the sandbox
+	s.handle("GET /v1/sandboxes/{id}/tasks", tk.list)
+	s.handle("POST /v1/sandboxes/{id}/tasks", tk.create)
+	s.handle("GET /v1/sandboxes/{id}/tasks/{task}", tk.get)
+	s.handle("GET /v1/sandboxes/{id}/tasks/{task}/history", tk.history)
+	s.handle("POST /v1/sandboxes/{id}/tasks/{task}/steps", tk.addStep)
+	s.handle("POST /v1/sandboxes/{id}/tasks/{task}/steps/{step}/{op}", tk.step)
+	s.handle("POST /v1/sandboxes/{id}/tasks/{task}/gates", tk.ask)
+	s.handle("POST /v1/sandboxes/{id}/tasks/{task}/gates/{gate}/{decision}", tk.decide)
+
 	s.mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})

@@ -79,12 +79,17 @@ func (s timelineAPI) rewind(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	if err := decode(r, &req); err != nil {
 		return err
 	}
+	start := s.d.Now()
 	res, err := s.d.Timeline().Rewind(r.Context(), owner(r, p), r.PathValue("id"), req.To, p.Owner)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, wire.RewindResult{Sandbox: sandboxView(res.Sandbox), Checkpoint: checkpointView(res.Checkpoint, res.Checkpoint.ID),
-		Mode: res.Mode, Reason: res.Reason, Millis: res.Millis})
+	out := wire.RewindResult{Sandbox: s.withTasks(r.Context(), sandboxView(res.Sandbox)), Checkpoint: checkpointView(res.Checkpoint, res.Checkpoint.ID),
+		Mode: res.Mode, Reason: res.Reason, Millis: res.Millis}
+	if rb := s.d.Tasks().LastRollback(r.Context(), res.Sandbox.ID); rb != nil && rb.Checkpoint == res.Checkpoint.ID && !rb.At.Before(start) {
+		out.TaskRollback = taskRollbackView(rb) // this rewind's, not an older one's
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
