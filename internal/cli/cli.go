@@ -91,6 +91,7 @@ func init() {
 	register("merge", mergeUsage, runMerge)
 	register("conflicts", conflictsUsage, runConflicts)
 	register("resolve", resolveUsage, runResolve)
+	register("task", taskUsage, runTask) // task.go
 	register("pool", poolUsage, runPool)
 	register("key", "key create --owner NAME", runKey)
 	register("info", "info [--json]", runInfo)

@@ -116,6 +116,9 @@ func runRewind(e *env, args []string) error {
 		msg += ": " + res.Reason
 	}
 	fmt.Fprintln(e.stderr, msg)
+	if res.TaskRollback != nil {
+		printRollback(e.stderr, res.TaskRollback)
+	}
 	fmt.Fprintln(e.stdout, id)
 	return nil
 }
