@@ -51,7 +51,9 @@
 //     counters), activity.Service.mu (live execs, drop counts, followers;
 //     taken on the exec path, which holds no other lock meanwhile),
 //     console.Service.mu (web console sessions; never held across a call),
-//     lineage.Service.mu (its runsc host-upper cache).
+//     lineage.Service.mu (its runsc host-upper cache), tasks.Service.mu
+//     (every task-ledger write; its statehook takes it under a sandbox's
+//     lock, the REST routes with no other lock held).
 //
 // internal/merges and internal/timeline have no lock of their own: they
 // work under the target sandbox's lock (2); a merge captures its source
