@@ -175,6 +175,30 @@ func TestTaskLedgerStateTable(t *testing.T) {
 			}
 		})
 	}
+
+	// The ledger is in the store: a crash of the daemon loses none of it.
+	id := strings.TrimSpace(s.as(alice, "create", "--template", "tiny"))
+	defer s.run("rm", "-f", id)
+	s.as(alice, "task", "create", id, "--name", "survive", "--step", "one", "--step", "two")
+	s.as(alice, "task", "step", id, "survive", "one", "done", "--output", "https://example.test/1")
+	s.as(alice, "task", "step", id, "survive", "two", "start")
+	s.as(alice, "task", "ask", id, "survive", "--question", "keep going?")
+	before := s.taskLedger(alice, id)
+	s.kill9()
+	s.start()
+	if d := cmpJSON(t, before, s.taskLedger(alice, id)); d != "" {
+		t.Errorf("ledger after a daemon crash differs:\n%s", d)
+	}
+}
+
+func cmpJSON(t *testing.T, a, b any) string {
+	t.Helper()
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	if string(x) != string(y) {
+		return "before: " + string(x) + "\nafter:  " + string(y)
+	}
+	return ""
 }
 
 // TestTaskLedgerFromInside: the agent reads its ledger, starts and finishes
