@@ -306,6 +306,7 @@ CREATE TABLE tasks (
 	task_id    TEXT NOT NULL,
 	seq        INTEGER NOT NULL, -- creation order within the sandbox
 	state      TEXT NOT NULL,    -- JSON, the service's
+	brief      TEXT NOT NULL,    -- JSON, the service's summary of state
 	updated_at INTEGER NOT NULL,
 	PRIMARY KEY (sandbox_id, task_id)
 ) STRICT;

@@ -31,7 +31,7 @@ func suiteTasks(t *testing.T, s Store) {
 	steps := []TaskWrite{
 		{Sandbox: "sba", Put: []TaskRecord{{ID: "build", State: []byte(`{"v":1}`), UpdatedAt: at(1)}}, Changes: []TaskChange{ch("build", "create", 1)}},
 		{Sandbox: "sba", Put: []TaskRecord{{ID: "deploy", State: []byte(`{"v":1}`), UpdatedAt: at(2)}}, Changes: []TaskChange{ch("deploy", "create", 2)}},
-		{Sandbox: "sba", Put: []TaskRecord{{ID: "build", State: []byte(`{"v":2}`), UpdatedAt: at(3)}}, Changes: []TaskChange{ch("build", "step_start", 3)}, Ledger: []byte(`{"l":1}`)},
+		{Sandbox: "sba", Put: []TaskRecord{{ID: "build", State: []byte(`{"v":2}`), Brief: []byte(`{"b":2}`), UpdatedAt: at(3)}}, Changes: []TaskChange{ch("build", "step_start", 3)}, Ledger: []byte(`{"l":1}`)},
 		{Sandbox: "sbb", Put: []TaskRecord{{ID: "build", State: []byte(`{"other":1}`), UpdatedAt: at(4)}}, Changes: []TaskChange{{Sandbox: "sbb", Task: "build", Time: at(4), Op: "create", Data: []byte(`{}`)}}},
 	}
 	for i, w := range steps {
@@ -44,11 +44,21 @@ func suiteTasks(t *testing.T, s Store) {
 		t.Fatalf("ListTasks: %v", err)
 	}
 	want := []TaskRecord{
-		{Sandbox: "sba", ID: "build", Seq: 1, State: []byte(`{"v":2}`), UpdatedAt: at(3)}, // an update keeps its number
+		{Sandbox: "sba", ID: "build", Seq: 1, State: []byte(`{"v":2}`), Brief: []byte(`{"b":2}`), UpdatedAt: at(3)}, // an update keeps its number
 		{Sandbox: "sba", ID: "deploy", Seq: 2, State: []byte(`{"v":1}`), UpdatedAt: at(2)},
 	}
 	if d := cmp.Diff(want, list, suiteOpts); d != "" {
 		t.Errorf("ListTasks (-want +got):\n%s", d)
+	}
+	briefs, err := s.ListTaskBriefs(ctx, "sba")
+	if err != nil {
+		t.Fatalf("ListTaskBriefs: %v", err)
+	}
+	for i := range want {
+		want[i].State = nil
+	}
+	if d := cmp.Diff(want, briefs, suiteOpts); d != "" {
+		t.Errorf("ListTaskBriefs (-want +got):\n%s", d)
 	}
 	if got, err := s.GetTask(ctx, "sba", "deploy"); err != nil || got.Seq != 2 || string(got.State) != `{"v":1}` {
 		t.Errorf("GetTask = %+v, %v", got, err)

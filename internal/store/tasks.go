@@ -21,6 +21,8 @@ type TaskStore interface {
 	WriteTasks(ctx context.Context, w TaskWrite) error
 	// ListTasks returns a sandbox's tasks in creation order.
 	ListTasks(ctx context.Context, sandboxID string) ([]TaskRecord, error)
+	// ListTaskBriefs is ListTasks without State (ID, Seq, Brief, UpdatedAt).
+	ListTaskBriefs(ctx context.Context, sandboxID string) ([]TaskRecord, error)
 	GetTask(ctx context.Context, sandboxID, taskID string) (TaskRecord, error)
 	// ListTaskChanges returns a sandbox's changes in the order they were
 	// appended: of one task (taskID "" = all), made at or before until
@@ -37,6 +39,7 @@ type TaskRecord struct {
 	ID        string
 	Seq       int64 // creation order, set by the store
 	State     []byte
+	Brief     []byte // the service's summary of State (JSON), read without it
 	UpdatedAt time.Time
 }
 
@@ -78,10 +81,10 @@ func (s *SQLite) WriteTasks(ctx context.Context, w TaskWrite) error {
 			if t.ID == "" {
 				return errs.Field("id", "a task needs an id")
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO tasks (sandbox_id, task_id, seq, state, updated_at)
-				VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM tasks WHERE sandbox_id = ?), ?, ?)
-				ON CONFLICT (sandbox_id, task_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`,
-				w.Sandbox, t.ID, w.Sandbox, string(t.State), toNanos(t.UpdatedAt)); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO tasks (sandbox_id, task_id, seq, state, brief, updated_at)
+				VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM tasks WHERE sandbox_id = ?), ?, ?, ?)
+				ON CONFLICT (sandbox_id, task_id) DO UPDATE SET state = excluded.state, brief = excluded.brief, updated_at = excluded.updated_at`,
+				w.Sandbox, t.ID, w.Sandbox, string(t.State), string(t.Brief), toNanos(t.UpdatedAt)); err != nil {
 				return dbErr(err, "store: put task %s of %s", t.ID, w.Sandbox)
 			}
 		}
@@ -103,21 +106,32 @@ func (s *SQLite) WriteTasks(ctx context.Context, w TaskWrite) error {
 
 func scanTask(sc scanner) (TaskRecord, error) {
 	var (
-		t       TaskRecord
-		state   string
-		updated int64
+		t            TaskRecord
+		state, brief string
+		updated      int64
 	)
-	if err := sc.Scan(&t.Sandbox, &t.ID, &t.Seq, &state, &updated); err != nil {
+	if err := sc.Scan(&t.Sandbox, &t.ID, &t.Seq, &state, &brief, &updated); err != nil {
 		return TaskRecord{}, err
 	}
-	t.State, t.UpdatedAt = []byte(state), fromNanos(updated)
+	t.State, t.Brief, t.UpdatedAt = []byte(state), []byte(brief), fromNanos(updated)
+	if state == "" {
+		t.State = nil
+	}
 	return t, nil
 }
 
-const taskCols = `sandbox_id, task_id, seq, state, updated_at`
+const taskCols = `sandbox_id, task_id, seq, state, brief, updated_at`
 
 func (s *SQLite) ListTasks(ctx context.Context, sandboxID string) ([]TaskRecord, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+taskCols+` FROM tasks WHERE sandbox_id = ? ORDER BY seq`, sandboxID)
+	return s.listTasks(ctx, sandboxID, taskCols)
+}
+
+func (s *SQLite) ListTaskBriefs(ctx context.Context, sandboxID string) ([]TaskRecord, error) {
+	return s.listTasks(ctx, sandboxID, `sandbox_id, task_id, seq, '', brief, updated_at`)
+}
+
+func (s *SQLite) listTasks(ctx context.Context, sandboxID, cols string) ([]TaskRecord, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+cols+` FROM tasks WHERE sandbox_id = ? ORDER BY seq`, sandboxID)
 	if err != nil {
 		return nil, dbErr(err, "store: list tasks of %s", sandboxID)
 	}

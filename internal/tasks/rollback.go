@@ -134,30 +134,62 @@ func (t *Task) current() int {
 	return 0
 }
 
-// Summarize picks the current task — the most recently changed one with a
-// step still to do (ties: the later created), else the most recently
-// changed — its current step, and every waiting gate.
+// Brief is what a summary needs of one task, stored beside it so that
+// showing a sandbox's ledger does not decode every step.
+type Brief struct {
+	ID        string    `json:"id"`
+	Step      int       `json:"step,omitempty"` // its current step; 0 = every step done or skipped
+	StepName  string    `json:"step_name,omitempty"`
+	Status    Status    `json:"status,omitempty"`
+	Waiting   []string  `json:"waiting,omitempty"` // ids of its waiting gates
+	UpdatedAt time.Time `json:"updated_at"`
+	Forked    *Fork     `json:"forked,omitempty"`
+}
+
+// BriefOf is t's brief.
+func BriefOf(t *Task) Brief {
+	b := Brief{ID: t.ID, UpdatedAt: t.UpdatedAt, Forked: t.Forked}
+	if n := t.current(); n > 0 {
+		b.Step, b.StepName, b.Status = n, t.Steps[n-1].Name, t.Steps[n-1].Status
+	}
+	for _, g := range t.Gates {
+		if g.Decision == Waiting {
+			b.Waiting = append(b.Waiting, g.ID)
+		}
+	}
+	return b
+}
+
+// Summarize is SummarizeBriefs of the ledger's tasks.
 func Summarize(ledger []*Task, rb *Rollback) Summary {
-	s := Summary{Tasks: len(ledger), Rollback: rb}
-	var cur *Task
-	open := false
+	bs := make([]Brief, 0, len(ledger))
 	for _, t := range ledger {
-		o := t.current() > 0
+		bs = append(bs, BriefOf(t))
+	}
+	return SummarizeBriefs(bs, rb)
+}
+
+// SummarizeBriefs picks the current task — the most recently changed one
+// with a step still to do (ties: the later created), else the most
+// recently changed — its current step, and every waiting gate.
+func SummarizeBriefs(ledger []Brief, rb *Rollback) Summary {
+	s := Summary{Tasks: len(ledger), Rollback: rb}
+	var cur *Brief
+	open := false
+	for i := range ledger {
+		t := &ledger[i]
+		o := t.Step > 0
 		switch {
 		case cur == nil, o && !open, o == open && !t.UpdatedAt.Before(cur.UpdatedAt):
 			cur, open = t, o
 		}
-		for _, g := range t.Gates {
-			if g.Decision == Waiting {
-				s.Waiting = append(s.Waiting, t.ID+"/"+g.ID)
-			}
+		for _, g := range t.Waiting {
+			s.Waiting = append(s.Waiting, t.ID+"/"+g)
 		}
 	}
 	if cur != nil {
 		s.Task, s.Forked = cur.ID, cur.Forked
-		if n := cur.current(); n > 0 {
-			s.Step, s.StepName, s.Status = n, cur.Steps[n-1].Name, cur.Steps[n-1].Status
-		}
+		s.Step, s.StepName, s.Status = cur.Step, cur.StepName, cur.Status
 	}
 	return s
 }

@@ -435,7 +435,11 @@ func taskRecord(t *Task) (store.TaskRecord, error) {
 	if err != nil {
 		return store.TaskRecord{}, errs.Wrap(errs.Internal, err, "encode task %s", t.ID)
 	}
-	return store.TaskRecord{ID: t.ID, State: b, UpdatedAt: t.UpdatedAt}, nil
+	br, err := json.Marshal(BriefOf(t))
+	if err != nil {
+		return store.TaskRecord{}, errs.Wrap(errs.Internal, err, "encode task %s", t.ID)
+	}
+	return store.TaskRecord{ID: t.ID, State: b, Brief: br, UpdatedAt: t.UpdatedAt}, nil
 }
 
 func changeRecord(id string, ch Change) (store.TaskChange, error) {
@@ -478,15 +482,34 @@ func (s *Service) audit(ctx context.Context, actor, id string, ch Change, t *Tas
 
 // Summary is the compact ledger shown with a sandbox; nil when it has no
 // tasks and no rollback warning.
+// It reads each task's brief (stored with it), not the task: it is on
+// every GET and resume of a sandbox.
 func (s *Service) Summary(ctx context.Context, id string) (*Summary, error) {
-	tasks, rec, err := s.load(ctx, id)
+	st := s.core.Store()
+	rows, err := st.ListTaskBriefs(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if len(tasks) == 0 && rec.Rollback == nil {
+	briefs := make([]Brief, 0, len(rows))
+	for _, r := range rows {
+		var b Brief
+		if err := json.Unmarshal(r.Brief, &b); err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "task %s of %s: stored brief", r.ID, id)
+		}
+		briefs = append(briefs, b)
+	}
+	var rec record
+	if b, err := st.GetTaskLedger(ctx, id); err != nil {
+		return nil, err
+	} else if b != nil {
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return nil, errs.Wrap(errs.Internal, err, "task ledger of %s: stored record", id)
+		}
+	}
+	if len(briefs) == 0 && rec.Rollback == nil {
 		return nil, nil
 	}
-	sum := Summarize(tasks, rec.Rollback)
+	sum := SummarizeBriefs(briefs, rec.Rollback)
 	return &sum, nil
 }
 

@@ -3,6 +3,7 @@ package tasks
 import (
 	"context"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -208,5 +209,44 @@ func TestServiceForkAndRestore(t *testing.T) {
 	l, _ = s.List(ctx, alice, "child")
 	if d := cmp.Diff(map[string][]Status{"job": {Done, Done, Done, Pending}}, statuses(l.Tasks)); d != "" {
 		t.Errorf("child after the parent's rewind (-want +got):\n%s", d)
+	}
+}
+
+// BenchmarkSummary: the ledger's summary (shown on GET and resume of a
+// sandbox) at the bound of 64 tasks × 20 steps, 2 waiting gates each, read
+// from a real SQLite store.
+func BenchmarkSummary(b *testing.B) {
+	st, err := store.OpenSQLite(filepath.Join(b.TempDir(), "berth.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	if err := st.CreateSandbox(ctx, &sandbox.Sandbox{ID: "sb", Owner: "alice", Template: "tiny", Runtime: "runc",
+		State: sandbox.Running, CreatedAt: t0, ExpiresAt: t0.Add(time.Hour), ExpiryAction: sandbox.ExpireStop}); err != nil {
+		b.Fatal(err)
+	}
+	s := New(&storeCore{st: st, now: t0}, Config{})
+	c := Caller{Owner: "alice", Actor: "alice"}
+	steps := make([]string, 20)
+	for i := range steps {
+		steps[i] = "step"
+	}
+	for i := range MaxTasks {
+		id := "t" + strconv.Itoa(i)
+		if _, err := s.Create(ctx, c, "sb", CreateRequest{ID: id, Steps: steps}); err != nil {
+			b.Fatal(err)
+		}
+		for range 2 {
+			if _, err := s.Ask(ctx, c, "sb", id, AskRequest{Question: "ok?"}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if sum, err := s.Summary(ctx, "sb"); err != nil || sum.Tasks != MaxTasks {
+			b.Fatal(sum, err)
+		}
 	}
 }
