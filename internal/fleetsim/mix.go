@@ -35,7 +35,8 @@ type Kind struct {
 	// rest are idle gaps between turns (idle cost).
 	Active float64 `json:"-"`
 	// Tail: this share of the kind's tasks run TailMedian instead (an e2e
-	// suite on a lint template: the template's durations are bimodal).
+	// suite on a lint template: the template's durations are bimodal),
+	// clamped to [5m, 3×TailMedian].
 	Tail       float64       `json:"-"`
 	TailMedian time.Duration `json:"-"`
 }
@@ -105,9 +106,10 @@ func Trace(seed uint64, mix []Kind, days float64, tasksPerDay int) []Task {
 					med = k.TailMedian
 				}
 				d := time.Duration(float64(med) * math.Exp(k.Sigma*rng.NormFloat64()))
-				d = min(max(d, k.Min), k.Max)
-				if k.Tail > 0 && med == k.TailMedian {
-					d = max(d, 5*time.Minute)
+				if med == k.TailMedian {
+					d = min(max(d, 5*time.Minute), 3*k.TailMedian)
+				} else {
+					d = min(max(d, k.Min), k.Max)
 				}
 				req := placement.Request{Resources: k.Shape, Runtime: "runsc", Fingerprint: fp, Owner: own}
 				if rng.Float64() < k.DeclareClass {

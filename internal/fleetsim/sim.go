@@ -136,27 +136,30 @@ const (
 )
 
 type sim struct {
-	cfg     Config
-	pol     placement.Policy
-	place   Placer
-	trace   []Task
-	nodes   []placement.Node
-	pools   []map[string]*poolSide
-	poolFPs [][]string // each node's pool templates, sorted (the tick's order)
-	poolMem []int64    // memory each node's pool members hold, ready or starting
-	running []map[string]runInfo
-	byName  map[string]int
-	events  eventHeap
-	seq     int
-	now     time.Duration
-	queue   []int // waiting tasks, oldest first
-	req     []placement.Request
-	learner *placement.Learner
-	long    placement.Request // the reference long request of the stranded metric
-	reserve int64             // memory a pool refill leaves free
+	cfg      Config
+	pol      placement.Policy
+	place    Placer
+	trace    []Task
+	nodes    []placement.Node
+	pools    []map[string]*poolSide
+	poolFPs  [][]string // each node's pool templates, sorted (the tick's order)
+	poolMem  []int64    // memory each node's pool members hold, ready or starting
+	running  []map[string]runInfo
+	byName   map[string]int
+	events   eventHeap
+	seq      int
+	now      time.Duration
+	queue    []int // waiting tasks, oldest first
+	median   int   // medianWaiting's answer while the queue is unchanged, else -1
+	req      []placement.Request
+	learner  *placement.Learner
+	long     placement.Request // the reference long request of the stranded metric
+	headroom int64             // memory a pool refill leaves free
+	reserves bool              // the policy holds a node for the oldest waiting request
 
 	// integrals over time, in MiB·s
 	lastAt                                    time.Duration
+	busy                                      float64 // node·s with a sandbox running
 	stranded, strandedWaiting, poolIdle, used float64
 	waitingTime                               time.Duration
 	sessionIdle                               float64
@@ -174,15 +177,15 @@ func (s *sim) push(e event) {
 }
 
 // simulate runs one trace with one placer on n nodes.
-func simulate(cfg Config, trace []Task, place Placer, n int) Result {
-	s := &sim{cfg: cfg, pol: placement.DefaultPolicy(), place: place, trace: trace, byName: map[string]int{},
-		learner: placement.NewLearner(), req: make([]placement.Request, len(trace))}
+func simulate(cfg Config, trace []Task, pd PolicyDef, seed uint64, n int) Result {
+	s := &sim{cfg: cfg, pol: placement.DefaultPolicy(), place: pd.New(seed), trace: trace, byName: map[string]int{},
+		median: -1, learner: placement.NewLearner(), req: make([]placement.Request, len(trace))}
 	for _, k := range cfg.Mix {
 		if k.Shape.MemoryMiB > s.long.Resources.MemoryMiB {
 			s.long = placement.Request{ID: "reference", Resources: k.Shape, Runtime: "runsc", Class: placement.Long, Expected: k.Median}
 		}
 	}
-	s.reserve = s.long.Resources.MemoryMiB
+	s.headroom = s.long.Resources.MemoryMiB
 	for i := range n {
 		name := fmt.Sprintf("node-%02d", i)
 		s.byName[name] = i
@@ -236,7 +239,7 @@ func (s *sim) integrate(to time.Duration) {
 		return
 	}
 	t := s.at()
-	var str, strW, poolMem, used float64
+	var str, strW, poolMem, used, busy float64
 	var oldest *placement.Request
 	if len(s.queue) > 0 {
 		oldest = s.medianWaiting()
@@ -247,6 +250,9 @@ func (s *sim) integrate(to time.Duration) {
 		pm := s.poolMemory(i)
 		poolMem += float64(pm)
 		used += float64(n.Allocated.MemoryMiB - pm)
+		if len(n.Running) > 0 {
+			busy++
+		}
 		if free <= 0 {
 			continue
 		}
@@ -263,6 +269,7 @@ func (s *sim) integrate(to time.Duration) {
 	s.stranded += str * dt
 	s.poolIdle += poolMem * dt
 	s.used += used * dt
+	s.busy += busy * dt
 	if oldest != nil {
 		s.strandedWaiting += strW * dt
 		s.waitingTime += time.Duration(dt * float64(time.Second))
@@ -272,11 +279,15 @@ func (s *sim) integrate(to time.Duration) {
 // medianWaiting is the waiting request of median memory (the older of
 // two equal ones): the one the stranded metric asks the nodes to take.
 func (s *sim) medianWaiting() *placement.Request {
+	if s.median >= 0 {
+		return &s.req[s.median]
+	}
 	w := slices.Clone(s.queue)
 	slices.SortStableFunc(w, func(a, b int) int {
 		return int(s.req[a].Resources.MemoryMiB - s.req[b].Resources.MemoryMiB)
 	})
-	return &s.req[w[(len(w)-1)/2]]
+	s.median = w[(len(w)-1)/2]
+	return &s.req[s.median]
 }
 
 // poolMemory is the memory node i's pool members hold (ready or starting).
@@ -306,6 +317,7 @@ func (s *sim) arrive(ti int) {
 	s.req[ti] = s.learner.Fill(s.trace[ti].Request)
 	if !s.try(ti) {
 		s.queue = append(s.queue, ti)
+		s.median = -1
 	}
 }
 
@@ -385,7 +397,7 @@ func (s *sim) start(ti int, req placement.Request, d placement.Decision) {
 	}
 	s.touchCache(i, req.Fingerprint)
 	id := req.ID
-	n.Running = append(n.Running, placement.Running{ID: id, Owner: req.Owner, CPUMillis: req.Resources.CPUMillis, Class: d.Class, EndsAt: s.at().Add(d.Expected)})
+	n.Running = append(n.Running, placement.Running{ID: id, Owner: req.Owner, CPUMillis: req.Resources.CPUMillis, MemoryMiB: req.Resources.MemoryMiB, Class: d.Class, EndsAt: s.at().Add(d.Expected)})
 	s.running[i][id] = runInfo{res: req.Resources, task: ti}
 	ps := s.pool(i, req)
 	ps.rate.Observe(s.at())
@@ -456,6 +468,9 @@ func (s *sim) drain() {
 		failed[sh] = true
 		kept = append(kept, ti)
 	}
+	if len(kept) != len(s.queue) {
+		s.median = -1
+	}
 	s.queue = kept
 }
 
@@ -476,7 +491,7 @@ func (s *sim) refill(i int, fp string) {
 	want := s.target(ps)
 	for ready(n, fp)+ps.refilling < want {
 		free := n.Capacity.Sub(n.Allocated).Sub(ps.each)
-		if free.MemoryMiB < s.reserve || free.DiskMiB < 0 {
+		if free.MemoryMiB < s.headroom || free.DiskMiB < 0 {
 			return
 		}
 		n.Allocated = n.Allocated.Add(memDisk(ps.each))

@@ -100,6 +100,7 @@ type Running struct {
 	ID        string    `json:"id"`
 	Owner     string    `json:"owner"`
 	CPUMillis int64     `json:"cpu_millis"`
+	MemoryMiB int64     `json:"memory_mib"`
 	Class     Class     `json:"class"`
 	EndsAt    time.Time `json:"ends_at"` // expected end
 }
@@ -154,6 +155,11 @@ type Policy struct {
 
 	// Cost weights (see cost in score.go).
 	WarmBonus, CacheBonus, DrainWeight, FitWeight, OpenWeight, SpreadWeight float64
+	// FragWeight is charged when placing leaves a node with some free
+	// memory but less than LargeMiB (the largest request commonly seen):
+	// a piece too small for it, free but stranded.
+	FragWeight float64
+	LargeMiB   int64
 }
 
 // DefaultPolicy is berth's placement policy.
@@ -168,6 +174,8 @@ func DefaultPolicy() Policy {
 		FitWeight:     1,
 		OpenWeight:    1,
 		SpreadWeight:  0.25,
+		FragWeight:    3,
+		LargeMiB:      8 * 1024,
 	}
 }
 

@@ -49,6 +49,9 @@ func (p Policy) cost(req Request, class Class, expected time.Duration, n *Node, 
 			left += req.Resources.MemoryMiB
 		}
 		c += p.FitWeight * float64(left) / float64(n.Capacity.MemoryMiB)
+		if left > 0 && left < p.LargeMiB {
+			c += p.FragWeight
+		}
 	}
 	if class == Long && req.Owner != "" {
 		same := 0
