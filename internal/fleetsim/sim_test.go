@@ -109,8 +109,9 @@ func TestTrace(t *testing.T) {
 }
 
 // With ample nodes nobody waits and nothing is stranded; every policy
-// places every task, and memory used is the same under each (the trace
-// decides it, not the placement).
+// places every task, and memory used is nearly the same under each (the
+// trace decides it; placement only moves the start latency, a layer fetch
+// holding memory 20 s longer).
 func TestAmpleFleet(t *testing.T) {
 	cfg := goldenConfig()
 	cfg.Nodes, cfg.Days, cfg.SizeNodes = 40, 0.5, false
@@ -122,7 +123,7 @@ func TestAmpleFleet(t *testing.T) {
 		if r.WaitedPct != 0 || r.StrandedGiBh != 0 || r.Tasks != 2500 {
 			t.Errorf("%s: %+v", r.Policy, r)
 		}
-		if r.MemoryUsedPct != rep.Results[0].MemoryUsedPct {
+		if d := r.MemoryUsedPct - rep.Results[0].MemoryUsedPct; d > 0.5 || d < -0.5 {
 			t.Errorf("%s uses %.1f%% memory, berth %.1f%%", r.Policy, r.MemoryUsedPct, rep.Results[0].MemoryUsedPct)
 		}
 	}

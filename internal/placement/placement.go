@@ -16,7 +16,9 @@
 //   - duration-aware: a request goes where its expected end is close to the
 //     node's own drain time, so a node's sandboxes end together and the node
 //     becomes whole again, and a long task does not pin a node of short ones;
-//   - the rest is best fit, so free memory stays in large pieces.
+//   - the rest is best fit, so free memory stays in large pieces, and a
+//     placement that would leave a node a piece too small for a large
+//     request costs more (that piece is free memory nobody can use).
 package placement
 
 import (
