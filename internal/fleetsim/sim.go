@@ -155,13 +155,11 @@ type sim struct {
 	learner  *placement.Learner
 	long     placement.Request // the reference long request of the stranded metric
 	headroom int64             // memory a pool refill leaves free
-	reserves bool              // the policy holds a node for the oldest waiting request
 
 	// integrals over time, in MiB·s
 	lastAt                                    time.Duration
 	busy                                      float64 // node·s with a sandbox running
 	stranded, strandedWaiting, poolIdle, used float64
-	waitingTime                               time.Duration
 	sessionIdle                               float64
 	waits                                     []time.Duration
 	cold, fetches, placed                     int
@@ -272,7 +270,6 @@ func (s *sim) integrate(to time.Duration) {
 	s.busy += busy * dt
 	if oldest != nil {
 		s.strandedWaiting += strW * dt
-		s.waitingTime += time.Duration(dt * float64(time.Second))
 	}
 }
 
@@ -401,12 +398,12 @@ func (s *sim) start(ti int, req placement.Request, d placement.Decision) {
 	s.running[i][id] = runInfo{res: req.Resources, task: ti}
 	ps := s.pool(i, req)
 	ps.rate.Observe(s.at())
-	if s.now <= time.Duration(s.cfg.Days*24*float64(time.Hour)) {
-		s.waits = append(s.waits, s.now-t.Arrival)
-		s.placed++
-		if t.Active > 0 {
-			s.sessionIdle += (1 - t.Active) * float64(req.Resources.MemoryMiB) * t.Duration.Seconds()
-		}
+	// Every task arrives within the span; one placed after it (it waited
+	// past the end) still counts with its whole wait.
+	s.waits = append(s.waits, s.now-t.Arrival)
+	s.placed++
+	if t.Active > 0 {
+		s.sessionIdle += (1 - t.Active) * float64(req.Resources.MemoryMiB) * t.Duration.Seconds()
 	}
 	s.push(event{at: s.now + lat + t.Duration, kind: evEnd, task: ti, node: i, id: id})
 	if d.WarmHit {
@@ -481,7 +478,7 @@ func (s *sim) target(ps *poolSide) int {
 }
 
 // refill starts members on node i for fp up to its target, leaving the
-// reserve free.
+// headroom free (room for the mix's largest request).
 func (s *sim) refill(i int, fp string) {
 	ps := s.pools[i][fp]
 	if ps == nil {
