@@ -105,6 +105,7 @@ func init() {
 	register("builds", buildsUsage, runBuilds)
 	register("quota", "quota set OWNER [--sandboxes N] [--cpu N] [--memory MiB] [--disk MiB] [--snapshots N] | get OWNER | ls | rm OWNER", runQuota)
 	register("bench", benchUsage, runBench)
+	register("sim", simUsage, runSim)
 	register("completion", completionUsage, runCompletion)
 }
 
