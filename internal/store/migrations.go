@@ -296,6 +296,11 @@ CREATE TABLE timeline_heads (
 	layers     TEXT             -- JSON array, top first
 ) STRICT;
 `,
+	// 13 (final number; appended here): handoff notes (internal/notes). body
+	// is the JSON of the note the service wrote, manifest the file manifest
+	// the next note is diffed against (kept on the newest notes only). A
+	// sandbox's notes go with its row.
+	notesSchema,
 }
 
 // migrationHooks run in the transaction of the migration with the same
