@@ -46,6 +46,11 @@ type RewindResult struct {
 	Mode       string     `json:"mode"` // memory | files
 	Reason     string     `json:"reason,omitempty"`
 	Millis     int64      `json:"ms"`
+	// Note is the sandbox's handoff note now: the note of the restored
+	// point, with a desync warning (Desync when the agent's declared
+	// context version is newer than the point's).
+	Note   *Note   `json:"note,omitempty"`
+	Desync *Desync `json:"desync,omitempty"`
 }
 
 // PromoteChildRequest is the body of POST /v1/sandboxes/{id}/promote ({id}

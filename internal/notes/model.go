@@ -84,18 +84,18 @@ type Note struct {
 	// Collected says the machine state below was read from the running
 	// sandbox for this note (false: the sandbox was not running, or the
 	// note is a copy — see Inherited and RestoredFrom).
-	Collected  bool       `json:"collected"`
-	Files      Files      `json:"files"`
-	Repos      []Repo     `json:"repos,omitempty"`
-	ReposTotal int        `json:"repos_total,omitempty"`
-	GitError   string     `json:"git_error,omitempty"`
-	Processes  []Process  `json:"processes,omitempty"`
-	ProcError  string     `json:"processes_error,omitempty"`
-	Inherited  *Ref       `json:"inherited_from,omitempty"`
-	Restored   *Ref       `json:"restored_from,omitempty"`
-	Desync     *Desync    `json:"desync,omitempty"`
-	Warnings   []string   `json:"warnings,omitempty"`
-	Millis     int64      `json:"ms"`
+	Collected  bool      `json:"collected"`
+	Files      Files     `json:"files"`
+	Repos      []Repo    `json:"repos,omitempty"`
+	ReposTotal int       `json:"repos_total,omitempty"`
+	GitError   string    `json:"git_error,omitempty"`
+	Processes  []Process `json:"processes,omitempty"`
+	ProcError  string    `json:"processes_error,omitempty"`
+	Inherited  *Ref      `json:"inherited_from,omitempty"`
+	Restored   *Ref      `json:"restored_from,omitempty"`
+	Desync     *Desync   `json:"desync,omitempty"`
+	Warnings   []string  `json:"warnings,omitempty"`
+	Millis     int64     `json:"ms"`
 }
 
 // Ref names another note (of a fork parent, or of a restored point).

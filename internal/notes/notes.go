@@ -55,7 +55,7 @@ type Service struct {
 	cfg   Config
 
 	mu    sync.Mutex // leaf: guards locks
-	locks map[string]*sync.Mutex
+	locks map[string]*noteLock
 }
 
 // New builds the service.
@@ -69,26 +69,32 @@ func New(core Core, st store.NoteStore, cfg Config) *Service {
 	if cfg.Budget <= 0 {
 		cfg.Budget = Budget
 	}
-	return &Service{core: core, store: st, cfg: cfg, locks: map[string]*sync.Mutex{}}
+	return &Service{core: core, store: st, cfg: cfg, locks: map[string]*noteLock{}}
 }
 
 func (s *Service) lock(id string) func() {
 	s.mu.Lock()
-	m, ok := s.locks[id]
+	l, ok := s.locks[id]
 	if !ok {
-		m = &sync.Mutex{}
-		s.locks[id] = m
+		l = &noteLock{}
+		s.locks[id] = l
 	}
+	l.users++
 	s.mu.Unlock()
-	m.Lock()
-	return m.Unlock
+	l.Lock()
+	return func() {
+		l.Unlock()
+		s.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(s.locks, id) // no entry outlives its last user
+		}
+		s.mu.Unlock()
+	}
 }
 
-// Forget drops a deleted sandbox's lock (its rows go with its store row).
-func (s *Service) Forget(id string) {
-	s.mu.Lock()
-	delete(s.locks, id)
-	s.mu.Unlock()
+type noteLock struct {
+	sync.Mutex
+	users int // guarded by Service.mu
 }
 
 // Current is a sandbox's newest note and its desync (nil, nil: none yet).

@@ -83,8 +83,10 @@ func (s timelineAPI) rewind(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, wire.RewindResult{Sandbox: sandboxView(res.Sandbox), Checkpoint: checkpointView(res.Checkpoint, res.Checkpoint.ID),
-		Mode: res.Mode, Reason: res.Reason, Millis: res.Millis})
+	out := wire.RewindResult{Sandbox: sandboxView(res.Sandbox), Checkpoint: checkpointView(res.Checkpoint, res.Checkpoint.ID),
+		Mode: res.Mode, Reason: res.Reason, Millis: res.Millis}
+	out.Note, out.Desync = s.noteOf(r, res.Sandbox.ID) // the point's note (issue 17)
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
