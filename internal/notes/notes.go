@@ -240,14 +240,19 @@ func (s *Service) write(ctx context.Context, sb *sandbox.Sandbox, trigger, actor
 		last := prev[0]
 		// The context version the agent last declared stays the note's
 		// until it declares another; so does a desync it has not answered.
-		n.ContextVersion = last.ContextVersion
-		n.Desync = last.Desync
-		if !supplied {
-			n.Unfinished, n.Next = last.Unfinished, last.Next
-		}
+		// So do what is unfinished and the next step, until given anew;
+		// the reason is each note's own.
+		n.ContextVersion, n.Desync = last.ContextVersion, last.Desync
+		n.Unfinished, n.Next = last.Unfinished, last.Next
 	}
 	if supplied {
-		n.Reason, n.Unfinished, n.Next = sup.Reason, sup.Unfinished, sup.Next
+		n.Reason = sup.Reason
+		if sup.Unfinished != "" {
+			n.Unfinished = sup.Unfinished
+		}
+		if sup.Next != "" {
+			n.Next = sup.Next
+		}
 		if sup.ContextVersion != "" {
 			n.ContextVersion, n.Desync = sup.ContextVersion, nil
 		}
