@@ -181,6 +181,25 @@ func handoffNotes(t *testing.T, s *server, rt string) {
 	if list := s.must("note", id, "--list"); !strings.Contains(list, "restore") || !strings.Contains(list, "pause") {
 		t.Errorf("note --list:\n%s", list)
 	}
+
+	// A new sandbox from an older snapshot of id: the note of that point,
+	// and a desync once the agent has moved on since the snapshot.
+	var snap wire.Snapshot
+	if err := json.Unmarshal([]byte(s.must("snapshot", id, "--json")), &snap); err != nil {
+		t.Fatal(err)
+	}
+	defer s.run("snapshot", "rm", snap.ID)
+	s.noteJSON(id, "--write", "--context-version", "ctx-4")
+	restored := s.must("create", "--from-snapshot", snap.ID)
+	defer s.run("rm", "-f", restored)
+	rn := s.currentNote(restored)
+	if rn.Note == nil || rn.Note.Trigger != "restore" || rn.Note.RestoredFrom == nil || rn.Note.RestoredFrom.SandboxID != id ||
+		rn.Note.RestoredFrom.Seq != after.Seq || rn.Note.SandboxID != restored {
+		t.Fatalf("note of the sandbox made from the snapshot: %+v, want the restore of %s's note #%d", rn.Note, id, after.Seq)
+	}
+	if rn.Desync == nil || rn.Desync.AgentVersion != "ctx-4" || rn.Desync.MachineVersion != "ctx-3" {
+		t.Errorf("from-snapshot desync = %+v, want agent ctx-4 machine ctx-3", rn.Desync)
+	}
 	s.must("rm", "-f", id)
 }
 
