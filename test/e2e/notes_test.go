@@ -310,3 +310,26 @@ func TestHandoffNoteFromInside(t *testing.T) {
 		t.Errorf("a sandbox read another sandbox's notes: %s", out)
 	}
 }
+
+// TestHandoffNoteOnE2BConnect: E2B's connect resumes a paused sandbox
+// and its answer carries the pause note beside E2B's own fields (which
+// the SDKs read; they ignore the extra ones: node_modules/e2b's connect
+// returns only sandboxID, domain, envdVersion and the tokens).
+func TestHandoffNoteOnE2BConnect(t *testing.T) {
+	s := startServer(t)
+	id := s.create()
+	defer s.run("rm", "-f", id)
+	s.must("note", id, "--write", "--next", "resume the build", "--context-version", "ctx-e2b")
+	s.must("pause", id, "--mode", "freeze")
+	c, body := s.e2b("POST", "/sandboxes/"+id+"/connect", map[string]any{"timeout": 300})
+	if c != 201 || body["sandboxID"] != id || body["envdAccessToken"] == "" {
+		t.Fatalf("connect: %d %v", c, body)
+	}
+	note, _ := body["note"].(map[string]any)
+	if note == nil || note["trigger"] != "pause" || note["next"] != "resume the build" || note["context_version"] != "ctx-e2b" {
+		t.Fatalf("connect's note = %v, want the pause note", body["note"])
+	}
+	if _, ok := body["desync"]; ok {
+		t.Errorf("connect reports a desync for an unchanged context: %v", body["desync"])
+	}
+}
