@@ -284,14 +284,27 @@ func TestHandoffNoteHostileRepo(t *testing.T) {
 	s.stopRunsc()
 }
 
-// TestHandoffNoteFromInside: the agent sets its fields from inside the
-// sandbox through the in-sandbox API (docs/STATE.md) and reads its note;
-// another sandbox's notes are out of reach. It needs the `self` transport
-// (berth-agent api) of issue 17's in-sandbox API.
+// TestHandoffNoteFromInside (runc and runsc): the agent sets its fields
+// from inside the sandbox, as root, through the in-sandbox API
+// (docs/STATE.md) and reads its note; another sandbox's notes can be
+// neither read nor written, and the field bounds hold. It needs the
+// `self` transport (berth-agent api) of issue 17's in-sandbox API.
 func TestHandoffNoteFromInside(t *testing.T) {
 	s := startServer(t)
-	id := s.create()
-	other := s.create()
+	for _, rt := range runtimesOf(t, s) {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "runsc" {
+				requireRunsc(t)
+			}
+			noteFromInside(t, s, rt)
+		})
+	}
+	s.stopRunsc()
+}
+
+func noteFromInside(t *testing.T, s *server, rt string) {
+	id := s.create("--runtime", rt)
+	other := s.create("--runtime", rt)
 	defer s.run("rm", "-f", id, other)
 	s.must("note", other, "--write", "--reason", "secret plans")
 	out := s.must("exec", "--user", "root", id, "--", "/.berth/berth-agent", "api", "POST", "/v1/sandboxes/self/note",
@@ -303,11 +316,23 @@ func TestHandoffNoteFromInside(t *testing.T) {
 	if c.Note == nil || c.Note.Reason != "stopping for lunch" || c.Note.ContextVersion != "ctx-inside" || !strings.HasPrefix(c.Note.Actor, "sandbox") {
 		t.Fatalf("note written from inside: %+v", c.Note)
 	}
-	if out := s.must("exec", id, "--", "/.berth/berth-agent", "api", "GET", "/v1/sandboxes/self/note"); !strings.Contains(out, "ctx-inside") {
+	if out := s.must("exec", "--user", "root", id, "--", "/.berth/berth-agent", "api", "GET", "/v1/sandboxes/self/note"); !strings.Contains(out, "ctx-inside") {
 		t.Errorf("in-sandbox read: %s", out)
 	}
-	if out, _ := s.run("exec", id, "--", "/.berth/berth-agent", "api", "GET", "/v1/sandboxes/"+other+"/notes"); strings.Contains(out, "secret plans") {
-		t.Errorf("a sandbox read another sandbox's notes: %s", out)
+	for _, req := range [][]string{{"GET", "/v1/sandboxes/" + other + "/notes"}, {"GET", "/v1/sandboxes/" + other + "/note"},
+		{"POST", "/v1/sandboxes/" + other + "/note", `{"reason":"forged"}`}} {
+		out, code := s.run(append([]string{"exec", "--user", "root", id, "--", "/.berth/berth-agent", "api"}, req...)...)
+		if code == 0 || strings.Contains(out, "secret plans") {
+			t.Errorf("%v from inside %s: exit %d, %s (want refused)", req, id, code, out)
+		}
+	}
+	if c := s.currentNote(other); c.Note == nil || c.Note.Reason != "secret plans" {
+		t.Errorf("the other sandbox's note changed: %+v", c.Note)
+	}
+	// What a sandbox supplies is bounded here too.
+	big := `{"reason":"` + strings.Repeat("x", 5000) + `"}`
+	if out, code := s.run("exec", "--user", "root", id, "--", "/.berth/berth-agent", "api", "POST", "/v1/sandboxes/self/note", big); code == 0 || !strings.Contains(out, "reason") {
+		t.Errorf("a 5000-byte reason from inside: exit %d, %s", code, out)
 	}
 }
 
