@@ -54,8 +54,9 @@ type Service struct {
 	store store.NoteStore
 	cfg   Config
 
-	mu    sync.Mutex // leaf: guards locks
-	locks map[string]*noteLock
+	mu      sync.Mutex // leaf: guards locks and buckets
+	locks   map[string]*noteLock
+	buckets map[string]bucket // demand-note rate per sandbox
 }
 
 // New builds the service.
@@ -69,32 +70,83 @@ func New(core Core, st store.NoteStore, cfg Config) *Service {
 	if cfg.Budget <= 0 {
 		cfg.Budget = Budget
 	}
-	return &Service{core: core, store: st, cfg: cfg, locks: map[string]*noteLock{}}
+	return &Service{core: core, store: st, cfg: cfg, locks: map[string]*noteLock{}, buckets: map[string]bucket{}}
 }
 
-func (s *Service) lock(id string) func() {
+// lock takes the sandbox's note lock, waiting no longer than ctx: a pause
+// must not wait behind a slow on-demand note past its own budget.
+func (s *Service) lock(ctx context.Context, id string) (func(), error) {
 	s.mu.Lock()
 	l, ok := s.locks[id]
 	if !ok {
-		l = &noteLock{}
+		l = &noteLock{ch: make(chan struct{}, 1)}
 		s.locks[id] = l
 	}
 	l.users++
 	s.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
+	release := func() {
 		s.mu.Lock()
 		if l.users--; l.users == 0 {
 			delete(s.locks, id) // no entry outlives its last user
 		}
 		s.mu.Unlock()
 	}
+	select {
+	case l.ch <- struct{}{}:
+		return func() { <-l.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, errs.E(errs.Unavailable, "another note of sandbox %s is being written", id)
+	}
 }
 
 type noteLock struct {
-	sync.Mutex
-	users int // guarded by Service.mu
+	ch    chan struct{} // holds one token while a note is written
+	users int           // guarded by Service.mu
+}
+
+// Demand notes a sandbox asks for from inside are rate-limited per
+// sandbox: a bucket of demandBurst, refilled one per demandEvery.
+const (
+	demandBurst = 10
+	demandEvery = 6 * time.Second
+)
+
+// bucket is a token bucket's state; take is its pure rule.
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+func (b bucket) take(now time.Time) (bucket, bool) {
+	if b.at.IsZero() {
+		b = bucket{tokens: demandBurst, at: now}
+	}
+	if now.After(b.at) {
+		b.tokens = min(demandBurst, b.tokens+float64(now.Sub(b.at))/float64(demandEvery))
+		b.at = now
+	}
+	if b.tokens < 1 {
+		return b, false
+	}
+	b.tokens--
+	return b, true
+}
+
+func (s *Service) allowDemand(id string) bool {
+	now := s.cfg.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.buckets) >= 4096 { // forget the full ones (they would allow anyway)
+		for k, b := range s.buckets {
+			if now.Sub(b.at) > demandBurst*demandEvery {
+				delete(s.buckets, k)
+			}
+		}
+	}
+	b, ok := s.buckets[id].take(now)
+	s.buckets[id] = b
+	return ok
 }
 
 // Current is a sandbox's newest note and its desync (nil, nil: none yet).
@@ -205,15 +257,25 @@ func (s *Service) append(ctx context.Context, sb *sandbox.Sandbox, n Note, m *Ma
 	return &n, nil
 }
 
+// WriteRequest asks for a note on demand.
+type WriteRequest struct {
+	Owner, Sandbox, Actor string
+	Supplied
+	// FromSandbox: the sandbox itself asks (the in-sandbox API), so the
+	// rate of its requests is bounded (demandBurst, then one per demandEvery).
+	FromSandbox bool
+}
+
 // Write writes a note of the sandbox owner sees now (on demand), with
 // what the caller supplies. A running sandbox's machine state is
 // collected (bounded by the budget); a sandbox that is not running gets
 // a note of the supplied fields only.
-func (s *Service) Write(ctx context.Context, owner, id, actor string, sup Supplied) (*Note, error) {
+func (s *Service) Write(ctx context.Context, req WriteRequest) (*Note, error) {
+	sup, id := req.Supplied, req.Sandbox
 	if err := sup.Validate(); err != nil {
 		return nil, err
 	}
-	sb, err := s.core.Visible(ctx, owner, id)
+	sb, err := s.core.Visible(ctx, req.Owner, id)
 	if err != nil {
 		return nil, err
 	}
@@ -222,15 +284,21 @@ func (s *Service) Write(ctx context.Context, owner, id, actor string, sup Suppli
 	default:
 		return nil, errs.E(errs.FailedPrecondition, "sandbox %s is %s: a note is written while it is running, paused or stopped", id, sb.State)
 	}
-	return s.write(ctx, sb, TriggerDemand, actor, sup, true)
+	if req.FromSandbox && !s.allowDemand(id) {
+		return nil, errs.E(errs.ResourceExhausted, "sandbox %s: at most %d notes on demand in a row, then one every %s", id, demandBurst, demandEvery)
+	}
+	return s.write(ctx, sb, TriggerDemand, req.Actor, sup, true)
 }
 
 // write collects and appends one note. supplied says the caller supplied
 // sup (an automatic note carries the previous note's fields forward).
 func (s *Service) write(ctx context.Context, sb *sandbox.Sandbox, trigger, actor string, sup Supplied, supplied bool) (*Note, error) {
-	unlock := s.lock(sb.ID)
-	defer unlock()
 	started := time.Now()
+	unlock, err := s.lock(ctx, sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	prev, man, err := s.recent(ctx, sb.ID, keptManifests)
 	if err != nil {
 		return nil, err
@@ -259,7 +327,7 @@ func (s *Service) write(ctx context.Context, sb *sandbox.Sandbox, trigger, actor
 	}
 	var m *Manifest
 	if sb.State == sandbox.Running {
-		cctx, cancel := context.WithTimeout(ctx, s.cfg.Budget)
+		cctx, cancel := context.WithDeadline(ctx, started.Add(s.cfg.Budget))
 		m = s.collect(cctx, sb, &n, man)
 		cancel()
 	} else {
@@ -344,15 +412,21 @@ func (s *Service) OnState(ctx context.Context, ev statehook.Event) error {
 	if ev.Sandbox == nil {
 		return nil
 	}
+	// A pause or a stop waits at most the budget, the wait for the note
+	// lock included.
 	switch ev.Phase {
 	case statehook.BeforePause:
-		_, err := s.write(ctx, ev.Sandbox, TriggerPause, ev.Actor, Supplied{}, false)
+		bctx, cancel := context.WithTimeout(ctx, s.cfg.Budget)
+		defer cancel()
+		_, err := s.write(bctx, ev.Sandbox, TriggerPause, ev.Actor, Supplied{}, false)
 		return err
 	case statehook.BeforeStop:
 		if ev.Sandbox.State != sandbox.Running {
 			return nil
 		}
-		_, err := s.write(ctx, ev.Sandbox, TriggerStop, ev.Actor, Supplied{}, false)
+		bctx, cancel := context.WithTimeout(ctx, s.cfg.Budget)
+		defer cancel()
+		_, err := s.write(bctx, ev.Sandbox, TriggerStop, ev.Actor, Supplied{}, false)
 		return err
 	case statehook.Forked:
 		return s.inherit(ctx, ev)
@@ -384,7 +458,10 @@ func (s *Service) inherit(ctx context.Context, ev statehook.Event) error {
 			m = nil
 		}
 	}
-	unlock := s.lock(ev.Sandbox.ID)
+	unlock, err := s.lock(ctx, ev.Sandbox.ID)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	_, err = s.append(ctx, ev.Sandbox, n, m)
 	return err
@@ -450,7 +527,10 @@ func (s *Service) restore(ctx context.Context, ev statehook.Event) error {
 		"); notes written after that point describe a state it no longer has"}, n.Warnings...)
 	n.Warnings = n.Warnings[:min(len(n.Warnings), 4)]
 	n.Desync = RestoreDesync(point, latest)
-	unlock := s.lock(ev.Sandbox.ID)
+	unlock, err := s.lock(ctx, ev.Sandbox.ID)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	_, err = s.append(ctx, ev.Sandbox, n, m)
 	return err

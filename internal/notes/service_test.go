@@ -93,7 +93,7 @@ func TestServiceNotes(t *testing.T) {
 	if err := os.Symlink("/etc", filepath.Join(upA, "evil", ".git")); err != nil {
 		t.Fatal(err)
 	}
-	n1, err := s.Write(ctx, "alice", "a", "alice", Supplied{Reason: "lunch", Next: "tests", ContextVersion: "v1"})
+	n1, err := s.Write(ctx, WriteRequest{Owner: "alice", Sandbox: "a", Actor: "alice", Supplied: Supplied{Reason: "lunch", Next: "tests", ContextVersion: "v1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestServiceNotes(t *testing.T) {
 	}
 	// The agent declares v2; a fork inherits; a restore to before v2
 	// returns n1 with a desync.
-	if _, err := s.Write(ctx, "alice", "a", "alice", Supplied{ContextVersion: "v2"}); err != nil {
+	if _, err := s.Write(ctx, WriteRequest{Owner: "alice", Sandbox: "a", Actor: "alice", Supplied: Supplied{ContextVersion: "v2"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.OnState(ctx, statehook.Event{Phase: statehook.Forked, Sandbox: mustGet(t, st, "b"), From: "a"}); err != nil {
@@ -146,12 +146,25 @@ func TestServiceNotes(t *testing.T) {
 		t.Errorf("after restore: %+v desync %+v", c.Note, c.Desync)
 	}
 	// Bounds of what the agent supplies.
-	if _, err := s.Write(ctx, "alice", "a", "x", Supplied{Unfinished: string(make([]byte, MaxField+1))}); errs.FieldOf(err) != "unfinished" {
+	if _, err := s.Write(ctx, WriteRequest{Owner: "alice", Sandbox: "a", Actor: "x", Supplied: Supplied{Unfinished: string(make([]byte, MaxField+1))}}); errs.FieldOf(err) != "unfinished" {
 		t.Errorf("oversized field: %v", err)
 	}
-	// Retention: at most Retained notes.
+	// Demand notes are rate-limited per sandbox: a burst, then refused.
+	refused := 0
+	for range demandBurst + 10 {
+		if _, err := s.Write(ctx, WriteRequest{Owner: "alice", Sandbox: "b", Actor: "x", FromSandbox: true}); errs.Is(err, errs.ResourceExhausted) {
+			refused++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if refused == 0 {
+		t.Errorf("%d demand notes in a row were all written", demandBurst+10)
+	}
+	// Retention: at most Retained notes. (The operator's own writes are
+	// not rate-limited: 105 in a row.)
 	for range Retained + 5 {
-		if _, err := s.Write(ctx, "alice", "b", "x", Supplied{}); err != nil {
+		if _, err := s.Write(ctx, WriteRequest{Owner: "alice", Sandbox: "b", Actor: "x", Supplied: Supplied{}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -167,4 +180,56 @@ func mustGet(t *testing.T, st store.Store, id string) *sandbox.Sandbox {
 		t.Fatal(err)
 	}
 	return sb
+}
+
+func TestBucket(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var b bucket
+	ok := true
+	n := 0
+	for ok {
+		if b, ok = b.take(t0); ok {
+			n++
+		}
+	}
+	if n != demandBurst {
+		t.Fatalf("burst = %d, want %d", n, demandBurst)
+	}
+	if _, ok := b.take(t0.Add(demandEvery / 2)); ok {
+		t.Error("a token half a refill later")
+	}
+	if b, ok = b.take(t0.Add(demandEvery)); !ok {
+		t.Error("no token one refill later")
+	}
+	if _, ok := b.take(t0.Add(demandEvery)); ok {
+		t.Error("two tokens from one refill")
+	}
+	if b, _ = b.take(t0.Add(100 * demandEvery)); b.tokens != demandBurst-1 {
+		t.Errorf("tokens after a long wait = %v, want the burst minus one", b.tokens)
+	}
+}
+
+// TestPauseDoesNotWaitBehindANote: a pause's note waits for the note lock
+// no longer than its budget.
+func TestPauseDoesNotWaitBehindANote(t *testing.T) {
+	ctx := t.Context()
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s := New(dirCore{st: st}, st, Config{Budget: 100 * time.Millisecond})
+	unlock, err := s.lock(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = s.OnState(ctx, statehook.Event{Phase: statehook.BeforePause, Sandbox: &sandbox.Sandbox{ID: "x", Owner: "o", State: sandbox.Running}})
+	if !errs.Is(err, errs.Unavailable) || time.Since(start) > 5*time.Second {
+		t.Fatalf("OnState behind a held lock = %v after %s, want Unavailable after the budget", err, time.Since(start))
+	}
+	unlock()
+	if len(s.locks) != 0 {
+		t.Errorf("%d lock entries left", len(s.locks))
+	}
 }

@@ -54,8 +54,9 @@ func (a notesAPI) write(w http.ResponseWriter, r *http.Request, p daemon.Princip
 	if p.Sandbox != "" {
 		actor = "sandbox:" + p.Sandbox
 	}
-	n, err := a.s.d.Notes().Write(r.Context(), owner(r, p), id, actor, notes.Supplied{
-		Reason: req.Reason, Unfinished: req.Unfinished, Next: req.Next, ContextVersion: req.ContextVersion})
+	n, err := a.s.d.Notes().Write(r.Context(), notes.WriteRequest{Owner: owner(r, p), Sandbox: id, Actor: actor,
+		FromSandbox: p.Sandbox != "", Supplied: notes.Supplied{
+			Reason: req.Reason, Unfinished: req.Unfinished, Next: req.Next, ContextVersion: req.ContextVersion}})
 	if err != nil {
 		return err
 	}
