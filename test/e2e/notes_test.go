@@ -266,6 +266,15 @@ func TestHandoffNoteHostileRepo(t *testing.T) {
 				t.Errorf("the note is %d bytes", len(b))
 			}
 			t.Logf("hostile note written in %s (%d bytes, git: %s)", took, len(b), n.GitError)
+			// A git that never answers: the note is written at its deadline.
+			s.must("exec", "--user", "root", id, "--", "sh", "-c", `printf '#!/bin/sh\nexec sleep 1000\n' > /usr/local/bin/git`)
+			start = time.Now()
+			n = s.noteJSON(id, "--write")
+			if took := time.Since(start); n.GitError == "" || took > 30*time.Second {
+				t.Errorf("a silent git: note after %s, git error %q (want it cut at the note's deadline)", took, n.GitError)
+			} else {
+				t.Logf("silent git: note written in %s (git: %s)", took, n.GitError)
+			}
 			// A pause still completes, with its note.
 			s.must("pause", id, "--mode", "freeze")
 			if c := s.currentNote(id); c.Note == nil || c.Note.Trigger != "pause" {
