@@ -451,6 +451,7 @@ func (s *Service) inherit(ctx context.Context, ev statehook.Event) error {
 	}
 	ref := &Ref{Sandbox: n.Sandbox, Seq: n.Seq}
 	n.Trigger, n.Actor, n.Inherited, n.Restored, n.CreatedAt, n.Millis = TriggerFork, ev.Actor, ref, nil, time.Time{}, 0
+	n.Collected = false // a copy: what the parent's machine held then
 	var m *Manifest
 	if rows[0].Manifest != nil {
 		m = &Manifest{}
@@ -522,7 +523,7 @@ func (s *Service) restore(ctx context.Context, ev statehook.Event) error {
 	if ev.Checkpoint == "" {
 		what = "snapshot " + ev.Snapshot
 	}
-	n.Trigger, n.Actor, n.Inherited, n.CreatedAt, n.Millis = TriggerRestore, ev.Actor, nil, time.Time{}, 0
+	n.Trigger, n.Actor, n.Inherited, n.CreatedAt, n.Millis, n.Collected = TriggerRestore, ev.Actor, nil, time.Time{}, 0, false
 	n.Warnings = append([]string{"desync: the machine was restored to " + what + " (" + at.UTC().Format(time.RFC3339) +
 		"); notes written after that point describe a state it no longer has"}, n.Warnings...)
 	n.Warnings = n.Warnings[:min(len(n.Warnings), 4)]
