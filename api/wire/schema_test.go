@@ -36,7 +36,7 @@ var operations = map[string]body{
 	"POST /v1/sandboxes/{id}/start":                       {resp: wire.Sandbox{}},
 	"POST /v1/sandboxes/{id}/extend":                      {wire.ExtendRequest{}, wire.Sandbox{}},
 	"POST /v1/sandboxes/{id}/pause":                       {wire.PauseRequest{}, wire.Sandbox{}},
-	"POST /v1/sandboxes/{id}/resume":                      {resp: wire.Sandbox{}},
+	"POST /v1/sandboxes/{id}/resume":                      {resp: wire.ResumeResult{}},
 	"POST /v1/sandboxes/{id}/lease":                       {wire.LeaseRequest{}, wire.Sandbox{}},
 	"GET /v1/sandboxes/{id}/events":                       {resp: []wire.Event{}},
 	"GET /v1/sandboxes/{id}/activity":                     {resp: wire.ActivityList{}},
@@ -70,6 +70,10 @@ var operations = map[string]body{
 	"POST /v1/sandboxes/{id}/promote":                     {wire.PromoteChildRequest{}, wire.PromoteChildResult{}},
 	"GET /v1/sandboxes/{id}/diff":                         {resp: wire.DiffResult{}},
 	"POST /v1/sandboxes/{id}/compare":                     {wire.CompareRequest{}, wire.CompareResult{}},
+	"GET /v1/sandboxes/{id}/note":                         {resp: wire.CurrentNote{}},
+	"POST /v1/sandboxes/{id}/note":                        {wire.NoteRequest{}, wire.Note{}},
+	"GET /v1/sandboxes/{id}/notes":                        {resp: wire.NoteList{}},
+	"GET /v1/sandboxes/{id}/notes/{seq}":                  {resp: wire.Note{}},
 	"GET /v1/pools":                                       {resp: []wire.PoolStatus{}},
 	"PUT /v1/pools/{template}":                            {wire.PoolRequest{}, wire.PoolStatus{}},
 	"DELETE /v1/pools/{template}":                         {},
@@ -149,9 +153,28 @@ func (c *checker) resolve(v any) map[string]any {
 			m = mapOf(all[0])
 			continue
 		}
+		if all, ok := m["allOf"].([]any); ok && len(all) > 1 && m["type"] == nil {
+			m = c.mergeAll(all) // an object extending another (ResumeResult: a Sandbox plus its note)
+			continue
+		}
 		break
 	}
 	return m
+}
+
+// mergeAll is the object schema of an allOf of object schemas: their
+// properties and required lists together (what an embedded Go struct is).
+func (c *checker) mergeAll(all []any) map[string]any {
+	props, required := map[string]any{}, []any{}
+	for _, part := range all {
+		p := c.resolve(part)
+		for k, v := range mapOf(p["properties"]) {
+			props[k] = v
+		}
+		rq, _ := p["required"].([]any)
+		required = append(required, rq...)
+	}
+	return map[string]any{"type": "object", "properties": props, "required": required}
 }
 
 // jsonFields lists a struct's JSON properties (embedded structs flattened)

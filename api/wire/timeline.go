@@ -49,6 +49,11 @@ type RewindResult struct {
 	// TaskRollback is the task ledger's warning: the steps the rewind
 	// rolled back (absent when the ledger is empty).
 	TaskRollback *TaskRollback `json:"task_rollback,omitempty"`
+	// Note is the sandbox's handoff note now: the note of the restored
+	// point, with a desync warning (Desync when the agent's declared
+	// context version is newer than the point's).
+	Note   *Note   `json:"note,omitempty"`
+	Desync *Desync `json:"desync,omitempty"`
 }
 
 // PromoteChildRequest is the body of POST /v1/sandboxes/{id}/promote ({id}

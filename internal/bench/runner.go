@@ -37,7 +37,7 @@ type Options struct {
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
-	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks"}
+	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write"}
 
 // Runner measures against one server.
 type Runner struct {
@@ -120,6 +120,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"rewind-files"}, r.rewindFiles},
 		{[]string{"task-step"}, r.taskStep}, // tasks.go
 		{[]string{"resume-tasks"}, r.taskResume},
+		{[]string{"note-write"}, r.noteWrite}, // notes.go
 	}
 	for _, g := range perRuntime {
 		if !slices.ContainsFunc(g.names, r.want) {

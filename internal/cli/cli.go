@@ -86,6 +86,7 @@ func init() {
 	register("timeline", timelineUsage, runTimeline)
 	register("rewind", rewindUsage, runRewind)
 	register("promote", promoteUsage, runPromote)
+	register("note", noteUsage, runNote) // note.go: handoff notes
 	register("diff", diffUsage, runDiff)
 	register("compare", compareUsage, runCompare)
 	register("merge", mergeUsage, runMerge)

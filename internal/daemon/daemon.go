@@ -87,6 +87,7 @@ import (
 	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merges"
+	"github.com/berth-dev/berth/internal/notes"
 	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -132,6 +133,7 @@ type Daemon struct {
 	lineage *lineage.Service  // views, diff, compare (lineage_core.go)
 	merges  *merges.Service   // merges of forks into their targets (merges.go)
 	tasks   *tasks.Service    // task ledgers (tasks.go)
+	notes   *notes.Service    // handoff notes (notes_core.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -204,6 +206,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.tasks = tasks.New(tasksCore{d}, tasks.Config{Log: d.log})
 	d.hooks.Register("tasks", d.tasks)
 	d.lineage.SetCheckpoints(d.tl) // `berth diff A --checkpoint C`
+	d.notes = notes.New(notesCore{d}, st, notes.Config{Log: cfg.Log, Now: cfg.Now})
+	d.hooks.Register("notes", d.notes)
 	return d, nil
 }
 

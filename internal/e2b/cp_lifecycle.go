@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/notes"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -172,5 +173,19 @@ func (s *Server) handleConnect(w http.ResponseWriter, r *http.Request) {
 		s.writeAPIError(w, r, err)
 		return
 	}
-	writeJSON(w, status, s.toSandboxJSON(sb, tok))
+	out := connectJSON{sandboxJSON: s.toSandboxJSON(sb, tok)}
+	if nt := s.d.Notes(); nt != nil {
+		if cur, err := nt.Latest(ctx, owner, id); err == nil {
+			out.Note, out.Desync = cur.Note, cur.Desync
+		}
+	}
+	writeJSON(w, status, out)
+}
+
+// connectJSON is the connect answer: E2B's Sandbox plus berth's handoff
+// note and desync (issue 17), extra fields the SDKs ignore.
+type connectJSON struct {
+	sandboxJSON
+	Note   *notes.Note   `json:"note,omitempty"`
+	Desync *notes.Desync `json:"desync,omitempty"`
 }

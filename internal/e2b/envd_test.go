@@ -29,6 +29,7 @@ import (
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/notes"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/testutil"
@@ -97,6 +98,7 @@ func (b *agentBackend) Admission() *admission.Service { return nil }
 func (b *agentBackend) Checkpoints() *checkpoint.Service { return nil }
 func (b *agentBackend) Snapshots() *checkpoint.Snapshots { return nil }
 func (b *agentBackend) Store() store.Store               { return b.st }
+func (b *agentBackend) Notes() *notes.Service            { return nil }
 
 var _ Backend = (*daemon.Daemon)(nil)
 

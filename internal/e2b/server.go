@@ -18,6 +18,7 @@ import (
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/notes"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -51,6 +52,8 @@ type Backend interface {
 	Checkpoints() *checkpoint.Service
 	Snapshots() *checkpoint.Snapshots
 	Store() store.Store
+	// Notes: the handoff note returned on connect (an extra field the SDKs ignore).
+	Notes() *notes.Service
 }
 
 // Options configure the E2B surface. Zero values are usable.

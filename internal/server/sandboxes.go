@@ -174,7 +174,9 @@ func (s sandboxAPI) resumeSandbox(w http.ResponseWriter, r *http.Request, p daem
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.withTasks(r.Context(), sandboxView(sb)))
+	out := wire.ResumeResult{Sandbox: s.withTasks(r.Context(), sandboxView(sb))}
+	out.Note, out.Desync = s.noteOf(r, sb.ID) // the handoff note (issue 17)
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -95,6 +95,11 @@ func (s *Server) routes() {
 	s.handle("POST /v1/sandboxes/{id}/promote", tl.promote)
 	s.handle("GET /v1/sandboxes/{id}/diff", lineageAPI{s}.diff)
 	s.handle("POST /v1/sandboxes/{id}/compare", lineageAPI{s}.compare)
+	nt := notesAPI{s} // handoff notes (notes.go); also on selfRoutes
+	s.handle("GET /v1/sandboxes/{id}/note", nt.current)
+	s.handle("POST /v1/sandboxes/{id}/note", nt.write)
+	s.handle("GET /v1/sandboxes/{id}/notes", nt.list)
+	s.handle("GET /v1/sandboxes/{id}/notes/{seq}", nt.get)
 	s.handle("GET /v1/pools", img.listPools)
 	s.handle("PUT /v1/pools/{template}", img.setPool)
 	s.handle("DELETE /v1/pools/{template}", img.deletePool)

@@ -89,6 +89,7 @@ func (s timelineAPI) rewind(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	if rb := s.d.Tasks().LastRollback(r.Context(), res.Sandbox.ID); rb != nil && rb.Checkpoint == res.Checkpoint.ID && !rb.At.Before(start) {
 		out.TaskRollback = taskRollbackView(rb) // this rewind's, not an older one's
 	}
+	out.Note, out.Desync = s.noteOf(r, res.Sandbox.ID) // the point's note (issue 17)
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }

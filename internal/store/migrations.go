@@ -325,6 +325,11 @@ CREATE TABLE task_ledgers (
 	data       TEXT NOT NULL     -- JSON, the service's
 ) STRICT;
 `,
+	// 13: handoff notes (internal/notes). body
+	// is the JSON of the note the service wrote, manifest the file manifest
+	// the next note is diffed against (kept on the newest notes only). A
+	// sandbox's notes go with its row.
+	notesSchema,
 }
 
 // migrationHooks run in the transaction of the migration with the same

@@ -23,6 +23,7 @@ import (
 type Store interface {
 	CheckpointStore // checkpoints.go
 	TaskStore       // tasks.go
+	NoteStore       // notes.go
 	// CreateSandbox inserts sb and sets sb.Version to 1 (and sb.CreatedAt to
 	// now when zero).
 	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error

@@ -46,6 +46,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Merges", suiteMerges},
 		{"Checkpoints", suiteCheckpoints},
 		{"Tasks", suiteTasks},
+		{"Notes", suiteNotes},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}
