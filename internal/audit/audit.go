@@ -392,3 +392,9 @@ func readHead(path string) (store.AuditHead, bool, error) {
 	}
 	return store.AuditHead(h), true, nil
 }
+
+// List returns matching entries, oldest first (the caller scopes it to
+// what its principal may see).
+func (s *Service) List(ctx context.Context, f store.AuditFilter) ([]store.AuditEntry, error) {
+	return s.store.ListAudit(ctx, f)
+}
