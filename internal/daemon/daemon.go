@@ -77,9 +77,9 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/activity"
+	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/audit"
-	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/console"
