@@ -1,0 +1,314 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/internal/testutil"
+)
+
+// auditEntry is the wire form of one audit entry (api/wire.AuditEntry).
+type auditEntry struct {
+	Seq     int64             `json:"seq"`
+	Actor   string            `json:"actor"`
+	Action  string            `json:"action"`
+	Sandbox string            `json:"sandbox"`
+	Owner   string            `json:"owner"`
+	Data    map[string]string `json:"data"`
+	Hash    string            `json:"hash"`
+}
+
+// auditLog exports the chain as key sees it (every page, JSON lines).
+func (s *server) auditLog(key string, args ...string) []auditEntry {
+	s.t.Helper()
+	out, _, code := s.runSplit(key, nil, append([]string{"audit", "export"}, args...)...)
+	if code != 0 {
+		s.t.Fatalf("berth audit export: exit %d: %s", code, out)
+	}
+	var all []auditEntry
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line == "" {
+			continue
+		}
+		var e auditEntry
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			s.t.Fatalf("audit export line %q: %v", line, err)
+		}
+		all = append(all, e)
+	}
+	return all
+}
+
+// find returns the index of the first entry after from that matches.
+func findAudit(log []auditEntry, from int, match func(auditEntry) bool) int {
+	for i := max(from, 0); i < len(log); i++ {
+		if match(log[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+func apiCall(id, route string) func(auditEntry) bool {
+	return func(e auditEntry) bool { return e.Action == "api" && e.Sandbox == id && e.Data["route"] == route }
+}
+
+// TestAuditTrail: on both runtimes, a tenant's create, exec, pause,
+// resume and fork, and the admin's pause, appear in the chain in order with
+// their actors; another tenant sees none of them; the entries outlive the
+// sandboxes; verify passes.
+func TestAuditTrail(t *testing.T) {
+	s := startServer(t)
+	alice := strings.TrimSpace(s.must("key", "create", "--owner", "alice"))
+	mallory := strings.TrimSpace(s.must("key", "create", "--owner", "mallory"))
+	for _, rt := range runtimesOf(t, s) {
+		t.Run(rt, func(t *testing.T) {
+			out, code := s.runAs(alice, nil, "create", "--template", "tiny", "--runtime", rt)
+			if code != 0 {
+				t.Fatalf("create: %s", out)
+			}
+			id := strings.TrimSpace(out)
+			if out, code := s.runAs(alice, nil, "exec", "--user", "root", id, "--", "echo", "audited-"+rt); code != 0 {
+				t.Fatalf("exec: %s", out)
+			}
+			s.must("pause", id, "--mode", "freeze") // the admin acts on alice's sandbox
+			if out, code := s.runAs(alice, nil, "resume", id); code != 0 {
+				t.Fatalf("resume: %s", out)
+			}
+			out, code = s.runAs(alice, nil, "fork", id, "-n", "1", "--json")
+			if code != 0 {
+				t.Fatalf("fork: %s", out)
+			}
+			var fr forkResult
+			if err := json.Unmarshal([]byte(out), &fr); err != nil || len(fr.Sandboxes) != 1 {
+				t.Fatalf("fork output %q: %v", out, err)
+			}
+			child := fr.Sandboxes[0].ID
+			if out, code := s.runAs(mallory, nil, "exec", id, "--", "true"); code == 0 {
+				t.Fatalf("mallory's exec on alice's sandbox succeeded: %s", out)
+			}
+
+			var log []auditEntry
+			testutil.Eventually(t, testutil.Within(10*time.Second), func() error {
+				log = s.auditLog(alice, "--sandbox", id)
+				if findAudit(log, 0, apiCall(id, "POST /v1/sandboxes/{id}/fork")) < 0 {
+					return fmt.Errorf("fork not yet in alice's audit log: %+v", log)
+				}
+				return nil
+			})
+			steps := []struct {
+				what  string
+				match func(auditEntry) bool
+			}{
+				{"create by alice", func(e auditEntry) bool {
+					return e.Action == "api" && e.Data["route"] == "POST /v1/sandboxes" && e.Actor == "alice" && e.Data["status"] == "201"
+				}},
+				{"exec command line", func(e auditEntry) bool {
+					return e.Action == "exec" && e.Data["argv"] == `["echo","audited-`+rt+`"]` && e.Data["user"] == "root"
+				}},
+				{"exec call by alice", func(e auditEntry) bool {
+					return apiCall(id, "POST /v1/sandboxes/{id}/exec")(e) && e.Actor == "alice" && e.Data["status"] == "200"
+				}},
+				{"paused", func(e auditEntry) bool { return e.Action == "sandbox.paused" && e.Data["mode"] == "freeze" }},
+				{"pause call by the admin", func(e auditEntry) bool {
+					return apiCall(id, "POST /v1/sandboxes/{id}/pause")(e) && e.Data["admin"] == "true" && e.Owner == "alice"
+				}},
+				{"resumed", func(e auditEntry) bool { return e.Action == "sandbox.resumed" && e.Actor == "alice" }},
+				{"fork call by alice", apiCall(id, "POST /v1/sandboxes/{id}/fork")},
+			}
+			at := -1
+			for _, st := range steps {
+				i := findAudit(log, at+1, st.match)
+				if i < 0 {
+					t.Fatalf("%s: not found after entry %d in alice's log:\n%s", st.what, at, dumpAudit(log))
+				}
+				at = i
+			}
+			for _, e := range log {
+				if e.Owner != "alice" {
+					t.Errorf("alice's log holds another owner's entry: %+v", e)
+				}
+			}
+			// The fork is the child's entry, naming its parent.
+			childLog := s.auditLog(alice, "--sandbox", child)
+			if findAudit(childLog, 0, func(e auditEntry) bool {
+				return e.Action == "sandbox.forked" && e.Data["from"] == id && e.Data["parent"] == id && e.Actor == "alice"
+			}) < 0 {
+				t.Errorf("no sandbox.forked entry naming the parent in the child's log:\n%s", dumpAudit(childLog))
+			}
+			// Mallory sees her own refused attempt and nothing of alice's.
+			mlog := s.auditLog(mallory)
+			for _, e := range mlog {
+				if e.Owner != "mallory" || e.Actor != "mallory" {
+					t.Errorf("mallory sees an entry not hers: %+v", e)
+				}
+			}
+			if findAudit(mlog, 0, func(e auditEntry) bool {
+				return apiCall(id, "POST /v1/sandboxes/{id}/exec")(e) && e.Data["status"] == "404"
+			}) < 0 {
+				t.Errorf("mallory's refused exec is not in her log:\n%s", dumpAudit(mlog))
+			}
+			if out, code := s.runAs(mallory, nil, "audit", "verify"); code != 5 {
+				t.Errorf("audit verify with a tenant key: exit %d (want 5, admin only): %s", code, out)
+			}
+
+			// Entries are never deleted with their sandbox.
+			s.must("rm", "-f", child, id)
+			testutil.Eventually(t, testutil.Within(10*time.Second), func() error {
+				after := s.auditLog(s.key, "--sandbox", id)
+				if findAudit(after, 0, apiCall(id, "DELETE /v1/sandboxes/{id}")) < 0 {
+					return fmt.Errorf("delete not yet audited")
+				}
+				if len(after) < len(log) {
+					return fmt.Errorf("%d entries after the delete, %d before", len(after), len(log))
+				}
+				return nil
+			})
+			if out := s.must("audit", "verify"); !strings.HasPrefix(out, "ok:") {
+				t.Fatalf("audit verify: %s", out)
+			}
+		})
+	}
+}
+
+func dumpAudit(log []auditEntry) string {
+	var b strings.Builder
+	for _, e := range log {
+		fmt.Fprintf(&b, "  %d %s %s %s owner=%s %v\n", e.Seq, e.Actor, e.Action, e.Sandbox, e.Owner, e.Data)
+	}
+	return b.String()
+}
+
+// sqlite runs SQL on a stopped server's database as someone with the
+// sqlite3 tool would: the append-only triggers dropped first.
+func (s *server) sqlite(stmts ...string) {
+	s.t.Helper()
+	testutil.RequireTool(s.t, "sqlite3")
+	sql := "DROP TRIGGER IF EXISTS audit_append_only_update; DROP TRIGGER IF EXISTS audit_append_only_delete; " + strings.Join(stmts, "; ") + ";"
+	out, err := exec.Command("sqlite3", filepath.Join(s.dataDir, "berth.db"), sql).CombinedOutput()
+	if err != nil {
+		s.t.Fatalf("sqlite3 %s: %v %s", sql, err, out)
+	}
+}
+
+// TestAuditTamper: one row edited through sqlite3 on the stopped server's
+// database makes `berth audit verify` exit non-zero naming that seq; a
+// truncated tail is found at the next start and stays reported.
+func TestAuditTamper(t *testing.T) {
+	s := startServer(t)
+	id := s.create()
+	for i := range 3 {
+		s.must("exec", id, "--", "echo", fmt.Sprint(i))
+	}
+	if out := s.must("audit", "verify"); !strings.HasPrefix(out, "ok:") {
+		t.Fatalf("audit verify before tampering: %s", out)
+	}
+	log := s.auditLog(s.key)
+	victim := log[findAudit(log, 0, func(e auditEntry) bool { return e.Action == "exec" })]
+	s.stop()
+	s.sqlite(fmt.Sprintf(`UPDATE audit SET data = '{"argv":"[\"innocent\"]","user":"","cwd":""}' WHERE seq = %d`, victim.Seq))
+	s.start()
+	out, code := s.run("audit", "verify")
+	if code == 0 || !strings.Contains(out, fmt.Sprintf("seq %d:", victim.Seq)) || !strings.Contains(out, "changed") {
+		t.Fatalf("audit verify after editing seq %d: exit %d:\n%s", victim.Seq, code, out)
+	}
+
+	// Cut the tail: the restart finds the store's end behind its heads
+	// and records it, so new entries cannot hide the cut.
+	last := s.auditLog(s.key)
+	end := last[len(last)-1].Seq
+	s.stop()
+	s.sqlite(fmt.Sprintf(`DELETE FROM audit WHERE seq > %d`, end-2))
+	s.start()
+	s.must("exec", id, "--", "true")
+	out, code = s.run("audit", "verify")
+	if code == 0 || !strings.Contains(out, "recorded") || !strings.Contains(out, fmt.Sprintf("entries %d-", end-1)) {
+		t.Fatalf("audit verify after cutting the tail after seq %d: exit %d:\n%s", end-2, code, out)
+	}
+}
+
+// TestAuditKill9: the daemon killed with SIGKILL while entries are being
+// written leaves no half entry and a continuous chain; after the restart
+// verify passes and the chain continues.
+func TestAuditKill9(t *testing.T) {
+	s := startServer(t)
+	id := s.create()
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var calls atomic.Int64
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				s.run("exec", id, "--", "true")
+				s.run("inspect", id)
+				calls.Add(1)
+			}
+		}()
+	}
+	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+		if calls.Load() < 20 {
+			return fmt.Errorf("%d calls so far", calls.Load())
+		}
+		return nil
+	})
+	s.kill9()
+	stop.Store(true)
+	wg.Wait()
+	s.start()
+	out, code := s.run("audit", "verify", "--json")
+	var rep struct {
+		OK      bool  `json:"ok"`
+		Entries int64 `json:"entries"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || !rep.OK || rep.Entries < 20 {
+		t.Fatalf("audit verify after kill -9 (after %d calls): exit %d: %s", calls.Load(), code, out)
+	}
+	s.must("exec", id, "--", "true")
+	if out := s.must("audit", "verify"); !strings.HasPrefix(out, "ok:") {
+		t.Fatalf("audit verify after the chain continued: %s", out)
+	}
+	t.Logf("kill -9 after %d calls: %d entries intact", calls.Load(), rep.Entries)
+}
+
+// TestAuditInSandboxPrincipal: a request through the in-sandbox API
+// (docs/STATE.md) is audited as that sandbox, on both runtimes. It needs
+// the `self` branch (the agent's api socket and the server's selfRoutes).
+func TestAuditInSandboxPrincipal(t *testing.T) {
+	s := startServer(t)
+	for _, rt := range runtimesOf(t, s) {
+		t.Run(rt, func(t *testing.T) {
+			id := s.create("--runtime", rt)
+			// Root inside the sandbox calls its own API, then one it must not reach.
+			out, code := s.run("exec", "--user", "root", id, "--", "/.berth/berth-agent", "api", "GET", "/v1/sandboxes/self")
+			if code != 0 {
+				t.Fatalf("in-sandbox api GET self: exit %d: %s", code, out)
+			}
+			s.run("exec", "--user", "root", id, "--", "/.berth/berth-agent", "api", "POST", "/v1/audit/verify")
+			var log []auditEntry
+			testutil.Eventually(t, testutil.Within(10*time.Second), func() error {
+				log = s.auditLog(s.key, "--sandbox", id)
+				if findAudit(log, 0, func(e auditEntry) bool { return e.Action == "api" && e.Actor == "sandbox:"+id }) < 0 {
+					return fmt.Errorf("no entry with actor sandbox:%s:\n%s", id, dumpAudit(log))
+				}
+				return nil
+			})
+			for _, e := range log {
+				if e.Actor == "sandbox:"+id && (e.Owner == "" || e.Sandbox != id) {
+					t.Errorf("in-sandbox entry not bound to its sandbox and owner: %+v", e)
+				}
+				if e.Actor == "sandbox:"+id && e.Data["route"] == "POST /v1/audit/verify" && e.Data["status"] == "200" {
+					t.Errorf("the sandbox verified the audit chain: %+v", e)
+				}
+			}
+		})
+	}
+}
