@@ -123,6 +123,7 @@ func TestAuditTrail(t *testing.T) {
 				{"resumed", func(e auditEntry) bool { return e.Action == "sandbox.resumed" && e.Actor == "alice" }},
 				{"fork call by alice", apiCall(id, "POST /v1/sandboxes/{id}/fork")},
 			}
+			t.Logf("alice's audit log of %s:\n%s", id, dumpAudit(log))
 			at := -1
 			for _, st := range steps {
 				i := findAudit(log, at+1, st.match)
@@ -240,43 +241,45 @@ func TestAuditTamper(t *testing.T) {
 func TestAuditKill9(t *testing.T) {
 	s := startServer(t)
 	id := s.create()
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var calls atomic.Int64
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !stop.Load() {
-				s.run("exec", id, "--", "true")
-				s.run("inspect", id)
-				calls.Add(1)
-			}
-		}()
-	}
-	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
-		if calls.Load() < 20 {
-			return fmt.Errorf("%d calls so far", calls.Load())
+	for round := range 3 {
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		var calls atomic.Int64
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					s.run("exec", id, "--", "true")
+					s.run("inspect", id)
+					calls.Add(1)
+				}
+			}()
 		}
-		return nil
-	})
-	s.kill9()
-	stop.Store(true)
-	wg.Wait()
-	s.start()
-	out, code := s.run("audit", "verify", "--json")
-	var rep struct {
-		OK      bool  `json:"ok"`
-		Entries int64 `json:"entries"`
-	}
-	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || !rep.OK || rep.Entries < 20 {
-		t.Fatalf("audit verify after kill -9 (after %d calls): exit %d: %s", calls.Load(), code, out)
+		testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+			if calls.Load() < 20 {
+				return fmt.Errorf("%d calls so far", calls.Load())
+			}
+			return nil
+		})
+		s.kill9()
+		stop.Store(true)
+		wg.Wait()
+		s.start()
+		out, code := s.run("audit", "verify", "--json")
+		var rep struct {
+			OK      bool  `json:"ok"`
+			Entries int64 `json:"entries"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || !rep.OK || rep.Entries < 20 {
+			t.Fatalf("round %d: audit verify after kill -9 (after %d calls): exit %d: %s", round, calls.Load(), code, out)
+		}
+		t.Logf("round %d: kill -9 after %d calls: %d entries intact", round, calls.Load(), rep.Entries)
 	}
 	s.must("exec", id, "--", "true")
 	if out := s.must("audit", "verify"); !strings.HasPrefix(out, "ok:") {
 		t.Fatalf("audit verify after the chain continued: %s", out)
 	}
-	t.Logf("kill -9 after %d calls: %d entries intact", calls.Load(), rep.Entries)
 }
 
 // TestAuditInSandboxPrincipal: a request through the in-sandbox API
