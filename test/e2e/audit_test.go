@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -314,4 +315,41 @@ func TestAuditInSandboxPrincipal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAuditE2BControlPlane: the E2B surface's calls are audited like /v1's.
+func TestAuditE2BControlPlane(t *testing.T) {
+	s := startServer(t)
+	alice := strings.TrimSpace(s.must("key", "create", "--owner", "alice"))
+	req, _ := http.NewRequest("POST", s.url+"/sandboxes", strings.NewReader(`{"templateID":"tiny","timeout":300}`))
+	req.Header.Set("X-API-KEY", alice)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&created)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusCreated || created.SandboxID == "" {
+		t.Fatalf("E2B create: %d %v %+v", resp.StatusCode, err, created)
+	}
+	req, _ = http.NewRequest("DELETE", s.url+"/sandboxes/"+created.SandboxID, nil)
+	req.Header.Set("X-API-KEY", alice)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("E2B kill: %v %v", resp, err)
+	}
+	testutil.Eventually(t, testutil.Within(10*time.Second), func() error {
+		log := s.auditLog(alice, "--sandbox", created.SandboxID)
+		for _, want := range []string{"POST /sandboxes", "DELETE /sandboxes/{id}"} {
+			if findAudit(log, 0, func(e auditEntry) bool {
+				return e.Action == "api" && e.Actor == "alice" && e.Data["surface"] == "e2b" && e.Data["route"] == want
+			}) < 0 {
+				return fmt.Errorf("no e2b %s entry:\n%s", want, dumpAudit(log))
+			}
+		}
+		return nil
+	})
 }
