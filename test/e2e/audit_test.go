@@ -76,6 +76,7 @@ func TestAuditTrail(t *testing.T) {
 				t.Fatalf("create: %s", out)
 			}
 			id := strings.TrimSpace(out)
+			c1 := s.checkpoint(alice, id)
 			if out, code := s.runAs(alice, nil, "exec", "--user", "root", id, "--", "echo", "audited-"+rt); code != 0 {
 				t.Fatalf("exec: %s", out)
 			}
@@ -92,6 +93,10 @@ func TestAuditTrail(t *testing.T) {
 				t.Fatalf("fork output %q: %v", out, err)
 			}
 			child := fr.Sandboxes[0].ID
+			// A rewind to before the exec appends; it rolls nothing back.
+			if out, code := s.runAs(alice, nil, "rewind", id, "--to", c1.ID); code != 0 {
+				t.Fatalf("rewind: %s", out)
+			}
 			if out, code := s.runAs(mallory, nil, "exec", id, "--", "true"); code == 0 {
 				t.Fatalf("mallory's exec on alice's sandbox succeeded: %s", out)
 			}
@@ -99,8 +104,8 @@ func TestAuditTrail(t *testing.T) {
 			var log []auditEntry
 			testutil.Eventually(t, testutil.Within(10*time.Second), func() error {
 				log = s.auditLog(alice, "--sandbox", id)
-				if findAudit(log, 0, apiCall(id, "POST /v1/sandboxes/{id}/fork")) < 0 {
-					return fmt.Errorf("fork not yet in alice's audit log: %+v", log)
+				if findAudit(log, 0, apiCall(id, "POST /v1/sandboxes/{id}/rewind")) < 0 {
+					return fmt.Errorf("rewind not yet in alice's audit log: %+v", log)
 				}
 				return nil
 			})
@@ -123,6 +128,10 @@ func TestAuditTrail(t *testing.T) {
 				}},
 				{"resumed", func(e auditEntry) bool { return e.Action == "sandbox.resumed" && e.Actor == "alice" }},
 				{"fork call by alice", apiCall(id, "POST /v1/sandboxes/{id}/fork")},
+				{"restored to the checkpoint", func(e auditEntry) bool {
+					return e.Action == "sandbox.restored" && e.Data["checkpoint"] == c1.ID && e.Data["from"] == id && e.Data["point_at"] != ""
+				}},
+				{"rewind call by alice", apiCall(id, "POST /v1/sandboxes/{id}/rewind")},
 			}
 			t.Logf("alice's audit log of %s:\n%s", id, dumpAudit(log))
 			at := -1
