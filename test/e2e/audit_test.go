@@ -362,3 +362,27 @@ func TestAuditE2BControlPlane(t *testing.T) {
 		return nil
 	})
 }
+
+// TestAuditEgressVerdict: root in a sandbox whose policy allows one name
+// connecting elsewhere is the proxy's egress.deny, audited as that
+// sandbox, on both runtimes (a deny-all sandbox's packets never reach the
+// proxy: nftables drops them).
+func TestAuditEgressVerdict(t *testing.T) {
+	s := startServer(t)
+	for _, rt := range runtimesOf(t, s) {
+		t.Run(rt, func(t *testing.T) {
+			id := s.create("--runtime", rt, "--allow", "allowed.test")
+			s.run("exec", "--user", "root", id, "--", "sh", "-c", "echo probe | nc -w 3 203.0.113.9 80; true")
+			testutil.Eventually(t, testutil.Within(15*time.Second), func() error {
+				log := s.auditLog(s.key, "--sandbox", id)
+				if findAudit(log, 0, func(e auditEntry) bool {
+					return e.Action == "egress.deny" && e.Actor == "sandbox:"+id && e.Data["proto"] == "tcp" && e.Data["dst"] == "203.0.113.9:80"
+				}) < 0 {
+					out, _ := s.run("net", "log", id, "--json")
+					return fmt.Errorf("no egress.deny entry:\n%s\negress log: %s", dumpAudit(log), out)
+				}
+				return nil
+			})
+		})
+	}
+}
