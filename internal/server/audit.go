@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -94,6 +95,18 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// ReadFrom keeps the underlying writer's io.ReaderFrom (sendfile for file
+// downloads) in use through the wrapper.
+func (w *statusWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if w.sniff {
+		return io.Copy(struct{ io.Writer }{w}, r)
+	}
+	return io.Copy(w.ResponseWriter, r)
+}
 
 var createdIDRe = regexp.MustCompile(`"id":\s*"([a-z0-9]{1,64})"`)
 
