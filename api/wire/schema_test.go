@@ -26,6 +26,8 @@ type oneOf []any
 // otherwise), so every body the API exchanges is checked.
 var operations = map[string]body{
 	"GET /v1/openapi.yaml":                                {},
+	"GET /v1/audit":                                       {resp: wire.AuditList{}},
+	"POST /v1/audit/verify":                               {resp: wire.AuditReport{}},
 	"GET /v1/health":                                      {resp: wire.Health{}},
 	"GET /v1/info":                                        {resp: wire.Info{}},
 	"POST /v1/sandboxes":                                  {wire.CreateRequest{}, wire.Sandbox{}},

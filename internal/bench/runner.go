@@ -37,7 +37,7 @@ type Options struct {
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
-	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write"}
+	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify"}
 
 // Runner measures against one server.
 type Runner struct {
@@ -121,6 +121,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"task-step"}, r.taskStep}, // tasks.go
 		{[]string{"resume-tasks"}, r.taskResume},
 		{[]string{"note-write"}, r.noteWrite}, // notes.go
+		{[]string{"audit-visible"}, r.auditVisible}, // audit.go
 	}
 	for _, g := range perRuntime {
 		if !slices.ContainsFunc(g.names, r.want) {
@@ -154,7 +155,8 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 	for _, ci := range []struct {
 		name string
 		run  func(context.Context) Metric
-	}{{"code-interpreter-tti", r.ciTTI}, {"code-interpreter-tti-warm", r.ciTTIWarm}, {"code-interpreter-rtt", r.ciRTT}} { // codeinterp.go
+	}{{"code-interpreter-tti", r.ciTTI}, {"code-interpreter-tti-warm", r.ciTTIWarm}, {"code-interpreter-rtt", r.ciRTT},
+		{"audit-verify", r.auditVerify}} { // codeinterp.go, audit.go
 		if r.want(ci.name) {
 			r.logf("measuring %s", ci.name)
 			m := ci.run(ctx)

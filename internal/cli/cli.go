@@ -79,6 +79,7 @@ func init() {
 	register("lease", "lease ID --for D   (0 releases)", runLease)
 	register("events", "events [ID] [--json]", runEvents)
 	register("activity", activityUsage, runActivity)
+	register("audit", auditUsage, runAudit) // audit.go
 	register("template", "template ls [--json] | template import NAME FILE.tar | template from-snapshot SNAPSHOT NAME | "+pullUsage+" | "+buildUsage+" | template rm NAME...", runTemplate)
 	register("snapshot", "snapshot ID [--name N] [--json] | snapshot ls [--json] | snapshot rm SNAPSHOT...", runSnapshot)
 	register("fork", "fork ID [-n N] [--json]", runFork)

@@ -80,6 +80,8 @@ import (
 
 	"github.com/berth-dev/berth/internal/activity"
 	"github.com/berth-dev/berth/internal/admission"
+	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/audit"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/console"
@@ -134,6 +136,7 @@ type Daemon struct {
 	merges  *merges.Service   // merges of forks into their targets (merges.go)
 	tasks   *tasks.Service    // task ledgers (tasks.go)
 	notes   *notes.Service    // handoff notes (notes_core.go)
+	audit   *audit.Service    // the audit chain (internal/audit, audit_core.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -189,6 +192,10 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		bg:     bg, cancel: cancel,
 	}
 	wireCore(d, chanKey)
+	if d.audit, err = newAudit(d); err != nil {
+		return nil, err
+	}
+	d.hooks.Register("audit", d.audit) // pause, resume, fork, restore, stop: appended, never rolled back
 	rtNames := make([]string, 0, len(rts))
 	for n := range rts {
 		rtNames = append(rtNames, n)
@@ -198,12 +205,15 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
+	d.net.SetAuditor(d.audit)
 	d.act = activity.New(activity.Config{Retention: cfg.ActivityRetention, Log: cfg.Log, Now: cfg.Now}, activityCore{d}, st)
-	d.chans.observe = d.act.Observer // every agent client reports execs and file changes
+	// Every agent client reports execs and file changes (activity); execs
+	// are also audit entries.
+	d.chans.observe = func(id string) agentapi.Observer { return d.audit.Observe(id, d.act.Observer(id)) }
 	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})
 	d.lineage = lineage.New(lineageCore{d}, lineage.Config{DataDir: cfg.DataDir, Log: cfg.Log})
 	d.merges = newMerges(d)
-	d.tasks = tasks.New(tasksCore{d}, tasks.Config{Log: d.log})
+	d.tasks = tasks.New(tasksCore{d}, tasks.Config{Log: d.log, Auditor: d.audit})
 	d.hooks.Register("tasks", d.tasks)
 	d.lineage.SetCheckpoints(d.tl) // `berth diff A --checkpoint C`
 	d.notes = notes.New(notesCore{d}, st, notes.Config{Log: cfg.Log, Now: cfg.Now})

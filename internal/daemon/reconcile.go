@@ -131,4 +131,5 @@ func (d *Daemon) Run() {
 	d.GoBackground("pools", d.poolSvc.Run)
 	d.GoBackground("reaper", d.adm.NewReaper(reaperCore{d}).Run)
 	d.GoBackground("activity", d.act.Run)
+	d.GoBackground("audit", d.audit.Run)
 }

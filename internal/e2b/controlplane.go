@@ -70,7 +70,7 @@ func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		// E2B has no admin view: even the admin key sees its own sandboxes.
-		h(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, p.Owner)))
+		s.audited(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, p.Owner)), p.Owner, h) // audit.go
 	}
 }
 

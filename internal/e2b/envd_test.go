@@ -25,6 +25,7 @@ import (
 	"github.com/berth-dev/berth/api/gen/process/processconnect"
 	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/audit"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
@@ -99,6 +100,7 @@ func (b *agentBackend) Checkpoints() *checkpoint.Service { return nil }
 func (b *agentBackend) Snapshots() *checkpoint.Snapshots { return nil }
 func (b *agentBackend) Store() store.Store               { return b.st }
 func (b *agentBackend) Notes() *notes.Service            { return nil }
+func (b *agentBackend) Audit() *audit.Service            { return nil } // nothing audited
 
 var _ Backend = (*daemon.Daemon)(nil)
 

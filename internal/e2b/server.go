@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/admission"
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/audit"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/daemon"
@@ -54,6 +55,8 @@ type Backend interface {
 	Store() store.Store
 	// Notes: the handoff note returned on connect (an extra field the SDKs ignore).
 	Notes() *notes.Service
+	// Audit is the audit chain: each control-plane call is an entry (audit.go).
+	Audit() *audit.Service
 }
 
 // Options configure the E2B surface. Zero values are usable.

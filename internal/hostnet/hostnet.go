@@ -63,6 +63,7 @@ type Service struct {
 	authn   Authenticator
 	feed    EgressFeed
 	dataDir string
+	auditor Auditor // egress verdicts (audit.go); nil: none
 
 	// net is set once by Start, before any sandbox is reconciled or
 	// served, and never changes after; nil: networking is disabled.
@@ -190,7 +191,7 @@ func (h *Service) Start(ctx context.Context, o Options) error {
 	eff := ncfg
 	px, err := egress.New(egress.Config{
 		ProxyAddr: eff.ProxyAddr(), DNSAddr: eff.DNSAddr(), CA: ca, ExtraCAFile: o.UpstreamCA,
-		HostsFile: o.HostsFile, Blocked: []netip.Prefix{eff.Subnet}, Sink: ns.sink, Log: h.core.Log(),
+		HostsFile: o.HostsFile, Blocked: []netip.Prefix{eff.Subnet}, Sink: h.auditSink(ns.sink), Log: h.core.Log(),
 		AllowPrivate: o.AllowPrivate, UpstreamDNS: o.UpstreamDNS,
 		MaxConns: o.Limits.MaxConns, MaxDNSInFlight: o.Limits.MaxDNSInFlight, DNSQPS: o.Limits.DNSQPS,
 		OnLimit: h.egressLimitHit,

@@ -86,6 +86,9 @@ func (s *Server) routes() {
 	s.handle("GET /v1/snapshots/{id}", img.getSnapshot)
 	s.handle("DELETE /v1/snapshots/{id}", img.deleteSnapshot)
 	s.handle("POST /v1/snapshots/{id}/template", img.promoteSnapshot)
+	au := auditAPI{s} // the audit chain (audit.go)
+	s.handle("GET /v1/audit", au.listAudit)
+	s.handle("POST /v1/audit/verify", au.verifyAudit)
 	tl := timelineAPI{s} // checkpoints, rewind, promote (timeline.go)
 	s.handle("POST /v1/sandboxes/{id}/checkpoints", tl.createCheckpoint)
 	s.handle("GET /v1/sandboxes/{id}/checkpoints", tl.listCheckpoints)
@@ -181,7 +184,7 @@ func (s *Server) handle(pattern string, h handler) {
 				// refused requests must not keep it awake.
 				defer s.d.Admission().OpenClientStream(r.Context(), owner(r, p), r.PathValue("id"))()
 			}
-			err = h(w, r, p)
+			err = s.audited(pattern, h, w, r, p) // one `api` entry in the audit chain (audit.go)
 		}
 		if err != nil {
 			if errs.KindOf(err) == errs.Internal {

@@ -330,6 +330,42 @@ CREATE TABLE task_ledgers (
 	// the next note is diffed against (kept on the newest notes only). A
 	// sandbox's notes go with its row.
 	notesSchema,
+	// 14: the audit chain (issue 17) (internal/audit). Rows
+	// are appended by the chain's one writer with the seq it assigned; each
+	// row's hash covers the previous row's, and its mac is the audit key's
+	// MAC over (seq, hash). audit_head is the chain's last
+	// (seq, hash) with the MAC the daemon's audit key gives it, written in the
+	// transaction of the rows. No row references a sandbox: deleting a
+	// sandbox never deletes its audit entries, and the triggers refuse an
+	// UPDATE or DELETE of a row from any code path (an edit through another
+	// tool must drop them first, and verify still catches it).
+	`
+CREATE TABLE audit (
+	seq        INTEGER PRIMARY KEY,
+	time       INTEGER NOT NULL, -- unix nanoseconds
+	actor      TEXT NOT NULL,
+	action     TEXT NOT NULL,
+	sandbox_id TEXT NOT NULL,
+	owner      TEXT NOT NULL,
+	data       TEXT NOT NULL,    -- JSON object of strings
+	prev_hash  TEXT NOT NULL,
+	hash       TEXT NOT NULL,
+	mac        TEXT NOT NULL
+) STRICT;
+CREATE INDEX audit_sandbox ON audit (sandbox_id, seq);
+CREATE INDEX audit_owner ON audit (owner, seq);
+CREATE INDEX audit_time ON audit (time);
+CREATE TABLE audit_head (
+	id   INTEGER PRIMARY KEY CHECK (id = 1),
+	seq  INTEGER NOT NULL,
+	hash TEXT NOT NULL,
+	mac  TEXT NOT NULL
+) STRICT;
+CREATE TRIGGER audit_append_only_update BEFORE UPDATE ON audit
+BEGIN SELECT RAISE(ABORT, 'audit entries are append-only'); END;
+CREATE TRIGGER audit_append_only_delete BEFORE DELETE ON audit
+BEGIN SELECT RAISE(ABORT, 'audit entries are append-only'); END;
+`,
 }
 
 // migrationHooks run in the transaction of the migration with the same

@@ -24,6 +24,7 @@ type Store interface {
 	CheckpointStore // checkpoints.go
 	TaskStore       // tasks.go
 	NoteStore       // notes.go
+	AuditStore      // audit.go
 	// CreateSandbox inserts sb and sets sb.Version to 1 (and sb.CreatedAt to
 	// now when zero).
 	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error

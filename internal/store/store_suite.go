@@ -47,6 +47,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Checkpoints", suiteCheckpoints},
 		{"Tasks", suiteTasks},
 		{"Notes", suiteNotes},
+		{"Audit", suiteAudit},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}
