@@ -62,7 +62,7 @@ installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install o
 # unzip unpacks a Go toolchain when Go is missing. chromium (headless) and a
 # font run the web console's browser tests (test/e2e/console_test.go).
 PKGS=(runc debootstrap iproute2 nftables busybox-static e2fsprogs xz-utils ca-certificates curl unzip python3 procps
-	chromium fonts-dejavu-core)
+	chromium fonts-dejavu-core sqlite3) # sqlite3: the audit tamper test edits a stopped server's DB
 MISSING=()
 for p in "${PKGS[@]}"; do installed "$p" || MISSING+=("$p"); done
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
