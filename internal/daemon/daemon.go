@@ -128,6 +128,7 @@ type Daemon struct {
 	console *console.Service  // web console sessions (console.go)
 	lineage *lineage.Service  // views, diff, compare (lineage_core.go)
 	merges  *merges.Service   // merges of forks into their targets (merges.go)
+	self    *SelfAPI          // the in-sandbox API's server (selfapi.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -205,6 +206,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 // channel registry and the checkpoint services (checkpoint_core.go).
 func wireCore(d *Daemon, chanKey []byte) {
 	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
+	d.self = newSelfAPI(d)
+	d.chans.callers = d.self.accept // every channel serves its sandbox's in-sandbox API
 	d.watch = newWatcher(watchAdapter{d})
 	d.hooks = &statehook.Bus{Log: d.log, OnError: func(ctx context.Context, ev statehook.Event, hook string, err error) {
 		if ev.Sandbox != nil {
@@ -240,6 +243,7 @@ func (d *Daemon) Close() {
 	d.wg.Wait()
 	d.net.Release()
 	d.chans.closeAll()
+	d.self.close()
 }
 
 // Activity is the activity timeline service.
