@@ -178,7 +178,7 @@ func (a *Agent) Listen() error {
 			a.api.start()
 		} else {
 			a.api.caller.Reopen()
-			if err := a.api.ensure(); err != nil { // after a restore: in place again at once
+			if err := a.api.rebind(); err != nil { // after a restore: a fresh socket at once
 				a.log.Warn("in-sandbox API socket", "path", a.cfg.APISocket, "err", err)
 			}
 		}

@@ -8,7 +8,6 @@ import (
 	"net/http/httputil"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
@@ -131,9 +130,15 @@ func (s *apiServer) close() {
 // ensure (re)creates the socket unless the one this agent bound is still
 // the entry at s.path: the directory is opened without following a link
 // (a link or a non-directory there is removed), made root-owned 0755, and
-// the socket bound inside it through the opened directory, so nothing a
-// sandbox plants redirects the bind or the chmod.
-func (s *apiServer) ensure() error {
+// the socket checked and chmod-ed through the opened directory, so nothing
+// a sandbox's users plant redirects the chmod.
+func (s *apiServer) ensure() error { return s.bind(false) }
+
+// rebind binds a fresh socket whatever is there (after a restore: a
+// restored listener may no longer be reachable at its path).
+func (s *apiServer) rebind() error { return s.bind(true) }
+
+func (s *apiServer) bind(force bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -169,7 +174,7 @@ func (s *apiServer) ensure() error {
 		}
 	}
 	var sst unix.Stat_t
-	if s.ln != nil && st.Ino == s.dirIno &&
+	if !force && s.ln != nil && st.Ino == s.dirIno &&
 		unix.Fstatat(fd, name, &sst, unix.AT_SYMLINK_NOFOLLOW) == nil &&
 		sst.Mode&unix.S_IFMT == unix.S_IFSOCK && sst.Ino == s.sockIno {
 		return nil // still ours
@@ -179,13 +184,12 @@ func (s *apiServer) ensure() error {
 			return err
 		}
 	}
-	// Bind through the opened directory; a kernel that cannot (no /proc)
-	// binds by path, checked below.
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "/proc/self/fd/" + strconv.Itoa(fd) + "/" + name, Net: "unix"})
+	// Bind by path, checked below through the opened directory: a name
+	// under /proc/self/fd would be what CRIU rebinds on a restore (and
+	// fails). Only the sandbox's root can change the directory meanwhile.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.path, Net: "unix"})
 	if err != nil {
-		if ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: s.path, Net: "unix"}); err != nil {
-			return err
-		}
+		return err
 	}
 	ln.SetUnlinkOnClose(false)
 	if err := unix.Fstatat(fd, name, &sst, unix.AT_SYMLINK_NOFOLLOW); err != nil || sst.Mode&unix.S_IFMT != unix.S_IFSOCK {
@@ -212,7 +216,15 @@ func openDirNoFollow(pfd int, name string) (int, error) {
 	for range 3 {
 		fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err == nil {
-			return fd, nil
+			// Not every kernel refuses a link here (gVisor opened the
+			// target): the entry itself must be the directory opened.
+			var ent, got unix.Stat_t
+			if unix.Fstatat(pfd, name, &ent, unix.AT_SYMLINK_NOFOLLOW) == nil && unix.Fstat(fd, &got) == nil &&
+				ent.Mode&unix.S_IFMT == unix.S_IFDIR && ent.Dev == got.Dev && ent.Ino == got.Ino {
+				return fd, nil
+			}
+			unix.Close(fd)
+			err = unix.ELOOP
 		}
 		switch {
 		case errors.Is(err, unix.ENOENT):

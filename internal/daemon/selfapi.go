@@ -184,16 +184,16 @@ func (s *SelfAPI) serve(w http.ResponseWriter, r *http.Request, id string) error
 	return nil
 }
 
-// selfPath rewrites /v1/sandboxes/self[/...] to /v1/sandboxes/<id>[/...];
-// a path that is not clean (dot segments, empty segments, escapes that the
+// selfPath rewrites /v1/sandboxes/self[/...] to /v1/sandboxes/<id>[/...]
+// (any other path is left to the allowlist, which refuses it); a path that is not clean (dot segments, empty segments, escapes that the
 // mux would decode differently) is refused, not normalised.
 func selfPath(p, id string) (string, error) {
-	if !strings.HasPrefix(p, "/v1/") || strings.Contains(p, "//") || strings.ContainsAny(p, "%\\\x00") {
-		return "", errs.Field("path", "must be a clean path under /v1/, got %q", p)
+	if !strings.HasPrefix(p, "/") || strings.Contains(p, "//") || strings.ContainsAny(p, "%\\\x00") {
+		return "", errs.Field("path", "must be a clean absolute path, got %q", p)
 	}
 	for _, seg := range strings.Split(p, "/") {
 		if seg == "." || seg == ".." {
-			return "", errs.Field("path", "must be a clean path under /v1/, got %q", p)
+			return "", errs.Field("path", "must be a clean absolute path, got %q", p)
 		}
 	}
 	const self = "/v1/sandboxes/self"

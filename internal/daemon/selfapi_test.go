@@ -16,13 +16,14 @@ func TestSelfPath(t *testing.T) {
 		{"/v1/sandboxes/other", "/v1/sandboxes/other"}, // refused by the allowlist's id check
 		{"/v1/sandboxes/selfish", "/v1/sandboxes/selfish"},
 		{"/v1/secrets", "/v1/secrets"},
+		{"/metrics", "/metrics"},
 	} {
 		got, err := selfPath(tc.in, "abc")
 		if err != nil || got != tc.want {
 			t.Errorf("selfPath(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
 		}
 	}
-	for _, bad := range []string{"", "/", "/v2/x", "/v1/sandboxes/self/../other", "/v1/sandboxes//x",
+	for _, bad := range []string{"", "v1/sandboxes", "/v1/sandboxes/self/../other", "/v1/sandboxes//x",
 		"/v1/sandboxes/./self", "/v1/sandboxes/%2e%2e", "/v1/sandboxes/self\x00", `/v1/sandboxes\self`, "v1/sandboxes/self"} {
 		if got, err := selfPath(bad, "abc"); errs.KindOf(err) != errs.InvalidArgument || errs.FieldOf(err) != "path" {
 			t.Errorf("selfPath(%q) = %q, %v; want an InvalidArgument naming path", bad, got, err)
