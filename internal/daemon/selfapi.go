@@ -53,6 +53,7 @@ type SelfAPI struct {
 	handler atomic.Pointer[SelfHandler]
 	srv     *http.Server
 	ln      *selfListener
+	serving sync.Once // the server starts with the first caller connection
 
 	mu      sync.Mutex
 	buckets map[string]*selfBucket
@@ -80,7 +81,6 @@ func newSelfAPI(d *Daemon) *SelfAPI {
 			return ctx
 		},
 	}
-	go func() { _ = s.srv.Serve(s.ln) }()
 	return s
 }
 
@@ -94,6 +94,7 @@ func (s *SelfAPI) SetHandler(h SelfHandler) { s.handler.Store(&h) }
 // accept takes a sandbox's authenticated caller connection; it never blocks
 // (the channel's handshake slot is still held).
 func (s *SelfAPI) accept(id string, conn net.Conn) {
+	s.serving.Do(func() { go func() { _ = s.srv.Serve(s.ln) }() })
 	if !s.ln.push(&selfConn{Conn: conn, id: id}) {
 		conn.Close()
 	}
