@@ -2,6 +2,9 @@
 // serves the agent API (internal/agentapi) over the daemon's authenticated
 // channel socket. The channel key comes in BERTH_AGENT_KEY (hex), set by
 // the daemon in PID 1's environment; no process the agent starts inherits it.
+//
+// `berth-agent api METHOD PATH [JSON|-]` is the client of the in-sandbox API
+// (api.go), for any process in the sandbox.
 package main
 
 import (
@@ -21,6 +24,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "api" {
+		os.Exit(runAPI(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	var cfg agent.Config
 	var subreaper bool
 	var runDir, stateDir string
@@ -28,6 +34,7 @@ func main() {
 	flag.StringVar(&runDir, "run-dir", agentapi.SocketDir, "read-only directory from the host: agent.sock, env.json")
 	flag.StringVar(&stateDir, "state-dir", agent.StateDir, "the agent's own files in the sandbox: on-restore.log, restore-count")
 	flag.StringVar(&cfg.HookDir, "hook-dir", "/etc/berth/on-restore.d", "executables run after a memory restore")
+	flag.StringVar(&cfg.APISocket, "api-socket", agent.APISocketPath, "where the in-sandbox API listens (empty: none)")
 	flag.BoolVar(&subreaper, "subreaper", false, "reap orphaned descendants as a child subreaper (implied as PID 1)")
 	flag.Parse()
 	if cfg.SocketPath == "" {

@@ -59,7 +59,8 @@ func startAgent(t *testing.T) (*exec.Cmd, *agentapi.Client, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ch.Close() })
-	cmd := exec.Command(bin, "--run-dir", run, "--state-dir", run, "--hook-dir", filepath.Join(run, "hooks"), "--subreaper")
+	cmd := exec.Command(bin, "--run-dir", run, "--state-dir", run, "--hook-dir", filepath.Join(run, "hooks"), "--subreaper",
+		"--api-socket", filepath.Join(run, "api", "api.sock"))
 	cmd.Env = append(os.Environ(), "BERTH_SANDBOX_ID=e2esb", "BERTH_AGENT_KEY="+hex.EncodeToString(key))
 	logs := &syncBuffer{}
 	cmd.Stderr = logs

@@ -348,5 +348,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 // to it, everything else to berth's own API.
 // With a sandbox domain, "<port>-<id>.<domain>" names sandbox ports.
 func routes(d *daemon.Daemon, log *slog.Logger, sandboxDomain string) http.Handler {
-	return e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort, Domain: sandboxDomain}).Handler(server.New(d, log))
+	rest := server.New(d, log)
+	d.SelfAPI().SetHandler(rest) // the in-sandbox API serves /v1 as the sandbox (internal/server/self.go)
+	return e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort, Domain: sandboxDomain}).Handler(rest)
 }

@@ -37,7 +37,11 @@ type Config struct {
 	HookLog          string // default /var/lib/berth-agent/on-restore.log (the sandbox's own disk)
 	RestoreCountFile string // default /var/lib/berth-agent/restore-count
 	SandboxID        string // exported to every process as BERTH_SANDBOX_ID; the channel identity
-	Key              []byte // the sandbox's channel key (agentapi.KeySize bytes)
+	// APISocket is where the in-sandbox API listens (api.go; berth-agent's
+	// default APISocketPath), exported to every process as BERTH_API_SOCKET.
+	// Empty: no in-sandbox API (unit tests on the host).
+	APISocket string
+	Key       []byte // the sandbox's channel key (agentapi.KeySize bytes)
 	// ReapAll makes the agent reap every child with wait4(-1), as PID 1 (or a
 	// child subreaper) must. Off, it waits only for the processes it started.
 	ReapAll bool
@@ -78,6 +82,7 @@ type Agent struct {
 	mu     sync.Mutex
 	procs  map[int]*process
 	uplink *agentapi.Uplink
+	api    *apiServer // the in-sandbox API (api.go), nil without cfg.APISocket
 	closed bool
 
 	restoreCount atomic.Int64
@@ -167,6 +172,17 @@ func (a *Agent) Listen() error {
 	}
 	a.uplink = agentapi.DialUplink(a.cfg.SocketPath, a.identity, a.handler, a.log)
 	a.log.Info("dialing", "socket", a.cfg.SocketPath)
+	if a.cfg.APISocket != "" {
+		if a.api == nil {
+			a.api = newAPIServer(a.cfg.APISocket, agentapi.NewCaller(a.cfg.SocketPath, a.identity), a.log.Warn)
+			a.api.start()
+		} else {
+			a.api.caller.Reopen()
+			if err := a.api.rebind(); err != nil { // after a restore: a fresh socket at once
+				a.log.Warn("in-sandbox API socket", "path", a.cfg.APISocket, "err", err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -176,7 +192,11 @@ func (a *Agent) Quiesce() {
 	a.mu.Lock()
 	up := a.uplink
 	a.uplink = nil
+	api := a.api
 	a.mu.Unlock()
+	if api != nil {
+		api.caller.Quiesce() // its local socket stays: it is not the host's
+	}
 	if up == nil {
 		return
 	}
@@ -198,11 +218,16 @@ func (a *Agent) Close() error {
 	a.Quiesce()
 	a.mu.Lock()
 	a.closed = true
+	api := a.api
+	a.api = nil
 	var live []*process
 	for _, p := range a.procs {
 		live = append(live, p)
 	}
 	a.mu.Unlock()
+	if api != nil {
+		api.close()
+	}
 	for _, p := range live {
 		if !p.isFinished() {
 			_ = syscall.Kill(-p.pid, syscall.SIGKILL)

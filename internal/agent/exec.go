@@ -87,6 +87,9 @@ func (a *Agent) buildEnv(acct account, reqEnv map[string]string, tty bool) (map[
 	if id := a.forkID.Load(); id != nil {
 		env["BERTH_SANDBOX_ID"] = *id
 	}
+	if a.cfg.APISocket != "" {
+		env["BERTH_API_SOCKET"] = a.cfg.APISocket
+	}
 	if n := a.restoreCount.Load(); n > 0 {
 		env["BERTH_RESTORE_COUNT"] = strconv.FormatInt(n, 10)
 	}

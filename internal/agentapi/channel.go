@@ -24,17 +24,21 @@ import (
 // HTTP/1.1 on it: no multiplexer between the daemon and the agent.
 type Channel struct {
 	path string
+	id   string // the sandbox this channel belongs to: the only identity a caller may have
 	ln   *net.UnixListener
 	sock os.FileInfo // the socket file this listener created
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	keys    map[string][]byte       // agent ids accepted here → their keys
-	conns   map[*agentConn]struct{} // every authenticated connection, queued or in use
-	spares  []*agentConn            // authenticated, not yet handed to the client (oldest first)
-	changed chan struct{}           // closed (and replaced) whenever conns or spares change
-	closed  bool
-	pending map[net.Conn]struct{} // connections still in their handshake
+	mu          sync.Mutex
+	keys        map[string][]byte       // agent ids accepted here → their keys
+	conns       map[*agentConn]struct{} // every authenticated connection, queued or in use
+	spares      []*agentConn            // authenticated, not yet handed to the client (oldest first)
+	changed     chan struct{}           // closed (and replaced) whenever conns or spares change
+	closed      bool
+	pending     map[net.Conn]struct{}    // connections still in their handshake
+	callers     map[*callerConn]struct{} // authenticated caller connections (caller_channel.go)
+	callerSlots int                      // callers plus caller handshakes past the key lookup (≤ MaxCallers)
+	serve       func(net.Conn)           // serves a caller connection; nil: callers refused
 
 	handshakes chan struct{} // bounds concurrent handshakes
 	rate       bucket        // bounds the rate of handshakes (accept loop only)
@@ -152,8 +156,9 @@ func Listen(path, id string, key []byte, log *slog.Logger) (*Channel, error) {
 		_ = os.Remove(path)
 		return nil, errs.Wrap(errs.Internal, err, "chmod channel socket")
 	}
-	c := &Channel{path: path, ln: ln, sock: fi, log: log.With("socket", path),
-		keys: map[string][]byte{id: key}, conns: map[*agentConn]struct{}{}, changed: make(chan struct{}),
+	c := &Channel{path: path, id: id, ln: ln, sock: fi, log: log.With("socket", path),
+		callers: map[*callerConn]struct{}{},
+		keys:    map[string][]byte{id: key}, conns: map[*agentConn]struct{}{}, changed: make(chan struct{}),
 		pending:    map[net.Conn]struct{}{},
 		handshakes: make(chan struct{}, maxPendingHandshakes),
 		rate:       bucket{tokens: handshakeBurst, last: time.Now()}}
@@ -242,13 +247,25 @@ func (c *Channel) authenticate(conn net.Conn) {
 	}
 	c.pending[conn] = struct{}{}
 	c.mu.Unlock()
-	id, err := DaemonHandshake(conn, c.keyFor)
+	reserved := false // a caller slot, taken by the key lookup (caller_channel.go)
+	id, kind, err := DaemonAccept(conn, func(k Kind, id string) ([]byte, bool) {
+		key, ok, slot := c.acceptKey(k, id)
+		reserved = slot
+		return key, ok
+	})
 	c.mu.Lock()
 	delete(c.pending, conn)
+	if err != nil && reserved {
+		c.callerSlots--
+	}
 	c.mu.Unlock()
 	if err != nil {
 		c.logRefusal(err)
 		conn.Close()
+		return
+	}
+	if kind == KindCaller {
+		c.startCaller(conn)
 		return
 	}
 	a := &agentConn{Conn: conn, ch: c, id: id, watch: make(chan error, 1)}
@@ -357,6 +374,11 @@ func (c *Channel) connected() (int, <-chan struct{}) {
 			n++
 		}
 	}
+	for k := range c.callers {
+		if !peerClosed(k.Conn) {
+			n++
+		}
+	}
 	return n, c.changed
 }
 
@@ -417,6 +439,9 @@ func (c *Channel) Close() error {
 		all = append(all, a)
 	}
 	c.spares = nil
+	for k := range c.callers {
+		k.Conn.Close() // forgotten when its server lets go of it
+	}
 	c.notify()
 	for conn := range c.pending {
 		conn.Close()

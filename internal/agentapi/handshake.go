@@ -24,6 +24,12 @@ import (
 //
 // Every frame has a fixed or one-byte-bounded size: nothing read before
 // authentication can be large.
+//
+// A caller connection (caller.go: the in-sandbox API, where the agent is the
+// HTTP client and the daemon the server) runs the same exchange with its own
+// magic ("berthcl1") and its own proof labels ("caller-daemon", "caller"), so
+// an uplink and a caller can never be confused nor one's proof replayed as
+// the other's.
 
 // KeySize is the size of a per-sandbox channel key.
 const KeySize = 32
@@ -73,20 +79,26 @@ func nonce() ([]byte, error) {
 // AgentHandshake is the agent's side: it announces id, checks the daemon's
 // proof before it says anything keyed, then proves itself.
 func AgentHandshake(conn net.Conn, id string, key []byte) error {
+	return dialHandshake(conn, KindAgent, id, key)
+}
+
+// dialHandshake is the dialing side of a connection of kind k.
+func dialHandshake(conn net.Conn, k Kind, id string, key []byte) error {
 	if len(id) == 0 || len(id) > MaxIDLen {
 		return errs.Field("id", "must be 1..%d bytes", MaxIDLen)
 	}
 	if len(key) != KeySize {
 		return errs.Field("key", "must be %d bytes", KeySize)
 	}
+	mg, dLabel, aLabel := k.labels()
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
 	nA, err := nonce()
 	if err != nil {
 		return err
 	}
-	hello := make([]byte, 0, len(magic)+1+len(id)+nonceSize)
-	hello = append(hello, magic[:]...)
+	hello := make([]byte, 0, len(mg)+1+len(id)+nonceSize)
+	hello = append(hello, mg[:]...)
 	hello = append(hello, byte(len(id)))
 	hello = append(hello, id...)
 	hello = append(hello, nA...)
@@ -98,10 +110,10 @@ func AgentHandshake(conn net.Conn, id string, key []byte) error {
 		return fmt.Errorf("agent channel: read daemon proof: %w", err)
 	}
 	nD := resp[:nonceSize]
-	if !hmac.Equal(resp[nonceSize:], proof(key, "daemon", id, nA, nD)) {
+	if !hmac.Equal(resp[nonceSize:], proof(key, dLabel, id, nA, nD)) {
 		return errs.E(errs.Unauthenticated, "agent channel: the peer is not this sandbox's daemon")
 	}
-	if _, err := conn.Write(proof(key, "agent", id, nA, nD)); err != nil {
+	if _, err := conn.Write(proof(key, aLabel, id, nA, nD)); err != nil {
 		return fmt.Errorf("agent channel: send proof: %w", err)
 	}
 	var ack [1]byte
@@ -111,47 +123,68 @@ func AgentHandshake(conn net.Conn, id string, key []byte) error {
 	return nil
 }
 
-// DaemonHandshake is the daemon's side: keyFor returns the key of an id
-// this channel accepts (false: refuse). It returns the agent's id.
+// DaemonHandshake is the daemon's side for an uplink: keyFor returns the
+// key of an id this channel accepts (false: refuse). It returns the agent's
+// id; a caller's hello is refused.
 func DaemonHandshake(conn net.Conn, keyFor func(id string) ([]byte, bool)) (string, error) {
+	id, _, err := DaemonAccept(conn, func(k Kind, id string) ([]byte, bool) {
+		if k != KindAgent {
+			return nil, false
+		}
+		return keyFor(id)
+	})
+	return id, err
+}
+
+// DaemonAccept is the daemon's side of either kind of connection: the
+// hello's magic says which, and keyFor returns the key of an (kind, id)
+// this channel accepts (false: refuse). It returns the id and the kind.
+func DaemonAccept(conn net.Conn, keyFor func(k Kind, id string) ([]byte, bool)) (string, Kind, error) {
 	_ = conn.SetDeadline(time.Now().Add(HandshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
 	var head [len(magic) + 1]byte
 	if _, err := io.ReadFull(conn, head[:]); err != nil {
-		return "", fmt.Errorf("agent channel: read hello: %w", err)
+		return "", 0, fmt.Errorf("agent channel: read hello: %w", err)
 	}
-	if [8]byte(head[:8]) != magic {
-		return "", errs.E(errs.Unauthenticated, "agent channel: not a berth agent (bad magic)")
+	var k Kind
+	switch [8]byte(head[:8]) {
+	case magic:
+		k = KindAgent
+	case callerMagic:
+		k = KindCaller
+	default:
+		return "", 0, errs.E(errs.Unauthenticated, "agent channel: not a berth agent (bad magic)")
 	}
+	_, dLabel, aLabel := k.labels()
 	n := int(head[8])
 	if n == 0 || n > MaxIDLen {
-		return "", errs.E(errs.Unauthenticated, "agent channel: id length %d out of range", n)
+		return "", 0, errs.E(errs.Unauthenticated, "agent channel: id length %d out of range", n)
 	}
 	rest := make([]byte, n+nonceSize)
 	if _, err := io.ReadFull(conn, rest); err != nil {
-		return "", fmt.Errorf("agent channel: read hello: %w", err)
+		return "", 0, fmt.Errorf("agent channel: read hello: %w", err)
 	}
 	id, nA := string(rest[:n]), rest[n:]
-	key, ok := keyFor(id)
+	key, ok := keyFor(k, id)
 	if !ok || len(key) != KeySize {
-		return "", errs.E(errs.Unauthenticated, "agent channel: id %q is not accepted here", id)
+		return "", 0, errs.E(errs.Unauthenticated, "agent channel: %s id %q is not accepted here", k, id)
 	}
 	nD, err := nonce()
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
-	if _, err := conn.Write(append(append([]byte{}, nD...), proof(key, "daemon", id, nA, nD)...)); err != nil {
-		return "", fmt.Errorf("agent channel: send proof: %w", err)
+	if _, err := conn.Write(append(append([]byte{}, nD...), proof(key, dLabel, id, nA, nD)...)); err != nil {
+		return "", 0, fmt.Errorf("agent channel: send proof: %w", err)
 	}
 	var got [macSize]byte
 	if _, err := io.ReadFull(conn, got[:]); err != nil {
-		return "", fmt.Errorf("agent channel: read agent proof: %w", err)
+		return "", 0, fmt.Errorf("agent channel: read %s proof: %w", k, err)
 	}
-	if !hmac.Equal(got[:], proof(key, "agent", id, nA, nD)) {
-		return "", errs.E(errs.Unauthenticated, "agent channel: the agent's proof is wrong")
+	if !hmac.Equal(got[:], proof(key, aLabel, id, nA, nD)) {
+		return "", 0, errs.E(errs.Unauthenticated, "agent channel: the %s's proof is wrong", k)
 	}
 	if _, err := conn.Write([]byte{accepted}); err != nil {
-		return "", fmt.Errorf("agent channel: send accept: %w", err)
+		return "", 0, fmt.Errorf("agent channel: send accept: %w", err)
 	}
-	return id, nil
+	return id, k, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -79,6 +80,7 @@ type channels struct {
 	sandboxDir func(id string) string // the core's per-sandbox host directory
 	log        *slog.Logger
 	observe    func(id string) agentapi.Observer // set once in New (activity), before any channel opens
+	callers    func(id string, conn net.Conn)    // set once in New (selfapi.go): serves a sandbox's caller connections
 
 	mu sync.Mutex
 	m  map[string]*agentapi.Channel
@@ -131,8 +133,17 @@ func (c *channels) open(id string) (*agentapi.Channel, error) {
 	if c.observe != nil {
 		ch.Client().SetObserver(c.observe(id))
 	}
+	c.serveCallers(id, ch)
 	c.m[id] = ch
 	return ch, nil
+}
+
+// serveCallers hands the channel's caller connections to the in-sandbox
+// API as sandbox id: the channel's own sandbox, whoever the caller says it is.
+func (c *channels) serveCallers(id string, ch *agentapi.Channel) {
+	if c.callers != nil {
+		ch.ServeCallers(func(conn net.Conn) { c.callers(id, conn) })
+	}
 }
 
 // get returns a sandbox's channel, listening again if the daemon has
@@ -160,6 +171,7 @@ func (c *channels) get(id string) (*agentapi.Channel, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.serveCallers(id, ch)
 	c.m[id] = ch
 	return ch, nil
 }

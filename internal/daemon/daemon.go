@@ -137,6 +137,7 @@ type Daemon struct {
 	tasks   *tasks.Service    // task ledgers (tasks.go)
 	notes   *notes.Service    // handoff notes (notes_core.go)
 	audit   *audit.Service    // the audit chain (internal/audit, audit_core.go)
+	self    *SelfAPI          // the in-sandbox API's server (selfapi.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -225,6 +226,8 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 // channel registry and the checkpoint services (checkpoint_core.go).
 func wireCore(d *Daemon, chanKey []byte) {
 	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
+	d.self = newSelfAPI(d)
+	d.chans.callers = d.self.accept // every channel serves its sandbox's in-sandbox API
 	d.watch = newWatcher(watchAdapter{d})
 	d.hooks = &statehook.Bus{Log: d.log, OnError: func(ctx context.Context, ev statehook.Event, hook string, err error) {
 		if ev.Sandbox != nil {
@@ -260,6 +263,7 @@ func (d *Daemon) Close() {
 	d.wg.Wait()
 	d.net.Release()
 	d.chans.closeAll()
+	d.self.close()
 }
 
 // Activity is the activity timeline service.

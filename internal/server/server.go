@@ -177,6 +177,14 @@ func (s *Server) handle(pattern string, h handler) {
 		trace.Route(r.Context(), pattern) // the request's span is named after its route
 		p, err := s.authenticate(r)
 		if err == nil {
+			// A sandbox principal: selfRoutes, its own id (self.go). A refusal
+			// is an audit entry too (actor sandbox:<id>).
+			if serr := checkSelf(pattern, r.PathValue("id"), p); serr != nil {
+				err = s.audited(pattern, func(http.ResponseWriter, *http.Request, daemon.Principal) error { return serr }, w, r, p)
+				p = daemon.Principal{}
+			}
+		}
+		if err == nil {
 			if client {
 				// A client of the sandbox until the request ends (exec/attach
 				// streams, file transfers): the reaper leaves it be.
@@ -200,6 +208,9 @@ func (s *Server) handle(pattern string, h handler) {
 // and, for a write, only with the session's CSRF header from the console's
 // own origin (console.Check).
 func (s *Server) authenticate(r *http.Request) (daemon.Principal, error) {
+	if p, ok := selfPrincipal(r); ok { // from inside a sandbox (ServeSelf, self.go)
+		return p, nil
+	}
 	key := apiKey(r)
 	if key == "" {
 		k, err := s.d.Console().Authorize(r)
@@ -208,7 +219,11 @@ func (s *Server) authenticate(r *http.Request) (daemon.Principal, error) {
 		}
 		key = k
 	}
-	return s.d.Auth().Authenticate(r.Context(), key)
+	p, err := s.d.Auth().Authenticate(r.Context(), key)
+	if err == nil && p.Sandbox != "" { // only the in-sandbox API makes a sandbox principal
+		return daemon.Principal{}, errs.E(errs.Internal, "a key authenticated as a sandbox")
+	}
+	return p, err
 }
 
 func apiKey(r *http.Request) string {
