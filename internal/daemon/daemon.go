@@ -51,7 +51,10 @@
 //     counters), activity.Service.mu (live execs, drop counts, followers;
 //     taken on the exec path, which holds no other lock meanwhile),
 //     console.Service.mu (web console sessions; never held across a call),
-//     lineage.Service.mu (its runsc host-upper cache).
+//     lineage.Service.mu (its runsc host-upper cache),
+//     effects.Service.mu (the side-effect ledger's scopes and counters;
+//     taken on the egress proxy's path and by its hook, under a sandbox's
+//     lock; held across store calls only).
 //
 // internal/merges and internal/timeline have no lock of their own: they
 // work under the target sandbox's lock (2); a merge captures its source
@@ -81,6 +84,7 @@ import (
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/console"
+	"github.com/berth-dev/berth/internal/effects"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/lineage"
@@ -128,6 +132,7 @@ type Daemon struct {
 	console *console.Service  // web console sessions (console.go)
 	lineage *lineage.Service  // views, diff, compare (lineage_core.go)
 	merges  *merges.Service   // merges of forks into their targets (merges.go)
+	effects *effects.Service  // the side-effect ledger (effects.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -197,6 +202,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})
 	d.lineage = lineage.New(lineageCore{d}, lineage.Config{DataDir: cfg.DataDir, Log: cfg.Log})
 	d.merges = newMerges(d)
+	d.effects = newEffects(d)
 	d.lineage.SetCheckpoints(d.tl) // `berth diff A --checkpoint C`
 	return d, nil
 }
