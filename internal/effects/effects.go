@@ -108,26 +108,16 @@ func New(core Core, cfg Config) *Service {
 		counts: map[string]*usage{}, inflight: map[string]string{}}
 }
 
-// SetSteps installs the task ledger's current step (after both exist).
-func (s *Service) SetSteps(st StepSource) {
-	s.mu.Lock()
-	s.cfg.Steps = st
-	s.mu.Unlock()
-}
+// SetSteps installs the task ledger's current step. Call it while wiring,
+// before the proxy serves (the field is read without a lock).
+func (s *Service) SetSteps(st StepSource) { s.cfg.Steps = st }
 
-// SetAuditor installs the audit log.
-func (s *Service) SetAuditor(a Auditor) {
-	s.mu.Lock()
-	s.cfg.Audit = a
-	s.mu.Unlock()
-}
+// SetAuditor installs the audit log; like SetSteps, while wiring.
+func (s *Service) SetAuditor(a Auditor) { s.cfg.Audit = a }
 
 func (s *Service) audit(ctx context.Context, action, sandboxID string, data map[string]string) {
-	s.mu.Lock()
-	a := s.cfg.Audit
-	s.mu.Unlock()
-	if a != nil {
-		a.Audit(ctx, "berth", action, sandboxID, data)
+	if s.cfg.Audit != nil {
+		s.cfg.Audit.Audit(ctx, "berth", action, sandboxID, data)
 	}
 }
 
@@ -179,12 +169,9 @@ type replayJSON struct {
 func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	s.mu.Lock()
-	steps := s.cfg.Steps
-	s.mu.Unlock()
 	step := ""
-	if steps != nil {
-		step = steps.CurrentStep(ctx, in.SandboxID)
+	if s.cfg.Steps != nil {
+		step = s.cfg.Steps.CurrentStep(ctx, in.SandboxID)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
