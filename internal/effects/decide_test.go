@@ -48,8 +48,8 @@ func TestDecide(t *testing.T) {
 		{"keyless, fork: replayed", Request{SandboxID: "child", Host: "api.test"}, []Prior{done("p1", "parent", time.Second)}, Replay, "p1", ""},
 		{"keyless, own effect undone by a rewind: replayed", Request{SandboxID: "parent", Host: "api.test", Windows: undo}, []Prior{done("p1", "parent", time.Second)}, Replay, "p1", ""},
 		{"keyless, own effect before the rewind point: a new effect", Request{SandboxID: "parent", Host: "api.test", Windows: undo}, []Prior{done("p0", "parent", -time.Second)}, Send, "", ""},
-		{"keyless, own effect after the rewind: a new effect", Request{SandboxID: "parent", Host: "api.test", Windows: undo}, []Prior{done("p2", "parent", 2 * time.Hour)}, Send, "", ""},
-		{"newest qualifying prior wins", Request{SandboxID: "parent", Host: "api.test", Windows: undo}, []Prior{done("p2", "parent", 2 * time.Hour), done("p1", "parent", time.Second)}, Replay, "p1", ""},
+		{"keyless, own effect after the rewind: a new effect", Request{SandboxID: "parent", Host: "api.test", Windows: undo}, []Prior{done("p2", "parent", 2*time.Hour)}, Send, "", ""},
+		{"newest qualifying prior wins", Request{SandboxID: "parent", Host: "api.test", Windows: undo}, []Prior{done("p2", "parent", 2*time.Hour), done("p1", "parent", time.Second)}, Replay, "p1", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := Decide(tc.req, tc.priors)
