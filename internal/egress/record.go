@@ -45,8 +45,8 @@ func (p *Proxy) relayEffect(ctx context.Context, led Ledger, in Intent, req *htt
 		}
 		req.Header.Del("Expect")
 	}
+	// No Close on the way out: it would drain the rest of a hostile body.
 	body, err := io.ReadAll(io.LimitReader(req.Body, MaxEffectBody+1))
-	req.Body.Close()
 	if err != nil {
 		return true, err
 	}
