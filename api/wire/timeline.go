@@ -46,6 +46,10 @@ type RewindResult struct {
 	Mode       string     `json:"mode"` // memory | files
 	Reason     string     `json:"reason,omitempty"`
 	Millis     int64      `json:"ms"`
+	// EffectsAfter are the outside effects the sandbox made after the
+	// checkpoint: the rewound state does not know of them; they stay in
+	// the ledger (a retry is answered from it, docs/EFFECTS.md).
+	EffectsAfter []Effect `json:"effects_after"`
 }
 
 // PromoteChildRequest is the body of POST /v1/sandboxes/{id}/promote ({id}

@@ -83,8 +83,14 @@ func (s timelineAPI) rewind(w http.ResponseWriter, r *http.Request, p daemon.Pri
 	if err != nil {
 		return err
 	}
+	// The outside effects after the point: listed, never forgotten (issue 18).
+	// The rewind happened: a ledger read failing does not turn it into an error.
+	after, err := s.d.Effects().Since(r.Context(), res.Sandbox.ID, res.Checkpoint.CreatedAt)
+	if err != nil {
+		s.d.Log().Warn("rewind: list the effects after the point", "sandbox_id", res.Sandbox.ID, "err", err)
+	}
 	writeJSON(w, http.StatusOK, wire.RewindResult{Sandbox: sandboxView(res.Sandbox), Checkpoint: checkpointView(res.Checkpoint, res.Checkpoint.ID),
-		Mode: res.Mode, Reason: res.Reason, Millis: res.Millis})
+		Mode: res.Mode, Reason: res.Reason, Millis: res.Millis, EffectsAfter: effectViews(after)})
 	return nil
 }
 
