@@ -116,6 +116,10 @@ func runRewind(e *env, args []string) error {
 		msg += ": " + res.Reason
 	}
 	fmt.Fprintln(e.stderr, msg)
+	if n := len(res.EffectsAfter); n > 0 {
+		fmt.Fprintf(e.stderr, "%d outside effect(s) happened after that point and are not undone (a retry is answered from the ledger):\n", n)
+		_ = printEffects(e.stderr, res.EffectsAfter)
+	}
 	fmt.Fprintln(e.stdout, id)
 	return nil
 }
