@@ -97,11 +97,11 @@ func (h *httpsPath) conn(b *testing.B) *tls.Conn {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer ln.Close()
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
 		c, err := ln.Accept()
+		ln.Close() // after the accept: closing it earlier would reset the queued connection
 		if err != nil {
 			return
 		}
