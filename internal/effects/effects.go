@@ -82,12 +82,22 @@ type Service struct {
 	mu       sync.Mutex
 	scopes   map[string]store.EffectScope // cache of the store's scopes
 	counts   map[string]*usage            // per sandbox, loaded on first use
-	inflight map[string]string            // effect id → sandbox id, sent by this daemon and not finished
+	inflight map[string]*flight           // effects sent by this daemon whose outcome is not stored yet
 }
+
+// flight is an effect being sent; done is closed once its outcome is stored.
+type flight struct {
+	sandbox string
+	done    chan struct{}
+}
+
+// maxWaits bounds how often Begin waits for an in-flight effect it repeats.
+const maxWaits = 3
 
 type usage struct {
 	n      int
 	replay int64
+	owner  string // the sandbox's owner, recorded on each effect
 }
 
 // New builds the ledger.
@@ -105,7 +115,7 @@ func New(core Core, cfg Config) *Service {
 		cfg.ReplayBudget = DefaultReplayBudget
 	}
 	return &Service{core: core, cfg: cfg, log: cfg.Log, scopes: map[string]store.EffectScope{},
-		counts: map[string]*usage{}, inflight: map[string]string{}}
+		counts: map[string]*usage{}, inflight: map[string]*flight{}}
 }
 
 // SetSteps installs the task ledger's current step. Call it while wiring,
@@ -146,6 +156,9 @@ func (s *Service) usageLocked(ctx context.Context, id string) (*usage, error) {
 		return nil, err
 	}
 	u := &usage{n: n, replay: b}
+	if sb, err := s.core.Store().GetSandbox(ctx, id); err == nil {
+		u.owner = sb.Owner
+	}
 	s.counts[id] = u
 	return u, nil
 }
@@ -165,7 +178,9 @@ type replayJSON struct {
 
 // Begin records an effectful request's intent (egress.Ledger), or answers
 // a repeat from the ledger. It is serialised (s.mu) so two concurrent
-// requests with the same key cannot both be sent.
+// requests with the same key cannot both be sent; a repeat of an effect
+// still being sent waits (bounded) for its outcome and is then answered
+// from it.
 func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
@@ -173,15 +188,32 @@ func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, e
 	if s.cfg.Steps != nil {
 		step = s.cfg.Steps.CurrentStep(ctx, in.SandboxID)
 	}
+	for waits := 0; ; waits++ {
+		t, wait, err := s.begin(ctx, in, step, waits < maxWaits)
+		if wait == nil {
+			return t, err
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return egress.Ticket{Status: http.StatusConflict,
+				Message: "the same effect is still being sent; not sent twice"}, nil
+		}
+	}
+}
+
+// begin is one decision under s.mu; wait is set when the request repeats
+// an effect in flight and may wait for it (mayWait).
+func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayWait bool) (egress.Ticket, <-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sc, err := s.scopeLocked(ctx, in.SandboxID)
 	if err != nil {
-		return egress.Ticket{}, err
+		return egress.Ticket{}, nil, err
 	}
 	u, err := s.usageLocked(ctx, in.SandboxID)
 	if err != nil {
-		return egress.Ticket{}, err
+		return egress.Ticket{}, nil, err
 	}
 	id := Identity(sc.Lineage, step, in.Method, in.Host, in.Path, in.BodySHA256)
 	key, source := in.Key, ""
@@ -193,7 +225,7 @@ func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, e
 	}
 	found, err := s.core.Store().FindEffects(ctx, sc.Lineage, key, id, 16)
 	if err != nil {
-		return egress.Ticket{}, err
+		return egress.Ticket{}, nil, err
 	}
 	priors := make([]Prior, 0, len(found))
 	for _, e := range found {
@@ -204,6 +236,9 @@ func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, e
 	// Replayable is settled against the stored answer below; a completed
 	// effect without one carries a reason.
 	dec := Decide(Request{SandboxID: in.SandboxID, Host: in.Host, Keyed: key != "", Windows: sc.Windows, Repeat: in.Policy.Repeat}, priors)
+	if f := s.flightOf(dec); f != nil && mayWait {
+		return egress.Ticket{}, f.done, nil
+	}
 	data := map[string]string{"method": in.Method, "host": in.Host, "path": in.Path, "body_sha256": in.BodySHA256}
 	switch dec.Action {
 	case Replay:
@@ -213,7 +248,7 @@ func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, e
 			data["effect"] = e.ID
 			s.audit(ctx, "effect.replayed", in.SandboxID, data)
 			s.log.Info("effect replayed from the ledger", "sandbox_id", in.SandboxID, "effect", e.ID, "host", in.Host)
-			return egress.Ticket{Effect: e.ID, Replay: &egress.Replay{Status: r.Status, Header: r.Header, Body: r.Body}}, nil
+			return egress.Ticket{Effect: e.ID, Replay: &egress.Replay{Status: r.Status, Header: r.Header, Body: r.Body}}, nil, nil
 		}
 		dec = Decision{Action: Refuse, Prior: dec.Prior, Status: http.StatusConflict,
 			Message: "this effect already happened (" + dec.Prior.ID + ") but its answer cannot be replayed; not sent again"}
@@ -221,32 +256,36 @@ func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, e
 	case Refuse:
 		data["effect"], data["reason"] = dec.Prior.ID, dec.Message
 		s.audit(ctx, "effect.refused", in.SandboxID, data)
-		return egress.Ticket{Status: dec.Status, Message: dec.Message}, nil
+		return egress.Ticket{Status: dec.Status, Message: dec.Message}, nil, nil
 	}
 	if u.n >= s.cfg.MaxPerSandbox {
 		msg := "this sandbox recorded " + strconv.Itoa(u.n) + " side effects, the most the ledger keeps for one sandbox; not sent"
 		s.audit(ctx, "effect.refused", in.SandboxID, map[string]string{"host": in.Host, "reason": msg})
-		return egress.Ticket{Status: http.StatusTooManyRequests, Message: msg}, nil
+		return egress.Ticket{Status: http.StatusTooManyRequests, Message: msg}, nil, nil
 	}
-	owner := ""
-	if sb, err := s.core.Store().GetSandbox(ctx, in.SandboxID); err == nil {
-		owner = sb.Owner
-	}
-	e, err := s.core.Store().RecordEffect(ctx, store.Effect{ID: newID(), Lineage: sc.Lineage, SandboxID: in.SandboxID, Owner: owner,
+	e, err := s.core.Store().RecordEffect(ctx, store.Effect{ID: newID(), Lineage: sc.Lineage, SandboxID: in.SandboxID, Owner: u.owner,
 		Step: step, Method: in.Method, Host: in.Host, Path: in.Path, BodySHA256: in.BodySHA256, BodySize: in.BodySize,
 		Key: key, KeySource: source, Identity: id, Secret: in.Secret, StartedAt: s.cfg.Now().UTC()})
 	if err != nil {
-		return egress.Ticket{}, err
+		return egress.Ticket{}, nil, err
 	}
 	u.n++
-	s.inflight[e.ID] = in.SandboxID
+	s.inflight[e.ID] = &flight{sandbox: in.SandboxID, done: make(chan struct{})}
 	data["effect"], data["key_source"], data["step"] = e.ID, source, step
 	s.audit(ctx, "effect.intent", in.SandboxID, data)
 	t := egress.Ticket{Effect: e.ID}
 	if source == "derived" {
 		t.SetKey = key
 	}
-	return t, nil
+	return t, nil, nil
+}
+
+// flightOf is the in-flight effect a refusal is about, if any.
+func (s *Service) flightOf(dec Decision) *flight {
+	if dec.Action != Refuse || dec.Prior == nil || !dec.Prior.InFlight {
+		return nil
+	}
+	return s.inflight[dec.Prior.ID]
 }
 
 // Finish records a sent effect's outcome (egress.Ledger).
@@ -255,8 +294,11 @@ func (s *Service) Finish(ctx context.Context, id string, out egress.Outcome) {
 	defer cancel()
 	o := store.EffectOutcome{State: store.EffectCompleted, Status: out.Status, RespSize: out.Size, EndedAt: s.cfg.Now().UTC()}
 	s.mu.Lock()
-	sbID := s.inflight[id]
-	delete(s.inflight, id)
+	f := s.inflight[id]
+	sbID := ""
+	if f != nil {
+		sbID = f.sandbox
+	}
 	switch {
 	case out.Err != nil:
 		o.State, o.Reason = store.EffectUnknown, "sending failed mid-way: "+out.Err.Error()
@@ -280,6 +322,14 @@ func (s *Service) Finish(ctx context.Context, id string, out egress.Outcome) {
 	s.mu.Unlock()
 	if err := s.core.Store().FinishEffect(ctx, id, o); err != nil {
 		s.log.Error("record effect outcome", "sandbox_id", sbID, "effect", id, "err", err)
+	}
+	// Only now is it no longer in flight: a repeat waiting for it decides
+	// against the stored outcome.
+	s.mu.Lock()
+	delete(s.inflight, id)
+	s.mu.Unlock()
+	if f != nil {
+		close(f.done)
 	}
 	data := map[string]string{"effect": id, "state": o.State, "status": strconv.Itoa(o.Status), "response_size": strconv.FormatInt(o.RespSize, 10)}
 	if o.Reason != "" {

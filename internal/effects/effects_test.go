@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,11 +156,22 @@ func TestLedgerForkRewindAndBounds(t *testing.T) {
 	if dk.SetKey == "" || dk.SetKey != DeriveKey(Identity("parent", "", "POST", "api.test", "/send", "b9")) {
 		t.Fatalf("derived key %q", dk.SetKey)
 	}
-	// In flight: a concurrent repeat is refused.
-	if rt, err := l.Begin(ctx, d); err != nil || rt.Status != http.StatusConflict {
-		t.Fatalf("repeat while in flight = %+v, %v; want 409", rt, err)
+	// In flight: a concurrent repeat waits for the outcome, then is
+	// answered by it (here: an answer too large to replay, so refused).
+	got := make(chan egress.Ticket, 1)
+	go func() {
+		rt, _ := l.Begin(ctx, d)
+		got <- rt
+	}()
+	select {
+	case rt := <-got:
+		t.Fatalf("repeat while in flight answered before the outcome: %+v", rt)
+	case <-time.After(200 * time.Millisecond):
 	}
 	l.Finish(ctx, dk.Effect, egress.Outcome{Status: 200, Complete: false, Size: 1 << 20})
+	if rt := <-got; rt.Status != http.StatusConflict || !strings.Contains(rt.Message, "too large") {
+		t.Fatalf("repeat after the in-flight effect finished = %+v; want 409 (not replayable)", rt)
+	}
 	if rt, err := l.Begin(ctx, d); err != nil || rt.Status != http.StatusConflict {
 		t.Fatalf("repeat of an answer too large to replay = %+v, %v; want 409", rt, err)
 	}

@@ -30,9 +30,10 @@ func recordable(pol EffectPolicy, host string, port uint16, method string, secre
 
 // relayEffect sends one recordable request through the ledger: the body
 // is read (bounded) and hashed, the intent recorded, and only then the
-// request is sent to up; the outcome is recorded before the answer
-// reaches the sandbox when the answer fits the replay bound. A repeat the
-// ledger answers is never sent. end says the connection must close.
+// request is sent to up; the outcome is recorded as soon as the answer
+// has been relayed (a repeat arriving meanwhile waits for it in the
+// ledger). A repeat the ledger answers is never sent. end says the
+// connection must close.
 func (p *Proxy) relayEffect(ctx context.Context, led Ledger, in Intent, req *http.Request, client io.Writer, up io.Writer, ubr *bufio.Reader) (end bool, err error) {
 	if req.ContentLength > MaxEffectBody {
 		writeStatus(client, http.StatusRequestEntityTooLarge, "berth egress: a side effect's body is limited to "+strconv.Itoa(MaxEffectBody)+" bytes (the ledger hashes it before sending); not sent")
@@ -121,17 +122,19 @@ func (p *Proxy) relayEffect(ctx context.Context, led Ledger, in Intent, req *htt
 	}
 	out := Outcome{Status: resp.StatusCode, Header: replayHeader(resp.Header)}
 	if len(buf) <= MaxReplayBody {
-		// The whole answer is here: record it before the sandbox sees it,
-		// so a retry the moment it arrives finds the effect completed.
+		// The whole answer is here: relayed, then recorded (the ledger
+		// holds a repeat that arrives meanwhile until the outcome is
+		// stored, so the sandbox never waits for the store itself).
 		out.Body, out.Complete, out.Size = buf, out.Header != nil, int64(len(buf))
 		out.Duration = time.Since(start)
-		led.Finish(context.WithoutCancel(ctx), t.Effect, out)
 		if req.Method != http.MethodHead {
 			resp.ContentLength, resp.TransferEncoding = int64(len(buf)), nil
 		}
 		resp.Body = io.NopCloser(bytes.NewReader(buf))
-		if err := resp.Write(client); err != nil {
-			return true, err
+		werr := resp.Write(client)
+		led.Finish(context.WithoutCancel(ctx), t.Effect, out)
+		if werr != nil {
+			return true, werr
 		}
 		return req.Close || resp.Close, nil
 	}

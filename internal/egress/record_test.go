@@ -54,6 +54,23 @@ func (l *memLedger) Finish(_ context.Context, id string, o Outcome) {
 	l.outcomes[id] = o
 }
 
+// outcome waits for the outcome of effect id (recorded once the answer
+// has been relayed).
+func (l *memLedger) outcome(t *testing.T, id string) Outcome {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		l.mu.Lock()
+		o, ok := l.outcomes[id]
+		l.mu.Unlock()
+		if ok {
+			return o
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no outcome recorded for %s", id)
+		}
+	}
+}
+
 func (l *memLedger) nIntents() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -136,8 +153,9 @@ func TestRecordIntentBeforeSend(t *testing.T) {
 		t.Fatalf("upstream Idempotency-Key = %q, want the ledger's derived key", k)
 	}
 	sum := sha256.Sum256([]byte("amount=5"))
+	out := led.outcome(t, "ef1")
 	led.mu.Lock()
-	in, out := led.intents[0], led.outcomes["ef1"]
+	in := led.intents[0]
 	led.mu.Unlock()
 	if in.Method != "POST" || in.Host != "good.test" || in.Path != "/charge?x=1" || in.BodySHA256 != hex.EncodeToString(sum[:]) || in.BodySize != 8 {
 		t.Fatalf("intent = %+v", in)
@@ -164,6 +182,7 @@ func TestRecordReplayAndRefusalNeverSent(t *testing.T) {
 	if resp, body := roundTrip(t, sb, br, "PUT", "/x", "key-1", "v"); resp.StatusCode != 200 || body != "once" {
 		t.Fatalf("first PUT: %d %q", resp.StatusCode, body)
 	}
+	led.outcome(t, "ef1")
 	resp, body := roundTrip(t, sb, br, "PUT", "/x", "key-1", "v")
 	if resp.StatusCode != 200 || body != "once" || !strings.HasSuffix(resp.Header.Get(EffectHeader), "replayed") {
 		t.Fatalf("repeat: %d %q %q; want the recorded answer, marked replayed", resp.StatusCode, body, resp.Header.Get(EffectHeader))
@@ -231,9 +250,7 @@ func TestRecordBoundsHostileBodies(t *testing.T) {
 	if resp.StatusCode != 200 || len(body) != MaxReplayBody+10 {
 		t.Fatalf("big answer: %d, %d bytes", resp.StatusCode, len(body))
 	}
-	led.mu.Lock()
-	o := led.outcomes["ef1"]
-	led.mu.Unlock()
+	o := led.outcome(t, "ef1")
 	if o.Complete || o.Body != nil || o.Size != MaxReplayBody+10 || o.Err != nil {
 		t.Fatalf("outcome of a big answer = complete %v, %d body bytes, size %d, err %v; want not replayable, size counted", o.Complete, len(o.Body), o.Size, o.Err)
 	}
