@@ -185,7 +185,9 @@ func TestEffectsInSandbox(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		out, _ := s.run("exec", "--user", "root", p, "--", "/.berth/berth-agent", "api", "GET", "/v1/sandboxes/self/effects")
-		if strings.Contains(out, `"/count/inside"`) && strings.Contains(out, `"idempotency_key":"in-1"`) {
+		var l wire.EffectList
+		if json.Unmarshal([]byte(out), &l) == nil && l.Sandbox == p && len(l.Effects) == 1 &&
+			l.Effects[0].Path == "/count/inside" && l.Effects[0].IdempotencyKey == "in-1" && l.Effects[0].State == "completed" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -194,7 +196,11 @@ func TestEffectsInSandbox(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	out, _ := s.run("exec", "--user", "root", p, "--", "/.berth/berth-agent", "api", "GET", "/v1/sandboxes/"+other+"/effects")
-	if strings.Contains(out, `"effects"`) {
+	var l wire.EffectList
+	if json.Unmarshal([]byte(out), &l) == nil && l.Sandbox != "" {
 		t.Fatalf("a sandbox read another sandbox's ledger: %q", out)
+	}
+	if !strings.Contains(out, "404") && !strings.Contains(out, "403") && !strings.Contains(out, "not found") {
+		t.Fatalf("another sandbox's ledger from inside: %q, want a refusal", out)
 	}
 }
