@@ -70,6 +70,7 @@ var operations = map[string]body{
 	"DELETE /v1/sandboxes/{id}/checkpoints/{ref}":         {},
 	"POST /v1/sandboxes/{id}/rewind":                      {wire.RewindRequest{}, wire.RewindResult{}},
 	"POST /v1/sandboxes/{id}/promote":                     {wire.PromoteChildRequest{}, wire.PromoteChildResult{}},
+	"GET /v1/sandboxes/{id}/effects":                      {resp: wire.EffectList{}},
 	"GET /v1/sandboxes/{id}/diff":                         {resp: wire.DiffResult{}},
 	"POST /v1/sandboxes/{id}/compare":                     {wire.CompareRequest{}, wire.CompareResult{}},
 	"GET /v1/sandboxes/{id}/note":                         {resp: wire.CurrentNote{}},

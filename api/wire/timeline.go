@@ -54,6 +54,10 @@ type RewindResult struct {
 	// context version is newer than the point's).
 	Note   *Note   `json:"note,omitempty"`
 	Desync *Desync `json:"desync,omitempty"`
+	// EffectsAfter are the outside effects the sandbox made after the
+	// checkpoint: the rewound state does not know of them; they stay in
+	// the ledger (a retry is answered from it, docs/EFFECTS.md).
+	EffectsAfter []Effect `json:"effects_after"`
 }
 
 // PromoteChildRequest is the body of POST /v1/sandboxes/{id}/promote ({id}

@@ -125,12 +125,14 @@ type CreateRequest struct {
 	Owner        string            `json:"owner,omitempty"` // admin key only
 	// Network is the egress policy mode (deny-all | allow-all | rules; "" =
 	// server default); Allow/Deny its rules; Secrets the secrets to grant.
-	Network      string   `json:"network,omitempty"`
-	Allow        []string `json:"allow,omitempty"`
-	Deny         []string `json:"deny,omitempty"`
-	Secrets      []string `json:"secrets,omitempty"`
-	FromSnapshot string   `json:"from_snapshot,omitempty"`
-	IdlePolicy   string   `json:"idle_policy,omitempty"` // reaper policy name, or "never"
+	Network string   `json:"network,omitempty"`
+	Allow   []string `json:"allow,omitempty"`
+	Deny    []string `json:"deny,omitempty"`
+	Secrets []string `json:"secrets,omitempty"`
+	// Effects are the side-effect ledger's settings (effects.go).
+	Effects      *EffectSettings `json:"effects,omitempty"`
+	FromSnapshot string          `json:"from_snapshot,omitempty"`
+	IdlePolicy   string          `json:"idle_policy,omitempty"` // reaper policy name, or "never"
 }
 
 // ListResponse is the body of GET /v1/sandboxes; Next is the cursor of the
@@ -438,16 +440,18 @@ type PoolStatus struct {
 // NetworkPolicy is an egress policy. Rules: a CIDR, an IP, a hostname or
 // "*.domain", optionally ":PORT".
 type NetworkPolicy struct {
-	Mode  string   `json:"mode"` // deny-all | allow-all | rules
-	Allow []string `json:"allow,omitempty"`
-	Deny  []string `json:"deny,omitempty"`
+	Mode    string          `json:"mode"` // deny-all | allow-all | rules
+	Allow   []string        `json:"allow,omitempty"`
+	Deny    []string        `json:"deny,omitempty"`
+	Effects *EffectSettings `json:"effects,omitempty"`
 }
 
 // NetworkRequest is the body of PUT /v1/sandboxes/{id}/net.
 type NetworkRequest struct {
-	Mode  string   `json:"mode,omitempty"` // deny-all | allow-all | rules; "" = server default
-	Allow []string `json:"allow,omitempty"`
-	Deny  []string `json:"deny,omitempty"`
+	Mode    string          `json:"mode,omitempty"` // deny-all | allow-all | rules; "" = server default
+	Allow   []string        `json:"allow,omitempty"`
+	Deny    []string        `json:"deny,omitempty"`
+	Effects *EffectSettings `json:"effects,omitempty"`
 }
 
 // PortInfo is one exposed port as NetworkInfo lists it.

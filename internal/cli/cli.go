@@ -65,7 +65,7 @@ func init() {
 	// The verb table is data, assembled in one place so `berth help` lists it.
 	register("serve", "serve [--data-dir DIR] [--listen ADDR] [--config FILE] [--runtime runc|runsc] [--default-network P] [--upstream-ca FILE] [--no-userns] [--no-network] [--allow-private-egress CIDR]... [--egress-resolver ADDR:PORT] [--egress-max-conns N] [--egress-max-dns-inflight N] [--egress-dns-qps N] [--otlp-endpoint URL] [--activity-retention N] [--sandbox-domain D [--sandbox-tls-listen ADDR] [--sandbox-tls-cert F --sandbox-tls-key F]]   (Linux only; the config file takes every setting)", runServe)
 	register("ca", caUsage, runCA)
-	register("create", "create [--template T | --from-snapshot S] [--runtime R] [--ttl D] [--cpu N] [--memory MiB] [--disk MiB] [--pids N] [--label k=v]... [--env K=V]... [--expiry-action stop|delete|pause] [--workstation] [--auto-resume] [--idle-policy P|never] [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... [--secret NAME]... [--owner O] [--json]", runCreate)
+	register("create", "create [--template T | --from-snapshot S] [--runtime R] [--ttl D] [--cpu N] [--memory MiB] [--disk MiB] [--pids N] [--label k=v]... [--env K=V]... [--expiry-action stop|delete|pause] [--workstation] [--auto-resume] [--idle-policy P|never] [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... [--secret NAME]... [--effectful HOST]... [--idempotency keep|derive] [--repeat replay|refuse] [--owner O] [--json]", runCreate)
 	register("ls", "ls [--state S] [--label k=v]... [--owner O] [--json]", runList)
 	register("inspect", "inspect ID", runInspect)
 	register("exec", "exec [-i] [-t] [--env K=V]... [--cwd DIR] [--user U] [--timeout D] ID -- CMD...", runExec)
@@ -87,7 +87,8 @@ func init() {
 	register("timeline", timelineUsage, runTimeline)
 	register("rewind", rewindUsage, runRewind)
 	register("promote", promoteUsage, runPromote)
-	register("note", noteUsage, runNote) // note.go: handoff notes
+	register("note", noteUsage, runNote)          // note.go: handoff notes
+	register("effects", effectsUsage, runEffects) // effects.go
 	register("diff", diffUsage, runDiff)
 	register("compare", compareUsage, runCompare)
 	register("merge", mergeUsage, runMerge)
@@ -97,7 +98,7 @@ func init() {
 	register("pool", poolUsage, runPool)
 	register("key", "key create --owner NAME", runKey)
 	register("info", "info [--json]", runInfo)
-	register("net", "net set ID [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... | net show ID [--json] | net log ID [--json] [--limit N]", runNet)
+	register("net", "net set ID [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... [--effectful HOST]... [--idempotency keep|derive] [--repeat replay|refuse] | net show ID [--json] | net log ID [--json] [--limit N]", runNet)
 	register("secret", "secret set NAME --host HOST [--header 'Authorization: Bearer {{value}}'] < value | secret ls [--json] | secret rm NAME", runSecret)
 	register("port", "port ID PORT [--token] [--close] | port ID   (expose a sandbox port through berth's HTTP proxy)", runPort)
 	register("usage", "usage [--owner O] [--since T] [--sandbox ID] [--sandboxes] [--json]", runUsage)

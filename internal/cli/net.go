@@ -40,12 +40,13 @@ func runNet(e *env, args []string) error {
 func runNetSet(e *env, args []string) error {
 	fs := flag.NewFlagSet("net set", flag.ContinueOnError)
 	allow, deny, mode := policyFlags(fs)
+	effects := effectFlags(fs)
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	id, c, err := parseIDClient(fs, args)
 	if err != nil {
 		return err
 	}
-	info, err := c.Sandbox(id).SetNetwork(e.ctx, wire.NetworkRequest{Mode: *mode, Allow: *allow, Deny: *deny})
+	info, err := c.Sandbox(id).SetNetwork(e.ctx, wire.NetworkRequest{Mode: *mode, Allow: *allow, Deny: *deny, Effects: effects()})
 	if err != nil {
 		return err
 	}
@@ -81,6 +82,12 @@ func printNetwork(w io.Writer, info *wire.NetworkInfo) error {
 	}
 	for _, r := range info.Policy.Deny {
 		fmt.Fprintf(tw, "deny\t%s\n", r)
+	}
+	if ef := info.Policy.Effects; ef != nil {
+		for _, h := range ef.Effectful {
+			fmt.Fprintf(tw, "effectful\t%s\n", h)
+		}
+		fmt.Fprintf(tw, "effects\tidempotency %s, repeat %s\n", or(ef.Idempotency, "keep"), or(ef.Repeat, "replay"))
 	}
 	if info.Attached {
 		fmt.Fprintf(tw, "address\t%s\n", info.IP)

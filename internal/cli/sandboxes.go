@@ -60,6 +60,7 @@ func runCreate(e *env, args []string) error {
 	fs.BoolVar(&req.AutoResume, "auto-resume", false, "resume on exec/files while paused")
 	fs.StringVar(&req.Owner, "owner", "", "owner (admin key only)")
 	allow, deny, mode := policyFlags(fs)
+	effects := effectFlags(fs)
 	var secrets multi
 	fs.Var(&secrets, "secret", "grant secret NAME: env NAME holds a placeholder, the proxy injects the value (repeatable)")
 	fs.StringVar(&req.FromSnapshot, "from-snapshot", "", "start from this snapshot's files (berth snapshot ls)")
@@ -78,7 +79,7 @@ func runCreate(e *env, args []string) error {
 	if req.Env, err = kvs("env", envs); err != nil {
 		return err
 	}
-	req.Network, req.Allow, req.Deny, req.Secrets = *mode, *allow, *deny, secrets
+	req.Network, req.Allow, req.Deny, req.Secrets, req.Effects = *mode, *allow, *deny, secrets, effects()
 	c, err := newClient()
 	if err != nil {
 		return err

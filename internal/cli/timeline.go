@@ -119,6 +119,10 @@ func runRewind(e *env, args []string) error {
 	if res.TaskRollback != nil {
 		printRollback(e.stderr, res.TaskRollback)
 	}
+	if n := len(res.EffectsAfter); n > 0 {
+		fmt.Fprintf(e.stderr, "%d outside effect(s) happened after that point and are not undone (a retry is answered from the ledger):\n", n)
+		_ = printEffects(e.stderr, res.EffectsAfter)
+	}
 	fmt.Fprintln(e.stdout, id)
 	return nil
 }

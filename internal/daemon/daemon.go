@@ -53,7 +53,10 @@
 //     console.Service.mu (web console sessions; never held across a call),
 //     lineage.Service.mu (its runsc host-upper cache), tasks.Service.mu
 //     (every task-ledger write; its statehook takes it under a sandbox's
-//     lock, the REST routes with no other lock held).
+//     lock, the REST routes with no other lock held),
+//     effects.Service.mu (the side-effect ledger's scopes and counters;
+//     taken on the egress proxy's path and by its hook, under a sandbox's
+//     lock; held across store calls only).
 //
 // internal/merges and internal/timeline have no lock of their own: they
 // work under the target sandbox's lock (2); a merge captures its source
@@ -85,6 +88,7 @@ import (
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/console"
+	"github.com/berth-dev/berth/internal/effects"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/lineage"
@@ -138,6 +142,7 @@ type Daemon struct {
 	notes   *notes.Service    // handoff notes (notes_core.go)
 	audit   *audit.Service    // the audit chain (internal/audit, audit_core.go)
 	self    *SelfAPI          // the in-sandbox API's server (selfapi.go)
+	effects *effects.Service  // the side-effect ledger (effects.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -216,6 +221,9 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.merges = newMerges(d)
 	d.tasks = tasks.New(tasksCore{d}, tasks.Config{Log: d.log, Auditor: d.audit})
 	d.hooks.Register("tasks", d.tasks)
+	d.effects = newEffects(d)
+	d.effects.SetSteps(d.tasks)    // a derived idempotency key names the task step
+	d.effects.SetAuditor(d.audit)  // intents, outcomes, replays and refusals
 	d.lineage.SetCheckpoints(d.tl) // `berth diff A --checkpoint C`
 	d.notes = notes.New(notesCore{d}, st, notes.Config{Log: cfg.Log, Now: cfg.Now})
 	d.hooks.Register("notes", d.notes)

@@ -23,7 +23,7 @@ func inheritedNet(parent *sandbox.Sandbox) sandbox.NetState { return hostnet.Inh
 // prepareNetwork fills a create request's network part (hostnet.Prepare).
 func prepareNetwork(ctx context.Context, net *hostnet.Service, req *CreateRequest) error {
 	r := hostnet.Request{Owner: req.Owner, Network: req.Network, Allow: req.Allow, Deny: req.Deny,
-		Secrets: req.Secrets, Env: req.Env, Net: req.Attrs.Net}
+		Secrets: req.Secrets, Env: req.Env, Net: req.Attrs.Net, Effects: req.Effects}
 	if err := net.Prepare(ctx, &r); err != nil {
 		return err
 	}

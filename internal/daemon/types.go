@@ -3,6 +3,8 @@ package daemon
 import (
 	"time"
 
+	"github.com/berth-dev/berth/internal/egress"
+
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -27,6 +29,8 @@ type CreateRequest struct {
 	// Deny its rules, Secrets the secrets to grant (netpolicy.go).
 	Network              string
 	Allow, Deny, Secrets []string
+	// Effects marks the side effects the ledger records (internal/effects).
+	Effects egress.EffectPolicy
 	// FromSnapshot starts the sandbox from a snapshot's layers (snapshot.go).
 	FromSnapshot string
 }

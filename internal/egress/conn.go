@@ -65,8 +65,11 @@ func (p *Proxy) handle(ctx context.Context, c *net.TCPConn) {
 	if isTLS && d.Host != "" {
 		grants = p.grantsFor(st, d.Host)
 	}
+	// An effectful host is intercepted so its requests can be recorded
+	// (needs the CA and a ledger; plain HTTP is relayed per request anyway).
+	effectful := isTLS && p.cfg.CA != nil && p.ledgerOf() != nil && pol.Effects.Effectful(d.Host, q.Port)
 	var up *net.TCPConn
-	if d.Host != "" && (v.ByName || len(grants) > 0) {
+	if d.Host != "" && (v.ByName || len(grants) > 0 || effectful) {
 		// Never trust the sandbox's choice of IP for a name-based decision.
 		up, err = p.dialName(ctx, pol, d.Host, q.Port)
 	} else if !p.dialable(pol, q.IP, q.Port) {
@@ -107,7 +110,7 @@ func (p *Proxy) handle(ctx context.Context, c *net.TCPConn) {
 	defer closeBoth(false)
 
 	d.Verdict = "allow"
-	if len(grants) > 0 {
+	if len(grants) > 0 || effectful {
 		d.Intercepted = true
 		d.BytesOut, d.BytesIn, err = p.intercept(ctx, st, d.Host, q.Port, &prefixConn{head: head, Conn: c}, up)
 		if err != nil {
@@ -220,6 +223,14 @@ func (p *Proxy) relayHTTP(st *sandboxState, q Query, host string, client net.Con
 		// The upstream gets the Host that was checked, in canonical form
 		// (Go would send an invalid one as empty: another virtual host).
 		req.Host = canonicalHost(req.Host, rh)
+		if led := p.ledgerOf(); led != nil && recordable(pol.Effects, rh, q.Port, req.Method, false) {
+			in := Intent{SandboxID: st.id, Host: rh, Port: q.Port, Policy: pol.Effects}
+			end, err := p.relayEffect(context.Background(), led, in, req, cc, uc, ubr)
+			if err != nil || end {
+				return 0, 0, err
+			}
+			continue
+		}
 		if err := req.Write(uc); err != nil {
 			return 0, 0, err
 		}

@@ -15,7 +15,8 @@ import (
 
 // intercept terminates the sandbox's TLS with a certificate from berth's CA,
 // opens verified TLS to the real host, and relays HTTP/1.1 requests one by
-// one, injecting the sandbox's grants for host into each.
+// one, injecting the sandbox's grants for host into each; side effects
+// (effects.go) go through the ledger.
 func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, port uint16, client net.Conn, up net.Conn) (out, in int64, err error) {
 	cc := &countingConn{Conn: client}
 	uc := &countingConn{Conn: up}
@@ -65,7 +66,22 @@ func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, po
 			return 0, 0, errHostChanged
 		}
 		req.Host = hostPort(host, port)
-		injectGrants(req, p.grantsFor(st, host))
+		grants := p.grantsFor(st, host)
+		injectGrants(req, grants)
+		if led := p.ledgerOf(); led != nil {
+			if _, pol, ok := p.snapshot(st.ip); ok && recordable(pol.Effects, host, port, req.Method, len(grants) > 0) {
+				in := Intent{SandboxID: st.id, Host: host, Port: port, Secret: len(grants) > 0, Policy: pol.Effects}
+				end, err := p.relayEffect(ctx, led, in, req, down, upTLS, ubr)
+				if err != nil {
+					return 0, 0, err
+				}
+				if end {
+					_ = down.CloseWrite()
+					return 0, 0, nil
+				}
+				continue
+			}
+		}
 		if err := req.Write(upTLS); err != nil {
 			return 0, 0, err
 		}

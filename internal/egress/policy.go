@@ -47,6 +47,8 @@ type Policy struct {
 	Mode  Mode   `json:"mode"`
 	Allow []Rule `json:"allow,omitempty"`
 	Deny  []Rule `json:"deny,omitempty"`
+	// Effects marks the side effects the ledger records (effects.go).
+	Effects EffectPolicy `json:"effects,omitzero"`
 }
 
 // ParseRule reads RULE: a CIDR, an IP, a hostname or "*.domain", optionally
@@ -229,7 +231,7 @@ func (p Policy) Validate() error {
 			}
 		}
 	}
-	return nil
+	return p.Effects.Validate()
 }
 
 // MarshalPolicy is the persisted form of a policy (JSON).
@@ -258,6 +260,9 @@ func UnmarshalPolicy(b []byte) (Policy, error) {
 	}
 	if len(p.Deny) == 0 {
 		p.Deny = nil
+	}
+	if len(p.Effects.Hosts) == 0 {
+		p.Effects.Hosts = nil
 	}
 	return p, p.Validate()
 }

@@ -90,6 +90,7 @@ type Proxy struct {
 	localTTL time.Duration
 
 	mu      sync.Mutex
+	ledger  Ledger // side effects (effects.go); nil: none
 	byIP    map[netip.Addr]*sandboxState
 	byID    map[string]*sandboxState
 	ready   chan struct{}

@@ -63,7 +63,8 @@ type Service struct {
 	authn   Authenticator
 	feed    EgressFeed
 	dataDir string
-	auditor Auditor // egress verdicts (audit.go); nil: none
+	auditor Auditor       // egress verdicts (audit.go); nil: none
+	ledger  egress.Ledger // side effects (SetLedger); nil: none
 
 	// net is set once by Start, before any sandbox is reconciled or
 	// served, and never changes after; nil: networking is disabled.
@@ -208,6 +209,9 @@ func (h *Service) Start(ctx context.Context, o Options) error {
 		return err
 	}
 	ns.mgr, ns.px = mgr, px
+	if h.ledger != nil {
+		px.SetLedger(h.ledger)
+	}
 	h.net = ns
 	h.core.GoBackground("egress-proxy", h.superviseProxy)
 	h.core.GoBackground("egress-log", h.egressLogLoop)

@@ -88,6 +88,9 @@ type Request struct {
 	// Deny its rules, Secrets the secrets to grant.
 	Network              string
 	Allow, Deny, Secrets []string
+	// Effects marks the side effects the ledger records; a fork's
+	// inherited policy keeps its own unless the request names a policy.
+	Effects egress.EffectPolicy
 	// Env and Net are the create's; Prepare adds the placeholders of
 	// granted secrets to Env and the policy and grants to Net (Env may be
 	// nil on entry; a Net that holds a policy is a fork's, kept).
@@ -109,6 +112,9 @@ func (h *Service) Prepare(ctx context.Context, req *Request) error {
 		}
 	} else if pol, err = h.BuildPolicy(req.Network, req.Allow, req.Deny); err != nil {
 		return err
+	}
+	if !req.Effects.IsZero() {
+		pol.Effects = req.Effects
 	}
 	refs := slices.Clone(req.Net.Secrets)
 	for _, name := range req.Secrets {
@@ -140,6 +146,10 @@ func (h *Service) Prepare(ctx context.Context, req *Request) error {
 	req.Net.Policy, req.Net.Secrets = b, refs
 	return nil
 }
+
+// SetLedger installs the side-effect ledger the egress proxy records
+// effects in (internal/effects); call it before Start.
+func (h *Service) SetLedger(l egress.Ledger) { h.ledger = l }
 
 // allowHost makes sure pol lets connections to host through.
 func allowHost(pol egress.Policy, host string) egress.Policy {
@@ -197,8 +207,11 @@ func (h *Service) SetPolicy(ctx context.Context, owner, id, actor string, pol eg
 			}
 		}
 	}
-	h.core.Event(ctx, sb, actor, "network", "policy_updated", "", map[string]string{
-		"mode": string(pol.Mode), "allow": joinRules(pol.Allow), "deny": joinRules(pol.Deny)})
+	ev := map[string]string{"mode": string(pol.Mode), "allow": joinRules(pol.Allow), "deny": joinRules(pol.Deny)}
+	if !pol.Effects.IsZero() {
+		ev["effectful"], ev["idempotency"], ev["repeat"] = joinRules(pol.Effects.Hosts), pol.Effects.Idempotency, pol.Effects.Repeat
+	}
+	h.core.Event(ctx, sb, actor, "network", "policy_updated", "", ev)
 	return h.info(ctx, sb)
 }
 

@@ -36,6 +36,9 @@ func (s netAPI) setNetwork(w http.ResponseWriter, r *http.Request, p daemon.Prin
 	if err != nil {
 		return err
 	}
+	if pol.Effects, err = effectPolicy(req.Effects); err != nil {
+		return err
+	}
 	info, err := s.d.Net().SetPolicy(r.Context(), owner(r, p), r.PathValue("id"), p.Owner, pol)
 	if err != nil {
 		return err

@@ -46,13 +46,17 @@ func (s sandboxAPI) createSandbox(w http.ResponseWriter, r *http.Request, p daem
 	if req.CPU < 0 {
 		return errs.Field("cpu", "must be positive")
 	}
+	eff, err := effectPolicy(req.Effects)
+	if err != nil {
+		return err
+	}
 	sb, err := s.d.Create(r.Context(), daemon.CreateRequest{
 		Owner: own, Actor: p.Owner, Template: req.Template, Runtime: req.Runtime, TTL: ttl,
 		ExpiryAction: sandbox.ExpiryAction(req.ExpiryAction),
 		Resources: sandbox.Resources{CPUMillis: int(req.CPU * 1000), MemoryMiB: req.MemoryMiB,
 			DiskMiB: req.DiskMiB, Pids: req.Pids},
 		Labels: req.Labels, Env: req.Env, AutoResume: req.AutoResume, Workstation: req.Workstation,
-		Network: req.Network, Allow: req.Allow, Deny: req.Deny, Secrets: req.Secrets,
+		Network: req.Network, Allow: req.Allow, Deny: req.Deny, Secrets: req.Secrets, Effects: eff,
 		FromSnapshot: req.FromSnapshot, Attrs: sandbox.Attrs{IdlePolicy: req.IdlePolicy},
 	})
 	if err != nil {

@@ -37,6 +37,9 @@ var selfRoutes = map[string]bool{
 	"POST /v1/sandboxes/{id}/note":       true,
 	"GET /v1/sandboxes/{id}/notes":       true,
 	"GET /v1/sandboxes/{id}/notes/{seq}": true,
+
+	// Side effects (effects.go): what already happened, before a retry.
+	"GET /v1/sandboxes/{id}/effects": true,
 }
 
 // selfPrincipalKey carries a sandbox principal from ServeSelf to the

@@ -96,6 +96,7 @@ func (s *Server) routes() {
 	s.handle("DELETE /v1/sandboxes/{id}/checkpoints/{ref}", tl.deleteCheckpoint)
 	s.handle("POST /v1/sandboxes/{id}/rewind", tl.rewind)
 	s.handle("POST /v1/sandboxes/{id}/promote", tl.promote)
+	s.handle("GET /v1/sandboxes/{id}/effects", effectsAPI{s}.listEffects) // side-effect ledger (effects.go)
 	s.handle("GET /v1/sandboxes/{id}/diff", lineageAPI{s}.diff)
 	s.handle("POST /v1/sandboxes/{id}/compare", lineageAPI{s}.compare)
 	nt := notesAPI{s} // handoff notes (notes.go); also on selfRoutes

@@ -90,6 +90,13 @@ func (s timelineAPI) rewind(w http.ResponseWriter, r *http.Request, p daemon.Pri
 		out.TaskRollback = taskRollbackView(rb) // this rewind's, not an older one's
 	}
 	out.Note, out.Desync = s.noteOf(r, res.Sandbox.ID) // the point's note (issue 17)
+	// The outside effects after the point: listed, never forgotten (issue 18).
+	// The rewind happened: a ledger read failing does not turn it into an error.
+	after, err := s.d.Effects().Since(r.Context(), res.Sandbox.ID, res.Checkpoint.CreatedAt)
+	if err != nil {
+		s.d.Log().Warn("rewind: list the effects after the point", "sandbox_id", res.Sandbox.ID, "err", err)
+	}
+	out.EffectsAfter = effectViews(after)
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }

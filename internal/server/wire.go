@@ -53,7 +53,8 @@ func ttySize(t *wire.TTYSize) *agentapi.TTYSize {
 
 func networkView(n *hostnet.Info) wire.NetworkInfo {
 	out := wire.NetworkInfo{SandboxID: n.SandboxID, Attached: n.Attached, IP: n.IP, Secrets: n.Secrets,
-		Policy: wire.NetworkPolicy{Mode: string(n.Policy.Mode), Allow: ruleStrings(n.Policy.Allow), Deny: ruleStrings(n.Policy.Deny)}}
+		Policy: wire.NetworkPolicy{Mode: string(n.Policy.Mode), Allow: ruleStrings(n.Policy.Allow), Deny: ruleStrings(n.Policy.Deny),
+			Effects: effectSettings(n.Policy.Effects)}}
 	for _, p := range n.Ports {
 		out.Ports = append(out.Ports, wire.PortInfo(p))
 	}

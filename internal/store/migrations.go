@@ -366,6 +366,46 @@ BEGIN SELECT RAISE(ABORT, 'audit entries are append-only'); END;
 CREATE TRIGGER audit_append_only_delete BEFORE DELETE ON audit
 BEGIN SELECT RAISE(ABORT, 'audit entries are append-only'); END;
 `,
+	// 15: the side-effect ledger (internal/effects): one row per
+	// recorded request (intent, then outcome), and each sandbox's place in
+	// its lineage (root, parent, fork point, restore windows). Rows are
+	// kept when a sandbox is deleted: a fork's retry must still find them.
+	`
+CREATE TABLE effects (
+	seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+	id           TEXT NOT NULL UNIQUE,
+	lineage      TEXT NOT NULL,
+	sandbox_id   TEXT NOT NULL,
+	owner        TEXT NOT NULL,
+	step         TEXT NOT NULL,
+	method       TEXT NOT NULL,
+	host         TEXT NOT NULL,
+	path         TEXT NOT NULL,
+	body_sha256  TEXT NOT NULL,
+	body_size    INTEGER NOT NULL,
+	idem_key     TEXT NOT NULL,
+	key_source   TEXT NOT NULL,
+	identity     TEXT NOT NULL,
+	secret       INTEGER NOT NULL,
+	state        TEXT NOT NULL,
+	status       INTEGER NOT NULL,
+	resp_size    INTEGER NOT NULL,
+	reason       TEXT NOT NULL,
+	started_at   INTEGER NOT NULL,
+	ended_at     INTEGER NOT NULL,
+	replay       BLOB
+) STRICT;
+CREATE INDEX effects_sandbox ON effects (sandbox_id, started_at);
+CREATE INDEX effects_key ON effects (lineage, idem_key) WHERE idem_key != '';
+CREATE INDEX effects_identity ON effects (lineage, identity);
+CREATE TABLE effect_scopes (
+	sandbox_id TEXT PRIMARY KEY,
+	lineage    TEXT NOT NULL,
+	parent     TEXT NOT NULL,
+	point_at   INTEGER NOT NULL,
+	windows    TEXT
+) STRICT;
+`,
 }
 
 // migrationHooks run in the transaction of the migration with the same

@@ -25,6 +25,7 @@ type Store interface {
 	TaskStore       // tasks.go
 	NoteStore       // notes.go
 	AuditStore      // audit.go
+	EffectStore     // effects.go
 	// CreateSandbox inserts sb and sets sb.Version to 1 (and sb.CreatedAt to
 	// now when zero).
 	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error

@@ -48,6 +48,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Tasks", suiteTasks},
 		{"Notes", suiteNotes},
 		{"Audit", suiteAudit},
+		{"Effects", suiteEffects},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}

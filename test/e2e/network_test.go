@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/big"
 	"net"
@@ -89,6 +90,18 @@ type internet struct {
 	hosts  string // hosts file
 	ca     string // PEM of the CA that signed the servers (serve --upstream-ca)
 	prefix string // e.g. "198.18.7"
+
+	// counts are the requests other than GET each /count/NAME received
+	// (the side-effect tests' counting endpoint).
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+// Count is how many non-GET requests /count/name received.
+func (n *internet) Count(name string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.counts[name]
 }
 
 func (n *internet) serveArgs() []string {
@@ -166,7 +179,19 @@ func (n *internet) startServers(t *testing.T, ns string) {
 	if err := os.WriteFile(n.ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	n.counts = map[string]int{}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name, ok := strings.CutPrefix(r.URL.Path, "/count/"); ok {
+			b, _ := io.ReadAll(r.Body)
+			n.mu.Lock()
+			if r.Method != http.MethodGet {
+				n.counts[name]++
+			}
+			c := n.counts[name]
+			n.mu.Unlock()
+			fmt.Fprintf(w, "count=%d key=%s body=%d\n", c, r.Header.Get("Idempotency-Key"), len(b))
+			return
+		}
 		fmt.Fprintf(w, "host=%s auth=%s xkey=%s uri=%s\n", r.Host, authState(r.Header.Get("Authorization")),
 			authState(r.Header.Get("X-Key")), authState(r.URL.RequestURI()))
 	})

@@ -2,12 +2,14 @@
 // wget's TLS cannot talk to Go servers). It trusts the system roots, which
 // Go reads from SSL_CERT_FILE / SSL_CERT_DIR.
 //
-//	fetch [-H 'K: V']... URL[|HOST]...
+//	fetch [-H 'K: V']... [-X METHOD] [-d BODY | -d @N] URL[|HOST]...
 //	    GETs each URL in turn on one client, so a second URL to the same
 //	    server reuses the kept-alive connection ("[reused]" is printed
 //	    then); |HOST sends that Host header instead of the URL's. "$NAME"
 //	    in a header value or a URL is taken from the environment. Prints
-//	    the bodies; exits 1 if any request fails or is not a 200.
+//	    the bodies; exits 1 if any request fails or is not a 200. -X and
+//	    -d send another method with a body (@N: N bytes of "a"); a
+//	    Berth-Effect answer header is printed as "effect=VALUE".
 //	fetch -hold N -for D ADDR
 //	    opens N TCP connections to ADDR at once, keeps them for D, and
 //	    prints "open K": how many the far side had not closed or reset.
@@ -25,6 +27,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,6 +45,8 @@ func main() {
 	hold := flag.Int("hold", 0, "open this many TCP connections to ADDR and hold them")
 	holdFor := flag.Duration("for", 10*time.Second, "how long -hold keeps its connections")
 	lookup := flag.Int("lookup", 0, "resolve this many names from PATTERN at once")
+	flag.StringVar(&method, "X", "GET", "request method")
+	flag.StringVar(&data, "d", "", "request body (@N: N bytes of \"a\")")
 	flag.Parse()
 	switch {
 	case *hold > 0:
@@ -53,12 +58,33 @@ func main() {
 	}
 }
 
+var method, data string
+
+func body() io.Reader {
+	if n, err := strconv.Atoi(strings.TrimPrefix(data, "@")); err == nil && strings.HasPrefix(data, "@") {
+		return io.LimitReader(repeatA{}, int64(n))
+	}
+	if data == "" {
+		return nil
+	}
+	return strings.NewReader(data)
+}
+
+type repeatA struct{}
+
+func (repeatA) Read(b []byte) (int, error) {
+	for i := range b {
+		b[i] = 'a'
+	}
+	return len(b), nil
+}
+
 func get(hs headers, targets []string) int {
 	c := &http.Client{Timeout: 15 * time.Second}
 	code := 0
 	for _, target := range targets {
 		url, host, _ := strings.Cut(target, "|")
-		req, err := http.NewRequest("GET", os.ExpandEnv(url), nil)
+		req, err := http.NewRequest(method, os.ExpandEnv(url), body())
 		if err != nil {
 			fmt.Println(err)
 			return 1
@@ -82,6 +108,9 @@ func get(hs headers, targets []string) int {
 			fmt.Println(err)
 			code = 1
 			continue
+		}
+		if e := resp.Header.Get("Berth-Effect"); e != "" {
+			fmt.Println("effect=" + e)
 		}
 		_, _ = io.Copy(os.Stdout, resp.Body)
 		resp.Body.Close()

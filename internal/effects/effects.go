@@ -1,0 +1,447 @@
+// Package effects is the side-effect ledger (issue 17, docs/EFFECTS.md):
+// it owns the record of every request with side effects a sandbox made
+// through the egress proxy — its intent, written before the request is
+// sent, then its outcome — each sandbox's place in its lineage (root, fork
+// parent and point, the spans of its past that restores undid), and the
+// repeat decision: a fork's or a restored sandbox's retry of a completed
+// effect is answered from the ledger or refused, never sent again.
+//
+// It implements egress.Ledger for the proxy and statehook.Hook for the
+// lifecycle. Its lock (Service.mu) is a leaf: it is taken by the proxy's
+// goroutines and by hooks (under a sandbox's lock), and held while the
+// store is called, never while the core is.
+package effects
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/berth-dev/berth/internal/egress"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/statehook"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// Core is what the ledger needs of the lifecycle core.
+type Core interface {
+	Store() store.Store
+	// Visible loads a sandbox as owner may see it ("" = admin).
+	Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+}
+
+// Auditor receives an entry per recorded effect and outcome (docs/STATE.md).
+type Auditor interface {
+	Audit(ctx context.Context, actor, action, sandboxID string, data map[string]string)
+}
+
+// StepSource names a sandbox's current task step ("" = none).
+type StepSource interface {
+	CurrentStep(ctx context.Context, sandboxID string) string
+}
+
+// Config configures the ledger; zero fields take defaults.
+type Config struct {
+	Log   *slog.Logger
+	Now   func() time.Time
+	Audit Auditor    // nil: none
+	Steps StepSource // nil: no steps
+	// MaxPerSandbox bounds the effects one sandbox may record; past it,
+	// effectful requests are refused (429), not sent unrecorded.
+	MaxPerSandbox int
+	// ReplayBudget bounds the bytes of recorded answers one sandbox keeps;
+	// past it, effects are recorded without a replay.
+	ReplayBudget int64
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxPerSandbox = 10000
+	DefaultReplayBudget  = 64 << 20
+	// maxWindows bounds the restore windows kept per sandbox (oldest go).
+	maxWindows = 64
+	// maxChain bounds how many ancestors a listing walks.
+	maxChain = 32
+	// opTimeout bounds one store operation on the proxy's path.
+	opTimeout = 10 * time.Second
+)
+
+// Service is the side-effect ledger.
+type Service struct {
+	core Core
+	cfg  Config
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	scopes   map[string]store.EffectScope // cache of the store's scopes
+	counts   map[string]*usage            // per sandbox, loaded on first use
+	inflight map[string]*flight           // effects sent by this daemon whose outcome is not stored yet
+}
+
+// flight is an effect being sent; done is closed once its outcome is stored.
+type flight struct {
+	sandbox string
+	done    chan struct{}
+}
+
+// maxWaits bounds how often Begin waits for an in-flight effect it repeats.
+const maxWaits = 3
+
+type usage struct {
+	n      int
+	replay int64
+	owner  string // the sandbox's owner, recorded on each effect
+}
+
+// New builds the ledger.
+func New(core Core, cfg Config) *Service {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.MaxPerSandbox <= 0 {
+		cfg.MaxPerSandbox = DefaultMaxPerSandbox
+	}
+	if cfg.ReplayBudget <= 0 {
+		cfg.ReplayBudget = DefaultReplayBudget
+	}
+	return &Service{core: core, cfg: cfg, log: cfg.Log, scopes: map[string]store.EffectScope{},
+		counts: map[string]*usage{}, inflight: map[string]*flight{}}
+}
+
+// SetSteps installs the task ledger's current step. Call it while wiring,
+// before the proxy serves (the field is read without a lock).
+func (s *Service) SetSteps(st StepSource) { s.cfg.Steps = st }
+
+// SetAuditor installs the audit log; like SetSteps, while wiring.
+func (s *Service) SetAuditor(a Auditor) { s.cfg.Audit = a }
+
+func (s *Service) audit(ctx context.Context, action, sandboxID string, data map[string]string) {
+	if s.cfg.Audit != nil {
+		s.cfg.Audit.Audit(ctx, "berth", action, sandboxID, data)
+	}
+}
+
+// scopeLocked is a sandbox's scope; one with none put is its own root.
+func (s *Service) scopeLocked(ctx context.Context, id string) (store.EffectScope, error) {
+	if sc, ok := s.scopes[id]; ok {
+		return sc, nil
+	}
+	sc, err := s.core.Store().GetEffectScope(ctx, id)
+	if errs.Is(err, errs.NotFound) {
+		sc, err = store.EffectScope{SandboxID: id, Lineage: id}, nil
+	}
+	if err != nil {
+		return store.EffectScope{}, err
+	}
+	s.scopes[id] = sc
+	return sc, nil
+}
+
+func (s *Service) usageLocked(ctx context.Context, id string) (*usage, error) {
+	if u := s.counts[id]; u != nil {
+		return u, nil
+	}
+	n, b, err := s.core.Store().CountEffects(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	u := &usage{n: n, replay: b}
+	if sb, err := s.core.Store().GetSandbox(ctx, id); err == nil {
+		u.owner = sb.Owner
+	}
+	s.counts[id] = u
+	return u, nil
+}
+
+func newID() string {
+	var b [10]byte
+	_, _ = rand.Read(b[:])
+	return "ef" + hex.EncodeToString(b[:])
+}
+
+// replayJSON is the stored form of a recorded answer.
+type replayJSON struct {
+	Status int         `json:"status"`
+	Header http.Header `json:"header,omitempty"`
+	Body   []byte      `json:"body,omitempty"`
+}
+
+// Begin records an effectful request's intent (egress.Ledger), or answers
+// a repeat from the ledger. It is serialised (s.mu) so two concurrent
+// requests with the same key cannot both be sent; a repeat of an effect
+// still being sent waits (bounded) for its outcome and is then answered
+// from it.
+func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	step := ""
+	if s.cfg.Steps != nil {
+		step = s.cfg.Steps.CurrentStep(ctx, in.SandboxID)
+	}
+	for waits := 0; ; waits++ {
+		t, wait, err := s.begin(ctx, in, step, waits < maxWaits)
+		if wait == nil {
+			return t, err
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return egress.Ticket{Status: http.StatusConflict,
+				Message: "the same effect is still being sent; not sent twice"}, nil
+		}
+	}
+}
+
+// begin is one decision under s.mu; wait is set when the request repeats
+// an effect in flight and may wait for it (mayWait).
+func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayWait bool) (egress.Ticket, <-chan struct{}, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sc, err := s.scopeLocked(ctx, in.SandboxID)
+	if err != nil {
+		return egress.Ticket{}, nil, err
+	}
+	u, err := s.usageLocked(ctx, in.SandboxID)
+	if err != nil {
+		return egress.Ticket{}, nil, err
+	}
+	id := Identity(sc.Lineage, step, in.Method, in.Host, in.Path, in.BodySHA256)
+	key, source := in.Key, ""
+	switch {
+	case key != "":
+		source = "agent"
+	case in.Policy.Idempotency == egress.IdempotencyDerive:
+		key, source = DeriveKey(id), "derived"
+	}
+	found, err := s.core.Store().FindEffects(ctx, sc.Lineage, key, id, 16)
+	if err != nil {
+		return egress.Ticket{}, nil, err
+	}
+	priors := make([]Prior, 0, len(found))
+	for _, e := range found {
+		_, live := s.inflight[e.ID]
+		priors = append(priors, Prior{ID: e.ID, SandboxID: e.SandboxID, Host: e.Host, State: e.State, InFlight: live,
+			Status: e.Status, Replayable: e.State == store.EffectCompleted && e.Reason == "", StartedAt: e.StartedAt})
+	}
+	// Replayable is settled against the stored answer below; a completed
+	// effect without one carries a reason.
+	dec := Decide(Request{SandboxID: in.SandboxID, Host: in.Host, Keyed: key != "", Windows: sc.Windows, Repeat: in.Policy.Repeat}, priors)
+	if f := s.flightOf(dec); f != nil && mayWait {
+		return egress.Ticket{}, f.done, nil
+	}
+	data := map[string]string{"method": in.Method, "host": in.Host, "path": in.Path, "body_sha256": in.BodySHA256}
+	switch dec.Action {
+	case Replay:
+		e, err := s.core.Store().GetEffect(ctx, dec.Prior.ID)
+		var r replayJSON
+		if err == nil && e.Replay != nil && json.Unmarshal(e.Replay, &r) == nil {
+			data["effect"] = e.ID
+			s.audit(ctx, "effect.replayed", in.SandboxID, data)
+			s.log.Info("effect replayed from the ledger", "sandbox_id", in.SandboxID, "effect", e.ID, "host", in.Host)
+			return egress.Ticket{Effect: e.ID, Replay: &egress.Replay{Status: r.Status, Header: r.Header, Body: r.Body}}, nil, nil
+		}
+		dec = Decision{Action: Refuse, Prior: dec.Prior, Status: http.StatusConflict,
+			Message: "this effect already happened (" + dec.Prior.ID + ") but its answer cannot be replayed; not sent again"}
+		fallthrough
+	case Refuse:
+		data["effect"], data["reason"] = dec.Prior.ID, dec.Message
+		s.audit(ctx, "effect.refused", in.SandboxID, data)
+		return egress.Ticket{Status: dec.Status, Message: dec.Message}, nil, nil
+	}
+	if u.n >= s.cfg.MaxPerSandbox {
+		msg := "this sandbox recorded " + strconv.Itoa(u.n) + " side effects, the most the ledger keeps for one sandbox; not sent"
+		s.audit(ctx, "effect.refused", in.SandboxID, map[string]string{"host": in.Host, "reason": msg})
+		return egress.Ticket{Status: http.StatusTooManyRequests, Message: msg}, nil, nil
+	}
+	e, err := s.core.Store().RecordEffect(ctx, store.Effect{ID: newID(), Lineage: sc.Lineage, SandboxID: in.SandboxID, Owner: u.owner,
+		Step: step, Method: in.Method, Host: in.Host, Path: in.Path, BodySHA256: in.BodySHA256, BodySize: in.BodySize,
+		Key: key, KeySource: source, Identity: id, Secret: in.Secret, StartedAt: s.cfg.Now().UTC()})
+	if err != nil {
+		return egress.Ticket{}, nil, err
+	}
+	u.n++
+	s.inflight[e.ID] = &flight{sandbox: in.SandboxID, done: make(chan struct{})}
+	data["effect"], data["key_source"], data["step"] = e.ID, source, step
+	s.audit(ctx, "effect.intent", in.SandboxID, data)
+	t := egress.Ticket{Effect: e.ID}
+	if source == "derived" {
+		t.SetKey = key
+	}
+	return t, nil, nil
+}
+
+// flightOf is the in-flight effect a refusal is about, if any.
+func (s *Service) flightOf(dec Decision) *flight {
+	if dec.Action != Refuse || dec.Prior == nil || !dec.Prior.InFlight {
+		return nil
+	}
+	return s.inflight[dec.Prior.ID]
+}
+
+// Finish records a sent effect's outcome (egress.Ledger).
+func (s *Service) Finish(ctx context.Context, id string, out egress.Outcome) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	o := store.EffectOutcome{State: store.EffectCompleted, Status: out.Status, RespSize: out.Size, EndedAt: s.cfg.Now().UTC()}
+	s.mu.Lock()
+	f := s.inflight[id]
+	sbID := ""
+	if f != nil {
+		sbID = f.sandbox
+	}
+	switch {
+	case out.Err != nil:
+		o.State, o.Reason = store.EffectUnknown, "sending failed mid-way: "+out.Err.Error()
+	case !out.Complete:
+		o.Reason = "answer too large to replay"
+	default:
+		b, err := json.Marshal(replayJSON{Status: out.Status, Header: out.Header, Body: out.Body})
+		u := s.counts[sbID]
+		switch {
+		case err != nil:
+			o.Reason = "answer not kept: " + err.Error()
+		case u != nil && u.replay+int64(len(b)) > s.cfg.ReplayBudget:
+			o.Reason = "the sandbox's replay budget is spent"
+		default:
+			o.Replay = b
+			if u != nil {
+				u.replay += int64(len(b))
+			}
+		}
+	}
+	s.mu.Unlock()
+	if err := s.core.Store().FinishEffect(ctx, id, o); err != nil {
+		s.log.Error("record effect outcome", "sandbox_id", sbID, "effect", id, "err", err)
+	}
+	// Only now is it no longer in flight: a repeat waiting for it decides
+	// against the stored outcome.
+	s.mu.Lock()
+	delete(s.inflight, id)
+	s.mu.Unlock()
+	if f != nil {
+		close(f.done)
+	}
+	data := map[string]string{"effect": id, "state": o.State, "status": strconv.Itoa(o.Status), "response_size": strconv.FormatInt(o.RespSize, 10)}
+	if o.Reason != "" {
+		data["reason"] = o.Reason
+	}
+	s.audit(ctx, "effect.outcome", sbID, data)
+}
+
+// View is an effect as a sandbox sees it: its own, or inherited (made by
+// an ancestor before the fork point, read-only).
+type View struct {
+	store.Effect
+	Inherited  bool
+	Replayable bool
+}
+
+// List returns the effects a sandbox sees (its own and inherited ones),
+// oldest first, started after since (zero = all).
+func (s *Service) List(ctx context.Context, owner, id string, since time.Time) ([]View, error) {
+	if _, err := s.core.Visible(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	return s.Since(ctx, id, since)
+}
+
+// Since returns the effects sandboxID sees that started after t: after a
+// rewind to a point at t, those are the outside effects the restored state
+// does not know of (they are listed, never forgotten).
+func (s *Service) Since(ctx context.Context, sandboxID string, t time.Time) ([]View, error) {
+	var out []View
+	id, until := sandboxID, time.Time{}
+	seen := map[string]bool{}
+	for depth := 0; id != "" && depth < maxChain && !seen[id]; depth++ {
+		seen[id] = true
+		list, err := s.core.Store().ListEffects(ctx, store.EffectFilter{SandboxID: id, Since: t, Until: until})
+		if err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		for _, e := range list {
+			if _, live := s.inflight[e.ID]; e.State == store.EffectPending && !live {
+				e.State = store.EffectUnknown // its daemon stopped before the outcome
+			}
+			out = append(out, View{Effect: e, Inherited: depth > 0, Replayable: e.State == store.EffectCompleted && e.Reason == ""})
+		}
+		sc, err := s.scopeLocked(ctx, id)
+		s.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		if sc.Parent == "" {
+			break
+		}
+		if until.IsZero() || sc.PointAt.Before(until) {
+			until = sc.PointAt
+		}
+		id = sc.Parent
+	}
+	// Oldest first across the chain.
+	sortViews(out)
+	return out, nil
+}
+
+func sortViews(v []View) {
+	for i := 1; i < len(v); i++ {
+		for j := i; j > 0 && v[j].StartedAt.Before(v[j-1].StartedAt); j-- {
+			v[j], v[j-1] = v[j-1], v[j]
+		}
+	}
+}
+
+// OnState applies the ledger's row of the state table (statehook.Hook):
+// a fork or a sandbox created from a snapshot joins its source's lineage
+// and inherits its effects up to the point; a rewind records the span of
+// the past it undid. Pause and resume keep everything.
+func (s *Service) OnState(ctx context.Context, ev statehook.Event) error {
+	if ev.Sandbox == nil {
+		return nil
+	}
+	id := ev.Sandbox.ID
+	switch {
+	case ev.Phase == statehook.Forked, ev.Phase == statehook.Restored && ev.From != "" && ev.From != id:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		from, err := s.scopeLocked(ctx, ev.From)
+		if err != nil {
+			return err
+		}
+		sc := store.EffectScope{SandboxID: id, Lineage: from.Lineage, Parent: ev.From, PointAt: ev.PointAt}
+		if err := s.core.Store().PutEffectScope(ctx, sc); err != nil {
+			return err
+		}
+		s.scopes[id] = sc
+	case ev.Phase == statehook.Restored && ev.From == id:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		sc, err := s.scopeLocked(ctx, id)
+		if err != nil {
+			return err
+		}
+		at := ev.At
+		if at.IsZero() {
+			at = s.cfg.Now()
+		}
+		sc.Windows = append(append([]store.RestoreWindow(nil), sc.Windows...), store.RestoreWindow{PointAt: ev.PointAt.UTC(), At: at.UTC()})
+		if len(sc.Windows) > maxWindows {
+			sc.Windows = sc.Windows[len(sc.Windows)-maxWindows:]
+		}
+		if err := s.core.Store().PutEffectScope(ctx, sc); err != nil {
+			return err
+		}
+		s.scopes[id] = sc
+	}
+	return nil
+}
