@@ -22,6 +22,7 @@ import (
 // sandbox.Transition are returned unwrapped.
 type Store interface {
 	CheckpointStore // checkpoints.go
+	LeaseStore      // leases.go
 	// CreateSandbox inserts sb and sets sb.Version to 1 (and sb.CreatedAt to
 	// now when zero).
 	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error

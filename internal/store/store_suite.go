@@ -45,6 +45,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"TemplateBuilds", suiteTemplateBuilds},
 		{"Merges", suiteMerges},
 		{"Checkpoints", suiteCheckpoints},
+		{"Leases", suiteLeases},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}
