@@ -304,6 +304,10 @@ func (p *Proxy) grantsFor(st *sandboxState, host string) []Grant {
 	var out []Grant
 	for _, g := range st.grants {
 		if normalizeHost(g.Host) == host {
+			g.refuse = func(verdict, reason string) {
+				p.emit(Decision{SandboxID: st.id, Proto: "tcp", DstPort: 443, Host: host, Rule: "secret:" + g.Name,
+					Verdict: verdict, Reason: reason, Intercepted: true})
+			}
 			out = append(out, g)
 		}
 	}
