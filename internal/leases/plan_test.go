@@ -1,0 +1,108 @@
+package leases
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
+)
+
+// TestPlan is the credential row of the state table, phase by phase.
+func TestPlan(t *testing.T) {
+	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	lease := func(id string, gen int, secret, ph, state string) store.Lease {
+		return store.Lease{ID: id, SandboxID: "sb", Owner: "o", Generation: gen, Secret: secret, Placeholder: ph, State: state}
+	}
+	refs := []sandbox.SecretGrant{{Name: "TOKEN", Placeholder: "ph-ref"}, {Name: "GH", Placeholder: "ph-gh"}}
+	scopes := map[string]Scope{"TOKEN": {"api.test", "Authorization"}, "GH": {"gh.test", "Authorization"}}
+	type got struct {
+		Set   []string // id:state:reason
+		Issue []string // secret:gen:placeholder
+	}
+	for _, tc := range []struct {
+		name   string
+		op     Op
+		leases []store.Lease
+		refs   []sandbox.SecretGrant
+		scopes map[string]Scope
+		taken  string
+		want   got
+	}{
+		{name: "create: issue generation 1 with the env's placeholders", op: OpEnsure, refs: refs, scopes: scopes,
+			want: got{Issue: []string{"TOKEN:1:ph-ref", "GH:1:ph-gh"}}},
+		{name: "boot again (restart, start): nothing new", op: OpEnsure, refs: refs, scopes: scopes,
+			leases: []store.Lease{lease("a", 1, "TOKEN", "ph-ref", "active"), lease("b", 1, "GH", "ph-gh", "frozen")}},
+		{name: "fork child: the parent's placeholder is taken, a fresh one", op: OpEnsure, refs: refs[:1], scopes: scopes, taken: "ph-ref",
+			want: got{Issue: []string{"TOKEN:1:new-TOKEN"}}},
+		{name: "a deleted secret gets no lease", op: OpEnsure, refs: refs, scopes: map[string]Scope{"GH": scopes["GH"]},
+			want: got{Issue: []string{"GH:1:ph-gh"}}},
+		{name: "a revoked lease is never revived by ensure", op: OpEnsure, refs: refs[:1], scopes: scopes,
+			leases: []store.Lease{lease("a", 2, "TOKEN", "ph-ref", "revoked")}},
+		{name: "pause: active leases frozen", op: OpFreeze, refs: refs, scopes: scopes,
+			leases: []store.Lease{lease("a", 1, "TOKEN", "p1", "active"), lease("z", 1, "GH", "p0", "revoked")},
+			want:   got{Set: []string{"a:frozen:paused"}}},
+		{name: "resume: old revoked, next generation, fresh placeholders", op: OpReissue, refs: refs, scopes: scopes,
+			leases: []store.Lease{lease("a", 1, "TOKEN", "ph-ref", "frozen"), lease("b", 1, "GH", "ph-gh", "frozen"), lease("z", 1, "GH", "old", "revoked")},
+			want:   got{Set: []string{"a:revoked:resumed", "b:revoked:resumed"}, Issue: []string{"TOKEN:2:new-TOKEN", "GH:2:new-GH"}}},
+		{name: "rewind: the same, reason restored", op: OpReissue, refs: refs[:1], scopes: scopes,
+			leases: []store.Lease{lease("a", 3, "TOKEN", "p3", "active")},
+			want:   got{Set: []string{"a:revoked:restored"}, Issue: []string{"TOKEN:4:new-TOKEN"}}},
+		{name: "resume after a withdrawn grant: nothing re-issued for it", op: OpReissue, refs: nil, scopes: scopes,
+			leases: []store.Lease{lease("a", 1, "TOKEN", "p1", "revoked")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reason := ReasonResumed
+			if tc.name[:6] == "rewind" {
+				reason = ReasonRestored
+			}
+			n := 0
+			ch := Plan(tc.op, Input{Sandbox: "sb", Owner: "o", Refs: tc.refs, Leases: tc.leases, Scopes: tc.scopes, Now: now, Reason: reason,
+				Taken:          func(ph string) bool { return ph == tc.taken },
+				NewID:          func() string { n++; return fmt.Sprint("id", n) },
+				NewPlaceholder: func(s string) string { return "new-" + s }})
+			var g got
+			for _, u := range ch.Set {
+				g.Set = append(g.Set, u.ID+":"+u.State+":"+u.Reason)
+				if !u.At.Equal(now) {
+					t.Errorf("update %s at %v, want now", u.ID, u.At)
+				}
+			}
+			for _, l := range ch.Issue {
+				g.Issue = append(g.Issue, fmt.Sprintf("%s:%d:%s", l.Secret, l.Generation, l.Placeholder))
+				if l.State != store.LeaseActive || l.Host != tc.scopes[l.Secret].Host || l.SandboxID != "sb" || l.Owner != "o" || l.ID == "" {
+					t.Errorf("issued %+v", l)
+				}
+			}
+			if d := cmp.Diff(tc.want, g); d != "" {
+				t.Errorf("(-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestEffectiveAndCurrent(t *testing.T) {
+	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	ls := []store.Lease{
+		{ID: "a", Generation: 1, Secret: "TOKEN", Placeholder: "p1", State: store.LeaseRevoked},
+		{ID: "b", Generation: 2, Secret: "TOKEN", Placeholder: "p2", State: store.LeaseActive},
+		{ID: "c", Generation: 2, Secret: "GH", Placeholder: "g2", State: store.LeaseActive, ExpiresAt: now},
+		{ID: "d", Generation: 2, Secret: "NPM", Placeholder: "n2", State: store.LeaseFrozen},
+	}
+	if e := Effective(ls[2], now); e.State != store.LeaseRevoked || e.Reason != ReasonExpired {
+		t.Errorf("expired lease = %s/%s", e.State, e.Reason)
+	}
+	if e := Effective(ls[2], now.Add(-time.Second)); e.State != store.LeaseActive {
+		t.Errorf("lease before its expiry = %s", e.State)
+	}
+	cur := Current(ls, now)
+	if d := cmp.Diff(map[string]string{"TOKEN": "p2", "NPM": "n2"}, cur); d != "" {
+		t.Errorf("Current (-want +got):\n%s", d)
+	}
+	if got := string(EnvFile(cur)); got != "NPM=n2\nTOKEN=p2\n" {
+		t.Errorf("EnvFile = %q", got)
+	}
+}
