@@ -83,6 +83,7 @@ import (
 	"github.com/berth-dev/berth/internal/console"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
+	"github.com/berth-dev/berth/internal/leases"
 	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merges"
 	"github.com/berth-dev/berth/internal/pool"
@@ -128,6 +129,7 @@ type Daemon struct {
 	console *console.Service  // web console sessions (console.go)
 	lineage *lineage.Service  // views, diff, compare (lineage_core.go)
 	merges  *merges.Service   // merges of forks into their targets (merges.go)
+	leases  *leases.Service   // credential leases (leases.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -192,6 +194,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.tplSvc = template.NewService(template.ServiceConfig{DefaultTemplate: cfg.DefaultTemplate}, tpl, templateCore{d})
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
+	wireLeases(d)
 	d.act = activity.New(activity.Config{Retention: cfg.ActivityRetention, Log: cfg.Log, Now: cfg.Now}, activityCore{d}, st)
 	d.chans.observe = d.act.Observer // every agent client reports execs and file changes
 	d.console = console.New(consoleCore{d}, console.Config{Now: cfg.Now})

@@ -63,6 +63,7 @@ type Service struct {
 	authn   Authenticator
 	feed    EgressFeed
 	dataDir string
+	leases  LeaseSource // nil: grants are the sandbox's secret refs as they are
 
 	// net is set once by Start, before any sandbox is reconciled or
 	// served, and never changes after; nil: networking is disabled.
