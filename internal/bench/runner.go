@@ -37,7 +37,7 @@ type Options struct {
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
-	"activity-follow", "checkpoint-files", "rewind-files"}
+	"activity-follow", "checkpoint-files", "rewind-files", "pause-resume-leases"}
 
 // Runner measures against one server.
 type Runner struct {
@@ -118,6 +118,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"merge"}, r.merge},                      // merge.go
 		{[]string{"checkpoint-files"}, r.checkpointFiles}, // timeline.go
 		{[]string{"rewind-files"}, r.rewindFiles},
+		{[]string{"pause-resume-leases"}, r.leasePause}, // leases.go
 	}
 	for _, g := range perRuntime {
 		if !slices.ContainsFunc(g.names, r.want) {
