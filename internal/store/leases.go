@@ -60,7 +60,7 @@ type LeaseStore interface {
 	// another sandbox is NotFound, a duplicate id or placeholder AlreadyExists.
 	ApplyLeases(ctx context.Context, sandboxID string, set []LeaseUpdate, issue []Lease) error
 	GetLease(ctx context.Context, id string) (Lease, error)
-	// ListLeases lists matching leases by issue time, then id.
+	// ListLeases lists matching leases by issue time, then generation, then id.
 	ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error)
 }
 
@@ -167,7 +167,7 @@ func (s *SQLite) ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error)
 			args = append(args, c.v)
 		}
 	}
-	rows, err := s.r.QueryContext(ctx, q+` ORDER BY issued_at, id`, args...)
+	rows, err := s.r.QueryContext(ctx, q+` ORDER BY issued_at, generation, id`, args...)
 	if err != nil {
 		return nil, dbErr(err, "store: list leases")
 	}
