@@ -33,7 +33,7 @@ func (c *testCore) Visible(ctx context.Context, owner, id string) (*sandbox.Sand
 	return sb, nil
 }
 func (c *testCore) Lock(string) func() { return func() {} }
-func (c *testCore) Now() time.Time      { return c.now }
+func (c *testCore) Now() time.Time     { return c.now }
 func (c *testCore) Scope(_ context.Context, _, secret string) (Scope, error) {
 	if secret == "GONE" {
 		return Scope{}, errs.E(errs.NotFound, "secret %s not found", secret)
