@@ -174,7 +174,7 @@ func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason s
 		return Change{}, nil, err
 	}
 	ch := Plan(op, Input{
-		Sandbox: sb.ID, Owner: sb.Owner, Refs: sb.Net.Secrets, Leases: ls, Scopes: scopes, Now: s.core.Now(), Reason: reason,
+		Sandbox: sb.ID, Owner: sb.Owner, Refs: sb.Net.Secrets, Leases: ls, Scopes: scopes, TTL: sb.Net.LeaseTTL, Now: s.core.Now(), Reason: reason,
 		NewID: newLeaseID, NewPlaceholder: egress.NewPlaceholder,
 		Taken: func(ph string) bool {
 			other, err := s.st.ListLeases(ctx, store.LeaseFilter{Placeholder: ph})

@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/bench"
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
@@ -261,6 +263,41 @@ func TestLeasesSurviveRestart(t *testing.T) {
 	if got := with(ph2); !strings.Contains(got, "auth=real") {
 		t.Errorf("after restart the active placeholder: secret.test saw %q", got)
 	}
+
+	// --lease-ttl: the lease ends at its expiry, the sandbox does not.
+	if out, code := s.run("create", "--template", "tiny", "--secret", "TOKEN", "--lease-ttl", "-5m"); code == 0 || !strings.Contains(out, "lease_ttl") {
+		t.Errorf("create --lease-ttl -5m: exit %d: %s", code, out)
+	}
+	e := s.create("--secret", "TOKEN", "--lease-ttl", "4s")
+	s.installFetch(e, inet)
+	le := s.liveLease(e)
+	var raw []map[string]any
+	_ = json.Unmarshal([]byte(s.must("secret", "leases", e, "--json")), &raw)
+	if len(raw) != 1 || raw[0]["expires_at"] == nil {
+		t.Errorf("lease with --lease-ttl has no expires_at: %v", raw)
+	}
+	withE := func() string {
+		out, _ := s.fetchTLS(e, "https://secret.test/", "Authorization: Bearer "+le.Placeholder)
+		return out
+	}
+	if got := withE(); !strings.Contains(got, "auth=real") {
+		t.Errorf("before its expiry: secret.test saw %q", got)
+	}
+	err := testutil.Within(15 * time.Second).Every(500 * time.Millisecond).Until(func() error {
+		if ls, _, _ := s.leases(s.key, e); len(ls) == 1 && ls[0].State == "revoked" && ls[0].Reason == "expired" {
+			return nil
+		}
+		return errNoEntry
+	})
+	if err != nil {
+		t.Fatalf("the lease never expired: %s", s.must("secret", "leases", e))
+	}
+	if got := withE(); !strings.Contains(got, "auth=placeholder") {
+		t.Errorf("after its expiry: secret.test saw %q", got)
+	}
+	if out := s.must("exec", e, "--", "echo", "alive"); out != "alive" {
+		t.Errorf("the sandbox after its lease expired: %q", out)
+	}
 }
 
 func sortLeases(ls []leaseView) { sort.Slice(ls, func(i, j int) bool { return ls[i].ID < ls[j].ID }) }
@@ -311,5 +348,39 @@ func TestLeasesInSandbox(t *testing.T) {
 			}
 			s.must("rm", "-f", a, other)
 		})
+	}
+}
+
+// TestLeasesPauseOverhead runs the bench row pause-resume-leases (a freeze
+// pause + resume of a sandbox holding a leased secret, against the same of
+// a sandbox without, alternating; definition in internal/bench/leases.go)
+// on both runtimes and logs the medians. Timings are not asserted; the row
+// must be measured with every sample and each resume must have re-issued.
+func TestLeasesPauseOverhead(t *testing.T) {
+	s := startServer(t)
+	rts := []string{"runc"}
+	if strings.Contains(s.must("info"), "runsc") {
+		rts = append(rts, "runsc")
+	}
+	const runs = 10
+	r, err := bench.NewRunner(bench.NewClient(s.url, s.key), bench.Options{Only: []string{"pause-resume-leases"}, Runs: runs, Warmups: 1,
+		Runtimes: rts, Template: "tiny"}, nil, errors.New("no raw baselines here"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := r.Run(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range rep.Metrics {
+		if !m.Available || m.Summary == nil || m.Summary.N != runs || m.Baseline == nil || m.Baseline.Summary == nil || m.Baseline.Summary.N != runs {
+			t.Errorf("%s on %s: %+v", m.Name, m.Runtime, m)
+			continue
+		}
+		if g := m.Derived["generations"]; g != runs+2 { // the first lease and one per cycle
+			t.Errorf("%s: %v lease generations after %d cycles, want %d", m.Runtime, g, runs+1, runs+2)
+		}
+		t.Logf("pause-resume-leases %s: p50 %.1f ms (p95 %.1f) vs %.1f ms (p95 %.1f) without a secret: ratio %.3f",
+			m.Runtime, m.Summary.P50, m.Summary.P95, m.Baseline.Summary.P50, m.Baseline.Summary.P95, *m.Ratio)
 	}
 }
