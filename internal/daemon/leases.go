@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"time"
 
@@ -43,42 +42,22 @@ func (c leasesCore) Scope(ctx context.Context, owner, secret string) (leases.Sco
 	return leases.Scope{Host: sec.Host, Header: strings.TrimSpace(name)}, nil
 }
 
-var errUnchanged = errors.New("unchanged")
-
-// Publish puts the current placeholders into the sandbox's stored env and
-// grants (new execs get them through env.json), writes
-// /run/berth/leases.env (chan/, host-written, read-only inside) and, when
-// refresh, re-registers the proxy's grants.
-func (c leasesCore) Publish(ctx context.Context, id string, current map[string]string, file []byte, refresh bool) error {
-	sb, err := c.d.store.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
-		changed := false
-		for i, r := range s.Net.Secrets {
-			ph, ok := current[r.Name]
-			if !ok {
-				continue
-			}
-			if r.Placeholder != ph {
-				s.Net.Secrets[i].Placeholder, changed = ph, true
-			}
-			if s.Env[r.Name] != ph {
-				if s.Env == nil {
-					s.Env = map[string]string{}
-				}
-				s.Env[r.Name], changed = ph, true
-			}
+// Publish tells the sandbox what the store now holds: env.json when its env
+// changed (new execs get the current placeholder), /run/berth/leases.env
+// (chan/, host-written, read-only inside) and, when refresh, the proxy's
+// grants.
+func (c leasesCore) Publish(ctx context.Context, id string, file []byte, env, refresh bool) error {
+	var sb *sandbox.Sandbox
+	if env || refresh {
+		var err error
+		if sb, err = c.d.store.GetSandbox(ctx, id); err != nil {
+			return err
 		}
-		if !changed {
-			return errUnchanged
-		}
-		return nil
-	})
-	if errors.Is(err, errUnchanged) {
-		sb, err = c.d.store.GetSandbox(ctx, id)
-	} else if err == nil {
-		err = c.d.chans.writeEnv(sb)
 	}
-	if err != nil {
-		return err
+	if env {
+		if err := c.d.chans.writeEnv(sb); err != nil {
+			return err
+		}
 	}
 	if err := c.d.chans.writeFile(id, "leases.env", file); err != nil {
 		return err
@@ -87,21 +66,6 @@ func (c leasesCore) Publish(ctx context.Context, id string, current map[string]s
 		return c.d.net.RefreshGrants(ctx, sb)
 	}
 	return nil
-}
-
-// Withdraw removes secret's grant from the sandbox.
-func (c leasesCore) Withdraw(ctx context.Context, id, secret string) error {
-	_, err := c.d.store.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
-		out := s.Net.Secrets[:0:0]
-		for _, r := range s.Net.Secrets {
-			if r.Name != secret {
-				out = append(out, r)
-			}
-		}
-		s.Net.Secrets = out
-		return nil
-	})
-	return err
 }
 
 // leaseSource is the lease service as host networking sees it.

@@ -38,13 +38,11 @@ type Core interface {
 	// Scope is the host and header name owner's secret is injected with
 	// (NotFound once it is deleted).
 	Scope(ctx context.Context, owner, secret string) (Scope, error)
-	// Publish tells a sandbox its current placeholders (secret → placeholder):
-	// its stored env (new execs), /run/berth/leases.env (file, for running
-	// processes) and, when refresh, the proxy's grants.
-	Publish(ctx context.Context, id string, current map[string]string, file []byte, refresh bool) error
-	// Withdraw removes secret's grant from the sandbox: a revoked lease is
-	// not issued again on resume, nor to its later forks.
-	Withdraw(ctx context.Context, id, secret string) error
+	// Publish tells a sandbox its current placeholders once the store holds
+	// them (in its env, see SetPlaceholders): env.json when env changed (new
+	// execs), /run/berth/leases.env (file, for running processes) and, when
+	// refresh, the proxy's grants.
+	Publish(ctx context.Context, id string, file []byte, env, refresh bool) error
 	Now() time.Time
 }
 
@@ -133,10 +131,11 @@ func (s *Service) ProxyLeases(ctx context.Context, sb *sandbox.Sandbox) ([]store
 	return append(live, revoked...), nil
 }
 
-// apply plans op on sb's leases, stores the change and publishes the
-// sandbox's placeholders (and the proxy's grants when refresh).
+// apply plans op on sb's leases, stores the change (with the sandbox's env
+// and grants, in one transaction) and publishes the sandbox's placeholders
+// (and the proxy's grants when refresh).
 func (s *Service) apply(ctx context.Context, sb *sandbox.Sandbox, op Op, reason, actor string, refresh bool) error {
-	ch, ls, err := s.plan(ctx, sb, op, reason)
+	ch, cur, envChanged, err := s.plan(ctx, sb, op, reason)
 	if err != nil || ch.Empty() {
 		return err
 	}
@@ -148,12 +147,12 @@ func (s *Service) apply(ctx context.Context, sb *sandbox.Sandbox, op Op, reason,
 			s.audit(ctx, actor, "lease.revoke", store.Lease{ID: u.ID, SandboxID: sb.ID}, u.Reason)
 		}
 	}
-	return s.core.Publish(ctx, sb.ID, Current(ls, s.core.Now()), EnvFile(Current(ls, s.core.Now())), refresh)
+	return s.core.Publish(ctx, sb.ID, EnvFile(cur), envChanged, refresh)
 }
 
-// plan computes and stores op's change; it returns the change and the
-// sandbox's leases after it.
-func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason string) (Change, []store.Lease, error) {
+// plan computes and stores op's change; it returns the change, the
+// sandbox's current placeholders after it and whether its env changed.
+func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason string) (Change, map[string]string, bool, error) {
 	scopes := map[string]Scope{}
 	if op != OpFreeze {
 		for _, ref := range sb.Net.Secrets {
@@ -162,7 +161,7 @@ func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason s
 				continue // deleted: its placeholder reaches the server unreplaced
 			}
 			if err != nil {
-				return Change{}, nil, err
+				return Change{}, nil, false, err
 			}
 			scopes[ref.Name] = sc
 		}
@@ -171,10 +170,11 @@ func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason s
 	defer s.mu.Unlock()
 	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: sb.ID})
 	if err != nil {
-		return Change{}, nil, err
+		return Change{}, nil, false, err
 	}
+	now := s.core.Now()
 	ch := Plan(op, Input{
-		Sandbox: sb.ID, Owner: sb.Owner, Refs: sb.Net.Secrets, Leases: ls, Scopes: scopes, TTL: sb.Net.LeaseTTL, Now: s.core.Now(), Reason: reason,
+		Sandbox: sb.ID, Owner: sb.Owner, Refs: sb.Net.Secrets, Leases: ls, Scopes: scopes, TTL: sb.Net.LeaseTTL, Now: now, Reason: reason,
 		NewID: newLeaseID, NewPlaceholder: egress.NewPlaceholder,
 		Taken: func(ph string) bool {
 			other, err := s.st.ListLeases(ctx, store.LeaseFilter{Placeholder: ph})
@@ -182,13 +182,18 @@ func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason s
 		},
 	})
 	if ch.Empty() {
-		return ch, ls, nil
+		return ch, nil, false, nil
 	}
-	if err := s.st.ApplyLeases(ctx, sb.ID, ch.Set, ch.Issue); err != nil {
-		return Change{}, nil, err
+	cur := Current(After(ls, ch), now)
+	envChanged := false
+	err = s.st.ApplyLeases(ctx, sb.ID, ch.Set, ch.Issue, func(x *sandbox.Sandbox) bool {
+		envChanged = SetPlaceholders(x, cur, "")
+		return envChanged
+	})
+	if err != nil {
+		return Change{}, nil, false, err
 	}
-	ls, err = s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: sb.ID})
-	return ch, ls, err
+	return ch, cur, envChanged, nil
 }
 
 // List returns a sandbox's leases as owner may see them ("" = admin), as
@@ -239,21 +244,21 @@ func (s *Service) Revoke(ctx context.Context, owner, actor, id string) (store.Le
 	}
 	now := s.core.Now()
 	s.mu.Lock()
-	err = s.st.ApplyLeases(ctx, l.SandboxID, []store.LeaseUpdate{{ID: id, State: store.LeaseRevoked, Reason: ReasonRevoked, At: now}}, nil)
+	set := []store.LeaseUpdate{{ID: id, State: store.LeaseRevoked, Reason: ReasonRevoked, At: now}}
+	var cur map[string]string
+	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: l.SandboxID})
+	if err == nil {
+		cur = Current(After(ls, Change{Set: set}), now)
+		// The grant is withdrawn with it: not issued again on resume, nor
+		// to later forks.
+		err = s.st.ApplyLeases(ctx, l.SandboxID, set, nil, func(x *sandbox.Sandbox) bool { return SetPlaceholders(x, cur, l.Secret) })
+	}
 	s.mu.Unlock()
 	if err != nil {
 		return store.Lease{}, err
 	}
 	s.audit(ctx, actor, "lease.revoke", l, ReasonRevoked)
-	if err := s.core.Withdraw(ctx, l.SandboxID, l.Secret); err != nil && !errs.Is(err, errs.NotFound) {
-		return store.Lease{}, err
-	}
-	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: l.SandboxID})
-	if err != nil {
-		return store.Lease{}, err
-	}
-	cur := Current(ls, now)
-	if err := s.core.Publish(ctx, l.SandboxID, cur, EnvFile(cur), true); err != nil && !errs.Is(err, errs.NotFound) {
+	if err := s.core.Publish(ctx, l.SandboxID, EnvFile(cur), false, true); err != nil && !errs.Is(err, errs.NotFound) {
 		return store.Lease{}, err
 	}
 	return s.st.GetLease(ctx, id)

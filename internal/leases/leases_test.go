@@ -40,39 +40,14 @@ func (c *testCore) Scope(_ context.Context, _, secret string) (Scope, error) {
 	}
 	return Scope{Host: "api.test", Header: "Authorization"}, nil
 }
-func (c *testCore) Publish(ctx context.Context, id string, cur map[string]string, file []byte, refresh bool) error {
-	_, err := c.st.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
-		for i, r := range s.Net.Secrets {
-			if ph, ok := cur[r.Name]; ok {
-				s.Net.Secrets[i].Placeholder = ph
-				if s.Env == nil {
-					s.Env = map[string]string{}
-				}
-				s.Env[r.Name] = ph
-			}
-		}
-		return nil
-	})
+func (c *testCore) Publish(_ context.Context, id string, file []byte, _, refresh bool) error {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.files[id] = string(file)
 	if refresh {
 		c.refresh++
 	}
-	c.mu.Unlock()
-	return err
-}
-func (c *testCore) Withdraw(ctx context.Context, id, secret string) error {
-	_, err := c.st.UpdateSandbox(ctx, id, func(s *sandbox.Sandbox) error {
-		var out []sandbox.SecretGrant
-		for _, r := range s.Net.Secrets {
-			if r.Name != secret {
-				out = append(out, r)
-			}
-		}
-		s.Net.Secrets = out
-		return nil
-	})
-	return err
+	return nil
 }
 
 type auditLog struct {

@@ -142,6 +142,47 @@ func uniqueRefs(refs []sandbox.SecretGrant) []sandbox.SecretGrant {
 	return out
 }
 
+// After is ls with ch applied (as store.ApplyLeases does: revoked is final).
+func After(ls []store.Lease, ch Change) []store.Lease {
+	out := slices.Clone(ls)
+	for _, u := range ch.Set {
+		for i := range out {
+			if out[i].ID == u.ID && out[i].State != store.LeaseRevoked {
+				out[i].State, out[i].Reason, out[i].ChangedAt = u.State, u.Reason, u.At
+			}
+		}
+	}
+	return append(out, ch.Issue...)
+}
+
+// SetPlaceholders makes sb's env and secret grants hold the current
+// placeholders, and removes the grant of secret withdraw ("": none; its
+// env var keeps the revoked placeholder). It reports whether sb changed.
+func SetPlaceholders(sb *sandbox.Sandbox, current map[string]string, withdraw string) bool {
+	changed := false
+	refs := sb.Net.Secrets[:0:0]
+	for _, r := range sb.Net.Secrets {
+		if withdraw != "" && r.Name == withdraw {
+			changed = true
+			continue
+		}
+		if ph, ok := current[r.Name]; ok {
+			if r.Placeholder != ph {
+				r.Placeholder, changed = ph, true
+			}
+			if sb.Env[r.Name] != ph {
+				if sb.Env == nil {
+					sb.Env = map[string]string{}
+				}
+				sb.Env[r.Name], changed = ph, true
+			}
+		}
+		refs = append(refs, r)
+	}
+	sb.Net.Secrets = refs
+	return changed
+}
+
 // Effective is a lease as it stands at now: an active lease past its
 // expiry counts as revoked (ReasonExpired).
 func Effective(l store.Lease, now time.Time) store.Lease {

@@ -106,3 +106,25 @@ func TestEffectiveAndCurrent(t *testing.T) {
 		t.Errorf("EnvFile = %q", got)
 	}
 }
+
+func TestAfterAndSetPlaceholders(t *testing.T) {
+	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	ls := []store.Lease{{ID: "a", Generation: 1, Secret: "TOKEN", Placeholder: "p1", State: store.LeaseRevoked, Reason: "resumed"},
+		{ID: "b", Generation: 2, Secret: "TOKEN", Placeholder: "p2", State: store.LeaseActive}}
+	after := After(ls, Change{Set: []store.LeaseUpdate{{ID: "a", State: store.LeaseActive}, {ID: "b", State: store.LeaseRevoked, Reason: "resumed", At: now}},
+		Issue: []store.Lease{{ID: "c", Generation: 3, Secret: "TOKEN", Placeholder: "p3", State: store.LeaseActive}}})
+	if after[0].State != store.LeaseRevoked || after[1].State != store.LeaseRevoked || len(after) != 3 || ls[1].State != store.LeaseActive {
+		t.Errorf("After = %+v (input %+v)", after, ls)
+	}
+	sb := &sandbox.Sandbox{Env: map[string]string{"TOKEN": "p2", "GH": "g1"},
+		Attrs: sandbox.Attrs{Net: sandbox.NetState{Secrets: []sandbox.SecretGrant{{Name: "TOKEN", Placeholder: "p2"}, {Name: "GH", Placeholder: "g1"}}}}}
+	if !SetPlaceholders(sb, Current(after, now), "") || sb.Env["TOKEN"] != "p3" || sb.Net.Secrets[0].Placeholder != "p3" || sb.Env["GH"] != "g1" {
+		t.Errorf("SetPlaceholders: env %v grants %v", sb.Env, sb.Net.Secrets)
+	}
+	if SetPlaceholders(sb, Current(after, now), "") {
+		t.Errorf("a second SetPlaceholders changed something")
+	}
+	if !SetPlaceholders(sb, map[string]string{}, "GH") || len(sb.Net.Secrets) != 1 || sb.Net.Secrets[0].Name != "TOKEN" {
+		t.Errorf("withdraw GH: grants %v", sb.Net.Secrets)
+	}
+}

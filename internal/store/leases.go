@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
 )
 
 // Lease states (internal/leases): only an active lease is injected by the
@@ -57,8 +58,11 @@ type LeaseStore interface {
 	// ApplyLeases changes leases of sandboxID (set) and inserts new ones
 	// (issue) in one transaction: a lease's new state moves it forward only
 	// (a revoked lease never changes again: FailedPrecondition), an id of
-	// another sandbox is NotFound, a duplicate id or placeholder AlreadyExists.
-	ApplyLeases(ctx context.Context, sandboxID string, set []LeaseUpdate, issue []Lease) error
+	// another sandbox is NotFound, a duplicate id or placeholder
+	// AlreadyExists. sb (may be nil) changes the sandbox's row in the same
+	// transaction (its env and grants follow its leases): when it returns
+	// true the row is written back (Version incremented).
+	ApplyLeases(ctx context.Context, sandboxID string, set []LeaseUpdate, issue []Lease, sb func(*sandbox.Sandbox) bool) error
 	GetLease(ctx context.Context, id string) (Lease, error)
 	// ListLeases lists matching leases by issue time, then generation, then id.
 	ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error)
@@ -71,7 +75,7 @@ func validLeaseState(s string) bool {
 }
 
 // ApplyLeases updates and inserts a sandbox's leases at once.
-func (s *SQLite) ApplyLeases(ctx context.Context, sandboxID string, set []LeaseUpdate, issue []Lease) error {
+func (s *SQLite) ApplyLeases(ctx context.Context, sandboxID string, set []LeaseUpdate, issue []Lease, sbFn func(*sandbox.Sandbox) bool) error {
 	if sandboxID == "" {
 		return errs.Field("sandbox_id", "must not be empty")
 	}
@@ -130,7 +134,17 @@ func (s *SQLite) ApplyLeases(ctx context.Context, sandboxID string, set []LeaseU
 				return dbErr(err, "store: issue lease %s", l.ID)
 			}
 		}
-		return nil
+		if sbFn == nil {
+			return nil
+		}
+		sb, err := getSandbox(ctx, tx, sandboxID)
+		if err != nil {
+			return err
+		}
+		if !sbFn(sb) {
+			return nil
+		}
+		return putSandbox(ctx, tx, sandboxID, sb.Version, sb)
 	})
 }
 

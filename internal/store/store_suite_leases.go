@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
 )
 
 // Conformance cases for credential leases. The entry point is TestStore in
@@ -22,10 +23,10 @@ func suiteLeases(t *testing.T, s Store) {
 	l1 := mk("la1", "sba", "alice", 1, "ph-a1", suiteEpoch)
 	l1.ExpiresAt = suiteEpoch.Add(time.Hour)
 	l2 := mk("lb1", "sbb", "bob", 1, "ph-b1", suiteEpoch.Add(time.Second))
-	if err := s.ApplyLeases(ctx, "sba", nil, []Lease{l1}); err != nil {
+	if err := s.ApplyLeases(ctx, "sba", nil, []Lease{l1}, nil); err != nil {
 		t.Fatalf("ApplyLeases(issue la1): %v", err)
 	}
-	if err := s.ApplyLeases(ctx, "sbb", nil, []Lease{l2}); err != nil {
+	if err := s.ApplyLeases(ctx, "sbb", nil, []Lease{l2}, nil); err != nil {
 		t.Fatalf("ApplyLeases(issue lb1): %v", err)
 	}
 	if g, err := s.GetLease(ctx, "la1"); err != nil || cmp.Diff(l1, g, suiteOpts) != "" {
@@ -34,12 +35,24 @@ func suiteLeases(t *testing.T, s Store) {
 
 	// Freeze, then supersede: revoke generation 1 and issue 2 in one go.
 	frozeAt := suiteEpoch.Add(time.Minute)
-	if err := s.ApplyLeases(ctx, "sba", []LeaseUpdate{{ID: "la1", State: LeaseFrozen, Reason: "paused", At: frozeAt}}, nil); err != nil {
+	if err := s.ApplyLeases(ctx, "sba", []LeaseUpdate{{ID: "la1", State: LeaseFrozen, Reason: "paused", At: frozeAt}}, nil, nil); err != nil {
 		t.Fatalf("freeze: %v", err)
 	}
 	l3 := mk("la2", "sba", "alice", 2, "ph-a2", suiteEpoch.Add(2*time.Minute))
-	if err := s.ApplyLeases(ctx, "sba", []LeaseUpdate{{ID: "la1", State: LeaseRevoked, Reason: "resumed", At: l3.IssuedAt}}, []Lease{l3}); err != nil {
+	// The sandbox's row changes in the same transaction.
+	v0, _ := s.GetSandbox(ctx, "sba")
+	if err := s.ApplyLeases(ctx, "sba", []LeaseUpdate{{ID: "la1", State: LeaseRevoked, Reason: "resumed", At: l3.IssuedAt}}, []Lease{l3},
+		func(sb *sandbox.Sandbox) bool { sb.Env = map[string]string{"TOKEN": "ph-a2"}; return true }); err != nil {
 		t.Fatalf("supersede: %v", err)
+	}
+	if v1, _ := s.GetSandbox(ctx, "sba"); v1.Env["TOKEN"] != "ph-a2" || v1.Version != v0.Version+1 {
+		t.Errorf("sandbox after ApplyLeases: env %v version %d (was %d)", v1.Env, v1.Version, v0.Version)
+	}
+	if err := s.ApplyLeases(ctx, "sba", nil, nil, func(sb *sandbox.Sandbox) bool { return false }); err != nil {
+		t.Errorf("ApplyLeases changing nothing: %v", err)
+	}
+	if v2, _ := s.GetSandbox(ctx, "sba"); v2.Version != v0.Version+1 {
+		t.Errorf("a sandbox fn returning false wrote the row (version %d)", v2.Version)
 	}
 	want1 := l1
 	want1.State, want1.Reason, want1.ChangedAt = LeaseRevoked, "resumed", l3.IssuedAt
@@ -74,14 +87,17 @@ func suiteLeases(t *testing.T, s Store) {
 		// A failing insert rolls the update before it back.
 		{"all or nothing", "sba", []LeaseUpdate{{ID: "la2", State: LeaseFrozen}}, []Lease{mk("la5", "sba", "alice", 3, "ph-a2", suiteEpoch)}, errs.AlreadyExists},
 	} {
-		if err := s.ApplyLeases(ctx, tc.sb, tc.set, tc.add); !errs.Is(err, tc.kind) {
+		if err := s.ApplyLeases(ctx, tc.sb, tc.set, tc.add, func(sb *sandbox.Sandbox) bool { sb.Env = map[string]string{"X": "1"}; return true }); !errs.Is(err, tc.kind) {
 			t.Errorf("%s: ApplyLeases = %v, want %v", tc.name, err, tc.kind)
 		}
 	}
 	if g, _ := s.GetLease(ctx, "la2"); g.State != LeaseActive {
 		t.Errorf("la2 after a failed ApplyLeases is %s, want active (rolled back)", g.State)
 	}
-	if err := s.ApplyLeases(ctx, "sba", []LeaseUpdate{{ID: "la1", State: LeaseRevoked, Reason: "again"}}, nil); err != nil {
+	if sb, _ := s.GetSandbox(ctx, "sba"); sb.Env["X"] != "" {
+		t.Errorf("a failed ApplyLeases changed the sandbox: %v", sb.Env)
+	}
+	if err := s.ApplyLeases(ctx, "sba", []LeaseUpdate{{ID: "la1", State: LeaseRevoked, Reason: "again"}}, nil, nil); err != nil {
 		t.Errorf("revoking a revoked lease: %v", err)
 	}
 	if g, _ := s.GetLease(ctx, "la1"); g.Reason != "resumed" {
