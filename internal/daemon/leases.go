@@ -44,8 +44,8 @@ func (c leasesCore) Scope(ctx context.Context, owner, secret string) (leases.Sco
 
 // Publish tells the sandbox what the store now holds: env.json when its env
 // changed (new execs get the current placeholder), /run/berth/leases.env
-// (chan/, host-written, read-only inside) and, when refresh, the proxy's
-// grants.
+// (chan/, host-written, read-only inside; nil: unchanged) and, when
+// refresh, the proxy's grants.
 func (c leasesCore) Publish(ctx context.Context, id string, file []byte, env, refresh bool) error {
 	var sb *sandbox.Sandbox
 	if env || refresh {
@@ -59,8 +59,10 @@ func (c leasesCore) Publish(ctx context.Context, id string, file []byte, env, re
 			return err
 		}
 	}
-	if err := c.d.chans.writeFile(id, "leases.env", file); err != nil {
-		return err
+	if file != nil {
+		if err := c.d.chans.writeFile(id, "leases.env", file); err != nil {
+			return err
+		}
 	}
 	if refresh {
 		return c.d.net.RefreshGrants(ctx, sb)

@@ -40,8 +40,8 @@ type Core interface {
 	Scope(ctx context.Context, owner, secret string) (Scope, error)
 	// Publish tells a sandbox its current placeholders once the store holds
 	// them (in its env, see SetPlaceholders): env.json when env changed (new
-	// execs), /run/berth/leases.env (file, for running processes) and, when
-	// refresh, the proxy's grants.
+	// execs), /run/berth/leases.env (file, for running processes; nil:
+	// unchanged) and, when refresh, the proxy's grants.
 	Publish(ctx context.Context, id string, file []byte, env, refresh bool) error
 	Now() time.Time
 }
@@ -87,7 +87,9 @@ func (s *Service) OnState(ctx context.Context, ev statehook.Event) error {
 	}
 	switch ev.Phase {
 	case statehook.Paused:
-		return s.apply(ctx, ev.Sandbox, OpFreeze, "", ev.Actor, true)
+		// Frozen follows from the sandbox's state (Effective): only the
+		// proxy is told (a freeze pause keeps the network attached).
+		return s.core.Publish(ctx, ev.Sandbox.ID, nil, false, true)
 	case statehook.Resumed:
 		return s.apply(ctx, ev.Sandbox, OpReissue, ReasonResumed, ev.Actor, true)
 	case statehook.Forked:
@@ -119,7 +121,7 @@ func (s *Service) ProxyLeases(ctx context.Context, sb *sandbox.Sandbox) ([]store
 	now := s.core.Now()
 	var live, revoked []store.Lease
 	for _, l := range ls {
-		if Effective(l, now).State == store.LeaseRevoked {
+		if l = Effective(l, now, Paused(sb.State)); l.State == store.LeaseRevoked {
 			revoked = append(revoked, l)
 		} else {
 			live = append(live, l)
@@ -154,17 +156,15 @@ func (s *Service) apply(ctx context.Context, sb *sandbox.Sandbox, op Op, reason,
 // sandbox's current placeholders after it and whether its env changed.
 func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason string) (Change, map[string]string, bool, error) {
 	scopes := map[string]Scope{}
-	if op != OpFreeze {
-		for _, ref := range sb.Net.Secrets {
-			sc, err := s.core.Scope(ctx, sb.Owner, ref.Name)
-			if errs.Is(err, errs.NotFound) {
-				continue // deleted: its placeholder reaches the server unreplaced
-			}
-			if err != nil {
-				return Change{}, nil, false, err
-			}
-			scopes[ref.Name] = sc
+	for _, ref := range sb.Net.Secrets {
+		sc, err := s.core.Scope(ctx, sb.Owner, ref.Name)
+		if errs.Is(err, errs.NotFound) {
+			continue // deleted: its placeholder reaches the server unreplaced
 		}
+		if err != nil {
+			return Change{}, nil, false, err
+		}
+		scopes[ref.Name] = sc
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -204,19 +204,31 @@ func (s *Service) List(ctx context.Context, owner, sandboxID string) ([]store.Le
 		return nil, err
 	}
 	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: sb.ID})
-	return s.effective(ls), err
+	if err != nil {
+		return nil, err
+	}
+	return s.effective(ctx, ls, map[string]*sandbox.Sandbox{sb.ID: sb}), nil
 }
 
 // ListAll returns every lease of owner ("" = every owner's).
 func (s *Service) ListAll(ctx context.Context, owner string) ([]store.Lease, error) {
 	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{Owner: owner})
-	return s.effective(ls), err
+	if err != nil {
+		return nil, err
+	}
+	return s.effective(ctx, ls, map[string]*sandbox.Sandbox{}), nil
 }
 
-func (s *Service) effective(ls []store.Lease) []store.Lease {
+// effective is ls as it stands now, by sandbox (sbs caches their rows).
+func (s *Service) effective(ctx context.Context, ls []store.Lease, sbs map[string]*sandbox.Sandbox) []store.Lease {
 	now := s.core.Now()
 	for i := range ls {
-		ls[i] = Effective(ls[i], now)
+		sb, ok := sbs[ls[i].SandboxID]
+		if !ok {
+			sb, _ = s.core.Visible(ctx, "", ls[i].SandboxID)
+			sbs[ls[i].SandboxID] = sb
+		}
+		ls[i] = Effective(ls[i], now, sb != nil && Paused(sb.State))
 	}
 	sort.SliceStable(ls, func(i, j int) bool { return ls[i].SandboxID < ls[j].SandboxID })
 	return ls

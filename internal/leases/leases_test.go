@@ -43,7 +43,9 @@ func (c *testCore) Scope(_ context.Context, _, secret string) (Scope, error) {
 func (c *testCore) Publish(_ context.Context, id string, file []byte, _, refresh bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.files[id] = string(file)
+	if file != nil {
+		c.files[id] = string(file)
+	}
 	if refresh {
 		c.refresh++
 	}
@@ -124,9 +126,19 @@ func TestServiceLifecycle(t *testing.T) {
 			t.Fatalf("%s: %v", ev.Phase, err)
 		}
 	}
+	if _, err := c.st.UpdateSandbox(ctx, "sba", func(x *sandbox.Sandbox) error { x.State = sandbox.Paused; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	refreshes := c.refresh
 	fire(statehook.Event{Phase: statehook.Paused, Sandbox: get("sba"), Actor: "alice"})
-	if l, _ := c.st.GetLease(ctx, first.ID); l.State != store.LeaseFrozen {
-		t.Errorf("after pause: %s", l.State)
+	if ls, _ := s.List(ctx, "alice", "sba"); len(ls) != 1 || ls[0].State != store.LeaseFrozen || ls[0].Reason != ReasonPaused || c.refresh != refreshes+1 {
+		t.Errorf("after pause: %+v (proxy refreshed %d times)", ls, c.refresh-refreshes)
+	}
+	if pl, _ := s.ProxyLeases(ctx, get("sba")); len(pl) != 1 || pl[0].State != store.LeaseFrozen {
+		t.Errorf("the proxy's leases of a paused sandbox: %+v", pl)
+	}
+	if _, err := c.st.UpdateSandbox(ctx, "sba", func(x *sandbox.Sandbox) error { x.State = sandbox.Running; return nil }); err != nil {
+		t.Fatal(err)
 	}
 	fire(statehook.Event{Phase: statehook.Resumed, Sandbox: get("sba"), Actor: "alice"})
 	ls, _ := s.List(ctx, "alice", "sba")

@@ -19,8 +19,6 @@ const (
 	// and for one that predates leases. A ref's placeholder is kept unless
 	// another sandbox's lease holds it (a fork inherits its parent's env).
 	OpEnsure Op = "ensure"
-	// OpFreeze freezes the active leases (pause).
-	OpFreeze Op = "freeze"
 	// OpReissue revokes every lease and issues the next generation with
 	// fresh placeholders (resume, rewind).
 	OpReissue Op = "reissue"
@@ -113,12 +111,6 @@ func Plan(op Op, in Input) Change {
 			}
 			issue(ref, gen, true)
 		}
-	case OpFreeze:
-		for _, l := range in.Leases {
-			if l.State == store.LeaseActive {
-				c.Set = append(c.Set, store.LeaseUpdate{ID: l.ID, State: store.LeaseFrozen, Reason: ReasonPaused, At: in.Now})
-			}
-		}
 	case OpReissue:
 		for _, l := range in.Leases {
 			if l.State != store.LeaseRevoked {
@@ -184,12 +176,26 @@ func SetPlaceholders(sb *sandbox.Sandbox, current map[string]string, withdraw st
 }
 
 // Effective is a lease as it stands at now: an active lease past its
-// expiry counts as revoked (ReasonExpired).
-func Effective(l store.Lease, now time.Time) store.Lease {
-	if l.State == store.LeaseActive && !l.ExpiresAt.IsZero() && !now.Before(l.ExpiresAt) {
+// expiry counts as revoked (ReasonExpired); an active lease of a paused
+// sandbox is frozen (ReasonPaused). Frozen is derived from the sandbox's
+// state, never stored apart from it, so the two cannot disagree (a crash
+// between a pause and its hook leaves no active lease on a paused
+// sandbox), and a pause costs no store write.
+func Effective(l store.Lease, now time.Time, paused bool) store.Lease {
+	switch {
+	case l.State == store.LeaseActive && !l.ExpiresAt.IsZero() && !now.Before(l.ExpiresAt):
 		l.State, l.Reason, l.ChangedAt = store.LeaseRevoked, ReasonExpired, l.ExpiresAt
+	case l.State == store.LeaseActive && paused:
+		l.State, l.Reason = store.LeaseFrozen, ReasonPaused
 	}
 	return l
+}
+
+// Paused reports whether a sandbox in state st has its leases frozen: from
+// the start of a pause until its resume has completed (a resume's boot
+// registers them frozen; the resumed hook issues the next generation).
+func Paused(st sandbox.State) bool {
+	return st == sandbox.Pausing || st == sandbox.Paused || st == sandbox.Resuming
 }
 
 // Current maps each secret to the placeholder of its live (active or
@@ -198,7 +204,7 @@ func Current(ls []store.Lease, now time.Time) map[string]string {
 	out := map[string]string{}
 	gen := map[string]int{}
 	for _, l := range ls {
-		l = Effective(l, now)
+		l = Effective(l, now, false)
 		if l.State == store.LeaseRevoked {
 			continue
 		}

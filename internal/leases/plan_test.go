@@ -42,9 +42,6 @@ func TestPlan(t *testing.T) {
 			want: got{Issue: []string{"GH:1:ph-gh"}}},
 		{name: "a revoked lease is never revived by ensure", op: OpEnsure, refs: refs[:1], scopes: scopes,
 			leases: []store.Lease{lease("a", 2, "TOKEN", "ph-ref", "revoked")}},
-		{name: "pause: active leases frozen", op: OpFreeze, refs: refs, scopes: scopes,
-			leases: []store.Lease{lease("a", 1, "TOKEN", "p1", "active"), lease("z", 1, "GH", "p0", "revoked")},
-			want:   got{Set: []string{"a:frozen:paused"}}},
 		{name: "resume: old revoked, next generation, fresh placeholders", op: OpReissue, refs: refs, scopes: scopes,
 			leases: []store.Lease{lease("a", 1, "TOKEN", "ph-ref", "frozen"), lease("b", 1, "GH", "ph-gh", "frozen"), lease("z", 1, "GH", "old", "revoked")},
 			want:   got{Set: []string{"a:revoked:resumed", "b:revoked:resumed"}, Issue: []string{"TOKEN:2:new-TOKEN", "GH:2:new-GH"}}},
@@ -92,11 +89,28 @@ func TestEffectiveAndCurrent(t *testing.T) {
 		{ID: "c", Generation: 2, Secret: "GH", Placeholder: "g2", State: store.LeaseActive, ExpiresAt: now},
 		{ID: "d", Generation: 2, Secret: "NPM", Placeholder: "n2", State: store.LeaseFrozen},
 	}
-	if e := Effective(ls[2], now); e.State != store.LeaseRevoked || e.Reason != ReasonExpired {
-		t.Errorf("expired lease = %s/%s", e.State, e.Reason)
+	for _, tc := range []struct {
+		l      store.Lease
+		at     time.Time
+		paused bool
+		want   string
+	}{
+		{ls[2], now, false, "revoked/expired"},
+		{ls[2], now, true, "revoked/expired"}, // expiry wins: it never thaws
+		{ls[2], now.Add(-time.Second), false, "active/"},
+		{ls[1], now, true, "frozen/paused"},
+		{ls[0], now, true, "revoked/resumed"},
+	} {
+		tc.l.Reason = map[string]string{"a": "resumed"}[tc.l.ID]
+		if e := Effective(tc.l, tc.at, tc.paused); e.State+"/"+e.Reason != tc.want {
+			t.Errorf("Effective(%s at %v, paused %v) = %s/%s, want %s", tc.l.ID, tc.at, tc.paused, e.State, e.Reason, tc.want)
+		}
 	}
-	if e := Effective(ls[2], now.Add(-time.Second)); e.State != store.LeaseActive {
-		t.Errorf("lease before its expiry = %s", e.State)
+	for st, want := range map[sandbox.State]bool{sandbox.Creating: false, sandbox.Running: false, sandbox.Pausing: true,
+		sandbox.Paused: true, sandbox.Resuming: true, sandbox.Stopped: false} {
+		if Paused(st) != want {
+			t.Errorf("Paused(%s) = %v", st, !want)
+		}
 	}
 	cur := Current(ls, now)
 	if d := cmp.Diff(map[string]string{"TOKEN": "p2", "NPM": "n2"}, cur); d != "" {
