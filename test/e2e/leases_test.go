@@ -362,7 +362,7 @@ func TestLeasesPauseOverhead(t *testing.T) {
 	if strings.Contains(s.must("info"), "runsc") {
 		rts = append(rts, "runsc")
 	}
-	const runs = 10
+	const runs = 30
 	r, err := bench.NewRunner(bench.NewClient(s.url, s.key), bench.Options{Only: []string{"pause-resume-leases"}, Runs: runs, Warmups: 1,
 		Runtimes: rts, Template: "tiny"}, nil, errors.New("no raw baselines here"))
 	if err != nil {
