@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/internal/egress"
@@ -43,26 +45,22 @@ func (c leasesCore) Scope(ctx context.Context, owner, secret string) (leases.Sco
 }
 
 // Publish tells the sandbox what the store now holds: env.json when its env
-// changed (new execs get the current placeholder), /run/berth/leases.env
-// (chan/, host-written, read-only inside; nil: unchanged) and, when
-// refresh, the proxy's grants.
-func (c leasesCore) Publish(ctx context.Context, id string, file []byte, env, refresh bool) error {
-	var sb *sandbox.Sandbox
-	if env || refresh {
-		var err error
-		if sb, err = c.d.store.GetSandbox(ctx, id); err != nil {
-			return err
-		}
-	}
+// changed (new execs get the current placeholder) and /run/berth/leases.env
+// (chan/, host-written, read-only inside; nil: unchanged) — written side
+// by side, a resume waits for both — and, when refresh, the proxy's grants.
+func (c leasesCore) Publish(ctx context.Context, sb *sandbox.Sandbox, file []byte, env, refresh bool) error {
+	var envErr error
+	var wg sync.WaitGroup
 	if env {
-		if err := c.d.chans.writeEnv(sb); err != nil {
-			return err
-		}
+		wg.Go(func() { envErr = c.d.chans.writeEnv(sb) })
 	}
+	var fileErr error
 	if file != nil {
-		if err := c.d.chans.writeFile(id, "leases.env", file); err != nil {
-			return err
-		}
+		fileErr = c.d.chans.writeFile(sb.ID, "leases.env", file)
+	}
+	wg.Wait()
+	if err := errors.Join(envErr, fileErr); err != nil {
+		return err
 	}
 	if refresh {
 		return c.d.net.RefreshGrants(ctx, sb)

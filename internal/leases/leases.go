@@ -38,11 +38,11 @@ type Core interface {
 	// Scope is the host and header name owner's secret is injected with
 	// (NotFound once it is deleted).
 	Scope(ctx context.Context, owner, secret string) (Scope, error)
-	// Publish tells a sandbox its current placeholders once the store holds
-	// them (in its env, see SetPlaceholders): env.json when env changed (new
-	// execs), /run/berth/leases.env (file, for running processes; nil:
-	// unchanged) and, when refresh, the proxy's grants.
-	Publish(ctx context.Context, id string, file []byte, env, refresh bool) error
+	// Publish tells sandbox sb (as stored) its current placeholders once
+	// the store holds them (in its env, see SetPlaceholders): env.json when
+	// env changed (new execs), /run/berth/leases.env (file, for running
+	// processes; nil: unchanged) and, when refresh, the proxy's grants.
+	Publish(ctx context.Context, sb *sandbox.Sandbox, file []byte, env, refresh bool) error
 	Now() time.Time
 }
 
@@ -89,7 +89,7 @@ func (s *Service) OnState(ctx context.Context, ev statehook.Event) error {
 	case statehook.Paused:
 		// Frozen follows from the sandbox's state (Effective): only the
 		// proxy is told (a freeze pause keeps the network attached).
-		return s.core.Publish(ctx, ev.Sandbox.ID, nil, false, true)
+		return s.core.Publish(ctx, ev.Sandbox, nil, false, true)
 	case statehook.Resumed:
 		return s.apply(ctx, ev.Sandbox, OpReissue, ReasonResumed, ev.Actor, true)
 	case statehook.Forked:
@@ -137,7 +137,7 @@ func (s *Service) ProxyLeases(ctx context.Context, sb *sandbox.Sandbox) ([]store
 // and grants, in one transaction) and publishes the sandbox's placeholders
 // (and the proxy's grants when refresh).
 func (s *Service) apply(ctx context.Context, sb *sandbox.Sandbox, op Op, reason, actor string, refresh bool) error {
-	ch, cur, envChanged, err := s.plan(ctx, sb, op, reason)
+	ch, cur, after, err := s.plan(ctx, sb, op, reason)
 	if err != nil || ch.Empty() {
 		return err
 	}
@@ -149,28 +149,39 @@ func (s *Service) apply(ctx context.Context, sb *sandbox.Sandbox, op Op, reason,
 			s.audit(ctx, actor, "lease.revoke", store.Lease{ID: u.ID, SandboxID: sb.ID}, u.Reason)
 		}
 	}
-	return s.core.Publish(ctx, sb.ID, EnvFile(cur), envChanged, refresh)
+	if after == nil {
+		after = sb // the sandbox's row did not change
+	}
+	return s.core.Publish(ctx, after, EnvFile(cur), after != sb, refresh)
 }
 
 // plan computes and stores op's change; it returns the change, the
-// sandbox's current placeholders after it and whether its env changed.
-func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason string) (Change, map[string]string, bool, error) {
+// sandbox's current placeholders after it and its stored row if the
+// change rewrote it (nil: unchanged).
+func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason string) (Change, map[string]string, *sandbox.Sandbox, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: sb.ID})
+	if err != nil {
+		return Change{}, nil, nil, err
+	}
+	has := map[string]bool{}
+	for _, l := range ls {
+		has[l.Secret] = true
+	}
 	scopes := map[string]Scope{}
 	for _, ref := range sb.Net.Secrets {
+		if op == OpEnsure && has[ref.Name] {
+			continue // nothing to issue: no need to look the secret up
+		}
 		sc, err := s.core.Scope(ctx, sb.Owner, ref.Name)
 		if errs.Is(err, errs.NotFound) {
 			continue // deleted: its placeholder reaches the server unreplaced
 		}
 		if err != nil {
-			return Change{}, nil, false, err
+			return Change{}, nil, nil, err
 		}
 		scopes[ref.Name] = sc
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: sb.ID})
-	if err != nil {
-		return Change{}, nil, false, err
 	}
 	now := s.core.Now()
 	ch := Plan(op, Input{
@@ -182,18 +193,21 @@ func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason s
 		},
 	})
 	if ch.Empty() {
-		return ch, nil, false, nil
+		return ch, nil, nil, nil
 	}
 	cur := Current(After(ls, ch), now)
-	envChanged := false
+	var after *sandbox.Sandbox
 	err = s.st.ApplyLeases(ctx, sb.ID, ch.Set, ch.Issue, func(x *sandbox.Sandbox) bool {
-		envChanged = SetPlaceholders(x, cur, "")
-		return envChanged
+		after = nil
+		if SetPlaceholders(x, cur, "") {
+			after = x
+		}
+		return after != nil
 	})
 	if err != nil {
-		return Change{}, nil, false, err
+		return Change{}, nil, nil, err
 	}
-	return ch, cur, envChanged, nil
+	return ch, cur, after, nil
 }
 
 // List returns a sandbox's leases as owner may see them ("" = admin), as
@@ -258,19 +272,23 @@ func (s *Service) Revoke(ctx context.Context, owner, actor, id string) (store.Le
 	s.mu.Lock()
 	set := []store.LeaseUpdate{{ID: id, State: store.LeaseRevoked, Reason: ReasonRevoked, At: now}}
 	var cur map[string]string
+	var after *sandbox.Sandbox
 	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: l.SandboxID})
 	if err == nil {
 		cur = Current(After(ls, Change{Set: set}), now)
 		// The grant is withdrawn with it: not issued again on resume, nor
 		// to later forks.
-		err = s.st.ApplyLeases(ctx, l.SandboxID, set, nil, func(x *sandbox.Sandbox) bool { return SetPlaceholders(x, cur, l.Secret) })
+		err = s.st.ApplyLeases(ctx, l.SandboxID, set, nil, func(x *sandbox.Sandbox) bool {
+			after = x
+			return SetPlaceholders(x, cur, l.Secret)
+		})
 	}
 	s.mu.Unlock()
 	if err != nil {
 		return store.Lease{}, err
 	}
 	s.audit(ctx, actor, "lease.revoke", l, ReasonRevoked)
-	if err := s.core.Publish(ctx, l.SandboxID, EnvFile(cur), false, true); err != nil && !errs.Is(err, errs.NotFound) {
+	if err := s.core.Publish(ctx, after, EnvFile(cur), false, true); err != nil && !errs.Is(err, errs.NotFound) {
 		return store.Lease{}, err
 	}
 	return s.st.GetLease(ctx, id)

@@ -40,11 +40,11 @@ func (c *testCore) Scope(_ context.Context, _, secret string) (Scope, error) {
 	}
 	return Scope{Host: "api.test", Header: "Authorization"}, nil
 }
-func (c *testCore) Publish(_ context.Context, id string, file []byte, _, refresh bool) error {
+func (c *testCore) Publish(_ context.Context, sb *sandbox.Sandbox, file []byte, _, refresh bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if file != nil {
-		c.files[id] = string(file)
+		c.files[sb.ID] = string(file)
 	}
 	if refresh {
 		c.refresh++
