@@ -44,28 +44,27 @@ func (c leasesCore) Scope(ctx context.Context, owner, secret string) (leases.Sco
 	return leases.Scope{Host: sec.Host, Header: strings.TrimSpace(name)}, nil
 }
 
-// Publish tells the sandbox what the store now holds: env.json when its env
-// changed (new execs get the current placeholder) and /run/berth/leases.env
-// (chan/, host-written, read-only inside; nil: unchanged) — written side
-// by side, a resume waits for both — and, when refresh, the proxy's grants.
-func (c leasesCore) Publish(ctx context.Context, sb *sandbox.Sandbox, file []byte, env, refresh bool) error {
+// WriteFiles writes env.json when env (new execs get the current
+// placeholder) and /run/berth/leases.env (chan/, host-written, read-only
+// inside), side by side.
+func (c leasesCore) WriteFiles(sb *sandbox.Sandbox, file []byte, env bool) error {
 	var envErr error
 	var wg sync.WaitGroup
 	if env {
 		wg.Go(func() { envErr = c.d.chans.writeEnv(sb) })
 	}
-	var fileErr error
-	if file != nil {
-		fileErr = c.d.chans.writeFile(sb.ID, "leases.env", file)
-	}
+	fileErr := c.d.chans.writeFile(sb.ID, "leases.env", file)
 	wg.Wait()
-	if err := errors.Join(envErr, fileErr); err != nil {
-		return err
+	return errors.Join(envErr, fileErr)
+}
+
+// Refresh re-registers the proxy's grants of sb (freeze: marks them frozen).
+func (c leasesCore) Refresh(ctx context.Context, sb *sandbox.Sandbox, freeze bool) error {
+	if freeze {
+		c.d.net.FreezeGrants(sb.ID)
+		return nil
 	}
-	if refresh {
-		return c.d.net.RefreshGrants(ctx, sb)
-	}
-	return nil
+	return c.d.net.RefreshGrants(ctx, sb)
 }
 
 // leaseSource is the lease service as host networking sees it.

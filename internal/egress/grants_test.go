@@ -2,6 +2,7 @@ package egress
 
 import (
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -96,5 +97,36 @@ func TestInjectGrantsRefused(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer "+cur)
 	if n := injectGrants(req, gs); len(n) != 1 || req.Header.Get("Authorization") != "Bearer real-value" {
 		t.Errorf("current placeholder: injected %d, header %q", len(n), req.Header.Get("Authorization"))
+	}
+}
+
+// TestFreezeGrants: a pause freezes the proxy's grants of that sandbox at
+// once (a request that sneaks out gets nothing injected), and only its.
+func TestFreezeGrants(t *testing.T) {
+	ca, err := LoadOrCreateCA(t.TempDir())
+	must(t, err)
+	px, err := New(Config{ProxyAddr: netip.MustParseAddrPort("127.0.0.1:1"), DNSAddr: netip.MustParseAddrPort("127.0.0.1:1"), CA: ca})
+	must(t, err)
+	for i, id := range []string{"fa", "fb"} {
+		must(t, px.SetSandbox(id, netip.AddrFrom4([4]byte{10, 88, 0, byte(2 + i)}), mustPolicy(t, Rules, []string{"api.test"}, nil)))
+		must(t, px.SetGrants(id, []Grant{{Name: "TOKEN", Host: "api.test", HeaderTemplate: "Authorization: Bearer {{value}}",
+			Value: "real-" + id, Placeholder: NewPlaceholder("TOKEN"), Lease: "l" + id}}))
+	}
+	before := px.grantsFor(px.byID["fa"], "api.test")
+	px.FreezeGrants("fa")
+	px.FreezeGrants("nope") // unknown: nothing happens
+	got := px.grantsFor(px.byID["fa"], "api.test")
+	if len(got) != 1 || got[0].State != GrantFrozen || got[0].Value != "" {
+		t.Fatalf("after FreezeGrants: %+v", got)
+	}
+	if before[0].State != GrantActive {
+		t.Errorf("a request in flight saw its grants change: %+v", before)
+	}
+	req, _ := http.NewRequest("GET", "https://api.test/", nil)
+	if inj := injectGrants(req, got); len(inj) != 0 || req.Header.Get("Authorization") != "" {
+		t.Errorf("a frozen grant was injected: %v %q", inj, req.Header.Get("Authorization"))
+	}
+	if other := px.grantsFor(px.byID["fb"], "api.test"); len(other) != 1 || other[0].State != GrantActive {
+		t.Errorf("another sandbox's grants changed: %+v", other)
 	}
 }

@@ -120,6 +120,15 @@ func (h *Service) RefreshGrants(ctx context.Context, sb *sandbox.Sandbox) error 
 	return h.applyGrants(ctx, sb)
 }
 
+// FreezeGrants marks sb's active grants frozen in the proxy at once (a
+// pause; the lease service's records say the same, derived from the
+// sandbox's state).
+func (h *Service) FreezeGrants(id string) {
+	if h.net != nil {
+		h.net.px.FreezeGrants(id)
+	}
+}
+
 // leaseGrants opens the secrets of sb's leases; only an active lease's
 // value is opened (the proxy never injects another's).
 func (h *Service) leaseGrants(ctx context.Context, sb *sandbox.Sandbox) ([]egress.Grant, error) {

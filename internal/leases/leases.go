@@ -11,13 +11,17 @@
 // rebuilt from them (ProxyLeases).
 //
 // Locks: mu (a leaf) serialises the plan and store write of one change so
-// two never interleave; it is never held while calling the core. Hooks run
-// under the sandbox's lock; Revoke takes it (Core.Lock) before mu.
+// two never interleave; the only core call under it is WriteFiles (files
+// only, never calls back). Hooks run under the sandbox's lock; Revoke takes
+// it (Core.Lock) before mu.
 package leases
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -38,11 +42,16 @@ type Core interface {
 	// Scope is the host and header name owner's secret is injected with
 	// (NotFound once it is deleted).
 	Scope(ctx context.Context, owner, secret string) (Scope, error)
-	// Publish tells sandbox sb (as stored) its current placeholders once
-	// the store holds them (in its env, see SetPlaceholders): env.json when
-	// env changed (new execs), /run/berth/leases.env (file, for running
-	// processes; nil: unchanged) and, when refresh, the proxy's grants.
-	Publish(ctx context.Context, sb *sandbox.Sandbox, file []byte, env, refresh bool) error
+	// WriteFiles tells sandbox sb its current placeholders (in its env, see
+	// SetPlaceholders): env.json when env (new execs get them) and
+	// /run/berth/leases.env (file, for running processes). It only writes
+	// files (it never calls back), so it may run under mu, beside the
+	// store write.
+	WriteFiles(sb *sandbox.Sandbox, file []byte, env bool) error
+	// Refresh re-registers sb's grants with the proxy from the store; with
+	// freeze it only marks the proxy's active grants of sb frozen (a pause:
+	// no store read on the way).
+	Refresh(ctx context.Context, sb *sandbox.Sandbox, freeze bool) error
 	Now() time.Time
 }
 
@@ -89,7 +98,7 @@ func (s *Service) OnState(ctx context.Context, ev statehook.Event) error {
 	case statehook.Paused:
 		// Frozen follows from the sandbox's state (Effective): only the
 		// proxy is told (a freeze pause keeps the network attached).
-		return s.core.Publish(ctx, ev.Sandbox, nil, false, true)
+		return s.core.Refresh(ctx, ev.Sandbox, true)
 	case statehook.Resumed:
 		return s.apply(ctx, ev.Sandbox, OpReissue, ReasonResumed, ev.Actor, true)
 	case statehook.Forked:
@@ -137,7 +146,7 @@ func (s *Service) ProxyLeases(ctx context.Context, sb *sandbox.Sandbox) ([]store
 // and grants, in one transaction) and publishes the sandbox's placeholders
 // (and the proxy's grants when refresh).
 func (s *Service) apply(ctx context.Context, sb *sandbox.Sandbox, op Op, reason, actor string, refresh bool) error {
-	ch, cur, after, err := s.plan(ctx, sb, op, reason)
+	ch, _, after, err := s.plan(ctx, sb, op, reason)
 	if err != nil || ch.Empty() {
 		return err
 	}
@@ -149,10 +158,13 @@ func (s *Service) apply(ctx context.Context, sb *sandbox.Sandbox, op Op, reason,
 			s.audit(ctx, actor, "lease.revoke", store.Lease{ID: u.ID, SandboxID: sb.ID}, u.Reason)
 		}
 	}
+	if !refresh {
+		return nil
+	}
 	if after == nil {
 		after = sb // the sandbox's row did not change
 	}
-	return s.core.Publish(ctx, after, EnvFile(cur), after != sb, refresh)
+	return s.core.Refresh(ctx, after, false)
 }
 
 // plan computes and stores op's change; it returns the change, the
@@ -196,6 +208,15 @@ func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason s
 		return ch, nil, nil, nil
 	}
 	cur := Current(After(ls, ch), now)
+	// The files are written beside the store write (a resume waits for
+	// both): if the write fails, the files name placeholders of no lease,
+	// which the proxy refuses (fail closed), and the hook's error says so.
+	predicted := *sb
+	predicted.Env, predicted.Net.Secrets = maps.Clone(sb.Env), slices.Clone(sb.Net.Secrets)
+	envChanged := SetPlaceholders(&predicted, cur, "")
+	var fileErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { fileErr = s.core.WriteFiles(&predicted, EnvFile(cur), envChanged) })
 	var after *sandbox.Sandbox
 	err = s.st.ApplyLeases(ctx, sb.ID, ch.Set, ch.Issue, func(x *sandbox.Sandbox) bool {
 		after = nil
@@ -204,7 +225,8 @@ func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason s
 		}
 		return after != nil
 	})
-	if err != nil {
+	wg.Wait()
+	if err = errors.Join(err, fileErr); err != nil {
 		return Change{}, nil, nil, err
 	}
 	return ch, cur, after, nil
@@ -288,7 +310,7 @@ func (s *Service) Revoke(ctx context.Context, owner, actor, id string) (store.Le
 		return store.Lease{}, err
 	}
 	s.audit(ctx, actor, "lease.revoke", l, ReasonRevoked)
-	if err := s.core.Publish(ctx, after, EnvFile(cur), false, true); err != nil && !errs.Is(err, errs.NotFound) {
+	if err := errors.Join(s.core.WriteFiles(after, EnvFile(cur), false), s.core.Refresh(ctx, after, false)); err != nil {
 		return store.Lease{}, err
 	}
 	return s.st.GetLease(ctx, id)
