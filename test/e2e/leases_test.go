@@ -321,7 +321,10 @@ func TestLeasesInSandbox(t *testing.T) {
 			s.must("pause", a, "--mode", "freeze")
 			s.must("resume", a)
 			cur := s.liveLease(a)
-			out := s.must("exec", "--user", "root", a, "--", "/.berth/berth-agent", "api", "GET", "/v1/sandboxes/self/leases")
+			out, errOut, code := s.runSplit(s.key, nil, "exec", "--user", "root", a, "--", "/.berth/berth-agent", "api", "GET", "/v1/sandboxes/self/leases")
+			if code != 0 {
+				t.Fatalf("in-sandbox GET self/leases: exit %d: %s%s", code, out, errOut)
+			}
 			var got struct {
 				Leases []leaseView `json:"leases"`
 			}
