@@ -133,6 +133,10 @@ type CreateRequest struct {
 	Effects      *EffectSettings `json:"effects,omitempty"`
 	FromSnapshot string          `json:"from_snapshot,omitempty"`
 	IdlePolicy   string          `json:"idle_policy,omitempty"` // reaper policy name, or "never"
+
+	// LeaseTTL is how long each lease of a granted secret lives ("": as
+	// long as the sandbox; docs/LEASES.md), e.g. 30m.
+	LeaseTTL string `json:"lease_ttl,omitempty"`
 }
 
 // ListResponse is the body of GET /v1/sandboxes; Next is the cursor of the

@@ -37,7 +37,7 @@ type Options struct {
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
-	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt"}
+	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases"}
 
 // Runner measures against one server.
 type Runner struct {
@@ -123,6 +123,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"note-write"}, r.noteWrite}, // notes.go
 		{[]string{"audit-visible"}, r.auditVisible}, // audit.go
 		{[]string{"self-api-rtt"}, r.selfAPIRTT}, // selfapi.go
+		{[]string{"pause-resume-leases"}, r.leasePause}, // leases.go
 	}
 	for _, g := range perRuntime {
 		if !slices.ContainsFunc(g.names, r.want) {

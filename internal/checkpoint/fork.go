@@ -262,6 +262,15 @@ func (s *Service) ensureRunning(ctx context.Context, sb *sandbox.Sandbox, killed
 // that fails it boots from its workspace, and says so.
 func (s *Service) restoreParent(ctx context.Context, sb *sandbox.Sandbox, img string) error {
 	count := sb.RestoreCount + 1
+	if sb.Runtime == "runsc" {
+		// runsc moved the attachment's addresses into its own netstack when
+		// it started, so a restore into that namespace finds none and the
+		// parent comes back without a network: attach a fresh one, as a
+		// memory resume does.
+		if err := s.core.NetDown(ctx, sb); err != nil {
+			s.log.Warn("fork: detach the parent's network before its restore", "sandbox_id", sb.ID, "err", err)
+		}
+	}
 	lowers, err := s.snaps.lowersForSandbox(ctx, sb)
 	if err == nil {
 		err = s.restoreFrom(ctx, sb, lowers, img, count, "", 0)

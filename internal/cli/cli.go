@@ -99,7 +99,7 @@ func init() {
 	register("key", "key create --owner NAME", runKey)
 	register("info", "info [--json]", runInfo)
 	register("net", "net set ID [--network deny-all|allow-all] [--allow RULE]... [--deny RULE]... [--effectful HOST]... [--idempotency keep|derive] [--repeat replay|refuse] | net show ID [--json] | net log ID [--json] [--limit N]", runNet)
-	register("secret", "secret set NAME --host HOST [--header 'Authorization: Bearer {{value}}'] < value | secret ls [--json] | secret rm NAME", runSecret)
+	register("secret", "secret set NAME --host HOST [--header 'Authorization: Bearer {{value}}'] < value | secret ls [--json] | secret rm NAME | secret leases [ID] [--json] | secret revoke LEASE", runSecret)
 	register("port", "port ID PORT [--token] [--close] | port ID   (expose a sandbox port through berth's HTTP proxy)", runPort)
 	register("usage", "usage [--owner O] [--since T] [--sandbox ID] [--sandboxes] [--json]", runUsage)
 	register("report", "report orphans [--days N] [--owner O] [--json]", runReport)

@@ -160,9 +160,12 @@ func runNetLog(e *env, args []string) error {
 
 func runSecret(e *env, args []string) error {
 	if len(args) == 0 {
-		return usageError{"secret: expected set, ls or rm"}
+		return usageError{"secret: expected set, ls, rm, leases or revoke"}
 	}
 	sub, args := args[0], args[1:]
+	if sub == "leases" || sub == "revoke" {
+		return runLeases(e, sub, args) // leases.go
+	}
 	fs := flag.NewFlagSet("secret "+sub, flag.ContinueOnError)
 	host := fs.String("host", "", "the only host the secret is injected into, e.g. api.example.com")
 	header := fs.String("header", "", `header template (default "Authorization: Bearer {{value}}")`)
@@ -221,7 +224,7 @@ func runSecret(e *env, args []string) error {
 		}
 		return c.DeleteSecret(e.ctx, *own, name)
 	}
-	return usageError{fmt.Sprintf("secret: unknown subcommand %q (want set, ls or rm)", sub)}
+	return usageError{fmt.Sprintf("secret: unknown subcommand %q (want set, ls, rm, leases or revoke)", sub)}
 }
 
 func runPort(e *env, args []string) error {

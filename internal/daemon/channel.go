@@ -221,19 +221,25 @@ func (c *channels) writeEnv(sb *sandbox.Sandbox) error {
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "encode env")
 	}
-	if err := c.ensureDir(sb.ID); err != nil {
+	return c.writeFile(sb.ID, "env.json", b)
+}
+
+// writeFile replaces file name in a sandbox's channel dir (read-only inside
+// at /run/berth) with b, 0644, atomically.
+func (c *channels) writeFile(id, name string, b []byte) error {
+	if err := c.ensureDir(id); err != nil {
 		return err
 	}
-	root, err := os.OpenRoot(c.dir(sb.ID))
+	root, err := os.OpenRoot(c.dir(id))
 	if err != nil {
 		return errs.Wrap(errs.Internal, err, "open channel dir")
 	}
 	defer root.Close()
-	const tmp, final = "env.json.tmp", "env.json"
+	tmp, final := name+".tmp", name
 	_ = root.Remove(tmp)
 	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o644)
 	if err != nil {
-		return errs.Wrap(errs.Internal, err, "write env")
+		return errs.Wrap(errs.Internal, err, "write %s", name)
 	}
 	_, err = f.Write(b)
 	if err == nil {
@@ -243,9 +249,9 @@ func (c *channels) writeEnv(sb *sandbox.Sandbox) error {
 		err = cerr
 	}
 	if err != nil {
-		return errs.Wrap(errs.Internal, err, "write env")
+		return errs.Wrap(errs.Internal, err, "write %s", name)
 	}
-	return errs.Wrap(errs.Internal, root.Rename(tmp, final), "write env")
+	return errs.Wrap(errs.Internal, root.Rename(tmp, final), "write %s", name)
 }
 
 func syncDir(dir string) error {

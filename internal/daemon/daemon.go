@@ -91,6 +91,7 @@ import (
 	"github.com/berth-dev/berth/internal/effects"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/hostnet"
+	"github.com/berth-dev/berth/internal/leases"
 	"github.com/berth-dev/berth/internal/lineage"
 	"github.com/berth-dev/berth/internal/merges"
 	"github.com/berth-dev/berth/internal/notes"
@@ -143,6 +144,7 @@ type Daemon struct {
 	audit   *audit.Service    // the audit chain (internal/audit, audit_core.go)
 	self    *SelfAPI          // the in-sandbox API's server (selfapi.go)
 	effects *effects.Service  // the side-effect ledger (effects.go)
+	leases  *leases.Service   // credential leases (leases.go)
 
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
@@ -212,6 +214,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.adm = admission.New(d, cfg.admissionConfig())
 	d.net = hostnet.New(d, cfg.DataDir, d.auth, d.adm)
 	d.net.SetAuditor(d.audit)
+	wireLeases(d)
 	d.act = activity.New(activity.Config{Retention: cfg.ActivityRetention, Log: cfg.Log, Now: cfg.Now}, activityCore{d}, st)
 	// Every agent client reports execs and file changes (activity); execs
 	// are also audit entries.

@@ -464,12 +464,26 @@ func hostPort(host string, port uint16) string {
 	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
 
-// injectGrants sets each grant's header, and only that: the placeholder is
-// never replaced in the path, the query or other headers, where a server
-// could echo the real value back to the sandbox (secret reflection).
-func injectGrants(req *http.Request, grants []Grant) {
-	for _, g := range grants {
+// injectGrants sets the header of each grant DecideGrants lets through, and
+// only that: the placeholder is never replaced in the path, the query or
+// other headers, where a server could echo the real value back to the
+// sandbox (secret reflection). A refused grant is logged (lease_revoked,
+// lease_frozen) and the request goes on without it. It returns the grants
+// it injected.
+func injectGrants(req *http.Request, grants []Grant) []Grant {
+	target := req.RequestURI
+	if target == "" && req.URL != nil {
+		target = req.URL.String()
+	}
+	inject, refused := DecideGrants(time.Now(), grants, target, req.Header)
+	for _, r := range refused {
+		if r.Grant.refuse != nil {
+			r.Grant.refuse(r.Verdict, r.Reason)
+		}
+	}
+	for _, g := range inject {
 		name, value := g.header()
 		req.Header.Set(name, value)
 	}
+	return inject
 }

@@ -66,11 +66,10 @@ func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, po
 			return 0, 0, errHostChanged
 		}
 		req.Host = hostPort(host, port)
-		grants := p.grantsFor(st, host)
-		injectGrants(req, grants)
+		injected := injectGrants(req, p.grantsFor(st, host)) // only an active lease's secret goes out
 		if led := p.ledgerOf(); led != nil {
-			if _, pol, ok := p.snapshot(st.ip); ok && recordable(pol.Effects, host, port, req.Method, len(grants) > 0) {
-				in := Intent{SandboxID: st.id, Host: host, Port: port, Secret: len(grants) > 0, Policy: pol.Effects}
+			if _, pol, ok := p.snapshot(st.ip); ok && recordable(pol.Effects, host, port, req.Method, len(injected) > 0) {
+				in := Intent{SandboxID: st.id, Host: host, Port: port, Secret: len(injected) > 0, Policy: pol.Effects}
 				end, err := p.relayEffect(ctx, led, in, req, down, upTLS, ubr)
 				if err != nil {
 					return 0, 0, err

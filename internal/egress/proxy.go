@@ -267,6 +267,26 @@ func (p *Proxy) SetGrants(id string, grants []Grant) error {
 	return nil
 }
 
+// FreezeGrants marks a registered sandbox's active grants frozen (its
+// pause): from the next request none is injected, and their values are
+// dropped from memory. A later SetGrants replaces them.
+func (p *Proxy) FreezeGrants(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.byID[id]
+	if st == nil {
+		return
+	}
+	gs := make([]Grant, len(st.grants))
+	for i, g := range st.grants {
+		if g.State == GrantActive {
+			g.State, g.Value = GrantFrozen, ""
+		}
+		gs[i] = g
+	}
+	st.grants = gs // a new slice: requests in flight keep the set they read
+}
+
 // RemoveSandbox forgets a sandbox and closes its open connections.
 func (p *Proxy) RemoveSandbox(id string) {
 	p.mu.Lock()
@@ -305,6 +325,10 @@ func (p *Proxy) grantsFor(st *sandboxState, host string) []Grant {
 	var out []Grant
 	for _, g := range st.grants {
 		if normalizeHost(g.Host) == host {
+			g.refuse = func(verdict, reason string) {
+				p.emit(Decision{SandboxID: st.id, Proto: "tcp", DstPort: 443, Host: host, Rule: "secret:" + g.Name,
+					Verdict: verdict, Reason: reason, Intercepted: true})
+			}
 			out = append(out, g)
 		}
 	}

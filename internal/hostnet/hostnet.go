@@ -65,6 +65,7 @@ type Service struct {
 	dataDir string
 	auditor Auditor       // egress verdicts (audit.go); nil: none
 	ledger  egress.Ledger // side effects (SetLedger); nil: none
+	leases  LeaseSource   // nil: grants are the sandbox's secret refs as they are
 
 	// net is set once by Start, before any sandbox is reconciled or
 	// served, and never changes after; nil: networking is disabled.

@@ -268,5 +268,6 @@ func (h *Service) EgressLog(ctx context.Context, owner, id string, after int64, 
 // and the secret grants (whose placeholders are in the inherited env).
 // Exposed ports and the namespace are not inherited.
 func Inherit(parent *sandbox.Sandbox) sandbox.NetState {
-	return sandbox.NetState{Policy: slices.Clone(parent.Net.Policy), Secrets: slices.Clone(parent.Net.Secrets)}
+	return sandbox.NetState{Policy: slices.Clone(parent.Net.Policy), Secrets: slices.Clone(parent.Net.Secrets),
+		LeaseTTL: parent.Net.LeaseTTL}
 }

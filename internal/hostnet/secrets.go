@@ -91,9 +91,83 @@ func (h *Service) DeleteSecret(ctx context.Context, owner, name string) error {
 	return nil
 }
 
+// LeaseSource is the credential-lease service (internal/leases) as the
+// proxy sees it: the leases of a sandbox to register, issuing those its
+// grants lack first.
+type LeaseSource interface {
+	ProxyLeases(ctx context.Context, sb *sandbox.Sandbox) ([]LeaseGrant, error)
+}
+
+// LeaseGrant is one lease the proxy honours (State "" active, frozen, revoked).
+type LeaseGrant struct {
+	Lease, Secret, Host, Placeholder, State string
+	Expires                                 time.Time
+}
+
+// SetLeases makes the proxy's grants follow the sandbox's leases (set once
+// in daemon.New, before any sandbox is attached).
+func (h *Service) SetLeases(ls LeaseSource) { h.leases = ls }
+
+// RefreshGrants re-registers sb's grants with the proxy if it is attached
+// (the lease service calls it after a change).
+func (h *Service) RefreshGrants(ctx context.Context, sb *sandbox.Sandbox) error {
+	if h.net == nil {
+		return nil
+	}
+	if _, ok := h.net.mgr.Get(sb.ID); !ok {
+		return nil
+	}
+	return h.applyGrants(ctx, sb)
+}
+
+// FreezeGrants marks sb's active grants frozen in the proxy at once (a
+// pause; the lease service's records say the same, derived from the
+// sandbox's state).
+func (h *Service) FreezeGrants(id string) {
+	if h.net != nil {
+		h.net.px.FreezeGrants(id)
+	}
+}
+
+// leaseGrants opens the secrets of sb's leases; only an active lease's
+// value is opened (the proxy never injects another's).
+func (h *Service) leaseGrants(ctx context.Context, sb *sandbox.Sandbox) ([]egress.Grant, error) {
+	ls, err := h.leases.ProxyLeases(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	var out []egress.Grant
+	secs := map[string]store.Secret{}
+	for _, l := range ls {
+		sec, ok := secs[l.Secret]
+		if !ok {
+			if sec, err = h.core.Store().GetSecret(ctx, sb.Owner, l.Secret); errs.Is(err, errs.NotFound) {
+				continue
+			} else if err != nil {
+				return nil, err
+			}
+			secs[l.Secret] = sec
+		}
+		g := egress.Grant{Name: l.Secret, Host: l.Host, HeaderTemplate: sec.Header, Placeholder: l.Placeholder,
+			Lease: l.Lease, State: l.State, Expires: l.Expires}
+		if l.State == egress.GrantActive {
+			val, err := h.net.sealer.Open(sec.Sealed, secretAAD(sec.Owner, sec.Name))
+			if err != nil {
+				return nil, errs.Wrap(errs.Internal, err, "open secret %s", l.Secret)
+			}
+			g.Value = string(val)
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
 // grants opens the secrets granted to sb. A secret deleted since it was
 // granted is skipped: its placeholder then reaches the server unreplaced.
 func (h *Service) grants(ctx context.Context, sb *sandbox.Sandbox) ([]egress.Grant, error) {
+	if h.leases != nil {
+		return h.leaseGrants(ctx, sb)
+	}
 	var out []egress.Grant
 	for _, ref := range grantRefs(sb) {
 		sec, err := h.core.Store().GetSecret(ctx, sb.Owner, ref.Name)

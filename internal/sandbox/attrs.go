@@ -68,6 +68,9 @@ type NetState struct {
 	Secrets   []SecretGrant        `json:"secrets,omitempty"`
 	Ports     map[string]PortGrant `json:"ports,omitempty"` // by port number
 	NetnsPath string               `json:"netns_path,omitempty"`
+	// LeaseTTL is how long each credential lease of the sandbox lives (0:
+	// as long as the sandbox; internal/leases); forks inherit it.
+	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`
 }
 
 // SecretGrant is a secret granted to a sandbox: its name and the

@@ -50,6 +50,10 @@ func (s sandboxAPI) createSandbox(w http.ResponseWriter, r *http.Request, p daem
 	if err != nil {
 		return err
 	}
+	leaseTTL, err := ParseDuration(req.LeaseTTL)
+	if err != nil || leaseTTL < 0 {
+		return errs.Field("lease_ttl", "must be a positive duration like 30m, 2h or 1d, got %q", req.LeaseTTL)
+	}
 	sb, err := s.d.Create(r.Context(), daemon.CreateRequest{
 		Owner: own, Actor: p.Owner, Template: req.Template, Runtime: req.Runtime, TTL: ttl,
 		ExpiryAction: sandbox.ExpiryAction(req.ExpiryAction),
@@ -57,7 +61,7 @@ func (s sandboxAPI) createSandbox(w http.ResponseWriter, r *http.Request, p daem
 			DiskMiB: req.DiskMiB, Pids: req.Pids},
 		Labels: req.Labels, Env: req.Env, AutoResume: req.AutoResume, Workstation: req.Workstation,
 		Network: req.Network, Allow: req.Allow, Deny: req.Deny, Secrets: req.Secrets, Effects: eff,
-		FromSnapshot: req.FromSnapshot, Attrs: sandbox.Attrs{IdlePolicy: req.IdlePolicy},
+		FromSnapshot: req.FromSnapshot, Attrs: sandbox.Attrs{IdlePolicy: req.IdlePolicy, Net: sandbox.NetState{LeaseTTL: leaseTTL}},
 	})
 	if err != nil {
 		return err

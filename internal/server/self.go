@@ -40,6 +40,9 @@ var selfRoutes = map[string]bool{
 
 	// Side effects (effects.go): what already happened, before a retry.
 	"GET /v1/sandboxes/{id}/effects": true,
+
+	// Credential leases (leases.go): the current placeholders, after a resume.
+	"GET /v1/sandboxes/{id}/leases": true,
 }
 
 // selfPrincipalKey carries a sandbox principal from ServeSelf to the

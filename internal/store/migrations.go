@@ -406,6 +406,27 @@ CREATE TABLE effect_scopes (
 	windows    TEXT
 ) STRICT;
 `,
+	// 16: credential leases (internal/leases), one row per secret
+	// issued to one generation of a sandbox; deleted with the sandbox.
+	`
+CREATE TABLE leases (
+	id          TEXT PRIMARY KEY,
+	sandbox_id  TEXT NOT NULL,
+	owner       TEXT NOT NULL,
+	generation  INTEGER NOT NULL,
+	secret      TEXT NOT NULL,
+	host        TEXT NOT NULL,
+	header      TEXT NOT NULL,
+	placeholder TEXT NOT NULL UNIQUE,
+	issued_at   INTEGER NOT NULL,
+	expires_at  INTEGER NOT NULL,
+	state       TEXT NOT NULL,
+	reason      TEXT NOT NULL,
+	changed_at  INTEGER NOT NULL
+) STRICT;
+CREATE INDEX leases_sandbox ON leases (sandbox_id, generation);
+CREATE INDEX leases_owner ON leases (owner, issued_at);
+`,
 }
 
 // migrationHooks run in the transaction of the migration with the same

@@ -298,6 +298,9 @@ func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
 		} else if n == 0 {
 			return errs.E(errs.NotFound, "sandbox %s not found", id)
 		}
+		if err := deleteLeases(ctx, tx, id); err != nil {
+			return err
+		}
 		return deleteTimeline(ctx, tx, id)
 	})
 }

@@ -26,6 +26,7 @@ type Store interface {
 	NoteStore       // notes.go
 	AuditStore      // audit.go
 	EffectStore     // effects.go
+	LeaseStore      // leases.go
 	// CreateSandbox inserts sb and sets sb.Version to 1 (and sb.CreatedAt to
 	// now when zero).
 	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error

@@ -49,6 +49,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Notes", suiteNotes},
 		{"Audit", suiteAudit},
 		{"Effects", suiteEffects},
+		{"Leases", suiteLeases},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}

@@ -1,0 +1,120 @@
+package store
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
+)
+
+// Conformance cases for credential leases. The entry point is TestStore in
+// store_suite.go.
+
+func suiteLeases(t *testing.T, s Store) {
+	ctx := t.Context()
+	mustCreate(t, s, suiteSandbox("sba", "alice", suiteEpoch), suiteSandbox("sbb", "bob", suiteEpoch))
+	mk := func(id, sb, owner string, gen int, ph string, at time.Time) Lease {
+		return Lease{ID: id, SandboxID: sb, Owner: owner, Generation: gen, Secret: "TOKEN", Host: "api.test",
+			Header: "Authorization", Placeholder: ph, IssuedAt: at, State: LeaseActive, ChangedAt: at}
+	}
+	l1 := mk("la1", "sba", "alice", 1, "ph-a1", suiteEpoch)
+	l1.ExpiresAt = suiteEpoch.Add(time.Hour)
+	l2 := mk("lb1", "sbb", "bob", 1, "ph-b1", suiteEpoch.Add(time.Second))
+	if err := s.ApplyLeases(ctx, "sba", nil, []Lease{l1}, nil); err != nil {
+		t.Fatalf("ApplyLeases(issue la1): %v", err)
+	}
+	if err := s.ApplyLeases(ctx, "sbb", nil, []Lease{l2}, nil); err != nil {
+		t.Fatalf("ApplyLeases(issue lb1): %v", err)
+	}
+	if g, err := s.GetLease(ctx, "la1"); err != nil || cmp.Diff(l1, g, suiteOpts) != "" {
+		t.Errorf("GetLease(la1) = %+v, %v; want %+v (%s)", g, err, l1, cmp.Diff(l1, g, suiteOpts))
+	}
+
+	// Freeze, then supersede: revoke generation 1 and issue 2 in one go.
+	frozeAt := suiteEpoch.Add(time.Minute)
+	if err := s.ApplyLeases(ctx, "sba", []LeaseUpdate{{ID: "la1", State: LeaseFrozen, Reason: "paused", At: frozeAt}}, nil, nil); err != nil {
+		t.Fatalf("freeze: %v", err)
+	}
+	l3 := mk("la2", "sba", "alice", 2, "ph-a2", suiteEpoch.Add(2*time.Minute))
+	// The sandbox's row changes in the same transaction.
+	v0, _ := s.GetSandbox(ctx, "sba")
+	if err := s.ApplyLeases(ctx, "sba", []LeaseUpdate{{ID: "la1", State: LeaseRevoked, Reason: "resumed", At: l3.IssuedAt}}, []Lease{l3},
+		func(sb *sandbox.Sandbox) bool { sb.Env = map[string]string{"TOKEN": "ph-a2"}; return true }); err != nil {
+		t.Fatalf("supersede: %v", err)
+	}
+	if v1, _ := s.GetSandbox(ctx, "sba"); v1.Env["TOKEN"] != "ph-a2" || v1.Version != v0.Version+1 {
+		t.Errorf("sandbox after ApplyLeases: env %v version %d (was %d)", v1.Env, v1.Version, v0.Version)
+	}
+	if err := s.ApplyLeases(ctx, "sba", nil, nil, func(sb *sandbox.Sandbox) bool { return false }); err != nil {
+		t.Errorf("ApplyLeases changing nothing: %v", err)
+	}
+	if v2, _ := s.GetSandbox(ctx, "sba"); v2.Version != v0.Version+1 {
+		t.Errorf("a sandbox fn returning false wrote the row (version %d)", v2.Version)
+	}
+	want1 := l1
+	want1.State, want1.Reason, want1.ChangedAt = LeaseRevoked, "resumed", l3.IssuedAt
+	if list, err := s.ListLeases(ctx, LeaseFilter{SandboxID: "sba"}); err != nil || cmp.Diff([]Lease{want1, l3}, list, suiteOpts) != "" {
+		t.Errorf("ListLeases(sba) (-want +got):\n%s (err %v)", cmp.Diff([]Lease{want1, l3}, list, suiteOpts), err)
+	}
+	if list, err := s.ListLeases(ctx, LeaseFilter{Owner: "bob"}); err != nil || len(list) != 1 || list[0].ID != "lb1" {
+		t.Errorf("ListLeases(owner bob) = %+v, %v", list, err)
+	}
+	if list, err := s.ListLeases(ctx, LeaseFilter{Placeholder: "ph-a2"}); err != nil || len(list) != 1 || list[0].ID != "la2" {
+		t.Errorf("ListLeases(placeholder ph-a2) = %+v, %v", list, err)
+	}
+	if list, err := s.ListLeases(ctx, LeaseFilter{}); err != nil || len(list) != 3 {
+		t.Errorf("ListLeases(all) = %d, %v; want 3", len(list), err)
+	}
+
+	// Revoked is final; a second revoke keeps the first reason.
+	for _, tc := range []struct {
+		name string
+		sb   string
+		set  []LeaseUpdate
+		add  []Lease
+		kind errs.Kind
+	}{
+		{"revoked never thaws", "sba", []LeaseUpdate{{ID: "la1", State: LeaseActive}}, nil, errs.FailedPrecondition},
+		{"another sandbox's lease", "sba", []LeaseUpdate{{ID: "lb1", State: LeaseRevoked}}, nil, errs.NotFound},
+		{"unknown lease", "sba", []LeaseUpdate{{ID: "nope", State: LeaseRevoked}}, nil, errs.NotFound},
+		{"bad state", "sba", []LeaseUpdate{{ID: "la2", State: "paused"}}, nil, errs.InvalidArgument},
+		{"duplicate placeholder", "sba", nil, []Lease{mk("la3", "sba", "alice", 3, "ph-b1", suiteEpoch)}, errs.AlreadyExists},
+		{"duplicate id", "sba", nil, []Lease{mk("la2", "sba", "alice", 3, "ph-new", suiteEpoch)}, errs.AlreadyExists},
+		{"lease of another sandbox", "sba", nil, []Lease{mk("la4", "sbb", "alice", 3, "ph-x", suiteEpoch)}, errs.InvalidArgument},
+		// A failing insert rolls the update before it back.
+		{"all or nothing", "sba", []LeaseUpdate{{ID: "la2", State: LeaseFrozen}}, []Lease{mk("la5", "sba", "alice", 3, "ph-a2", suiteEpoch)}, errs.AlreadyExists},
+	} {
+		if err := s.ApplyLeases(ctx, tc.sb, tc.set, tc.add, func(sb *sandbox.Sandbox) bool { sb.Env = map[string]string{"X": "1"}; return true }); !errs.Is(err, tc.kind) {
+			t.Errorf("%s: ApplyLeases = %v, want %v", tc.name, err, tc.kind)
+		}
+	}
+	if g, _ := s.GetLease(ctx, "la2"); g.State != LeaseActive {
+		t.Errorf("la2 after a failed ApplyLeases is %s, want active (rolled back)", g.State)
+	}
+	if sb, _ := s.GetSandbox(ctx, "sba"); sb.Env["X"] != "" {
+		t.Errorf("a failed ApplyLeases changed the sandbox: %v", sb.Env)
+	}
+	if err := s.ApplyLeases(ctx, "sba", []LeaseUpdate{{ID: "la1", State: LeaseRevoked, Reason: "again"}}, nil, nil); err != nil {
+		t.Errorf("revoking a revoked lease: %v", err)
+	}
+	if g, _ := s.GetLease(ctx, "la1"); g.Reason != "resumed" {
+		t.Errorf("la1 reason = %q, want the first revocation's (resumed)", g.Reason)
+	}
+	if _, err := s.GetLease(ctx, "nope"); !errs.Is(err, errs.NotFound) {
+		t.Errorf("GetLease(nope) = %v, want NotFound", err)
+	}
+
+	// Deleting a sandbox deletes its leases, and only its.
+	if err := s.DeleteSandbox(ctx, "sba"); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := s.ListLeases(ctx, LeaseFilter{SandboxID: "sba"}); err != nil || len(list) != 0 {
+		t.Errorf("leases of a deleted sandbox: %+v, %v", list, err)
+	}
+	if _, err := s.GetLease(ctx, "lb1"); err != nil {
+		t.Errorf("another sandbox's lease went with it: %v", err)
+	}
+}
