@@ -33,6 +33,9 @@ import (
 //	                 secrets, activity                        (usage.go)
 //	stateTables      tasks, notes, audit, leases              (tasks.go)
 //
+// The side-effect ledger (effects.go) still has its methods on *SQLite; it
+// belongs with stateTables.
+//
 // A write that spans groups (DeleteSandbox removing a sandbox's leases and
 // timeline) calls a plain function of the other group's file that takes
 // the transaction (deleteLeases, deleteTimeline).
