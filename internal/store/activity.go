@@ -93,7 +93,7 @@ type ActivityFilter struct {
 // AppendActivity stores recorded entries in one transaction. Entries of a
 // sandbox whose row does not exist (deleted meanwhile) are dropped, so a
 // late write cannot outlive the sandbox.
-func (s *SQLite) AppendActivity(ctx context.Context, entries []ActivityEntry) error {
+func (s *meteringTables) AppendActivity(ctx context.Context, entries []ActivityEntry) error {
 	for _, e := range entries {
 		switch {
 		case e.SandboxID == "":
@@ -127,7 +127,7 @@ func (s *SQLite) AppendActivity(ctx context.Context, entries []ActivityEntry) er
 
 // ListActivity returns a sandbox's entries in ascending Seq order, with
 // the events and egress rows they point at joined in.
-func (s *SQLite) ListActivity(ctx context.Context, f ActivityFilter) ([]ActivityEntry, error) {
+func (s *meteringTables) ListActivity(ctx context.Context, f ActivityFilter) ([]ActivityEntry, error) {
 	if f.SandboxID == "" {
 		return nil, errs.Field("sandbox_id", "must not be empty")
 	}
@@ -208,7 +208,7 @@ func (s *SQLite) ListActivity(ctx context.Context, f ActivityFilter) ([]Activity
 
 // PruneActivity keeps the newest keep entries of a sandbox and deletes
 // the rest, returning how many it deleted.
-func (s *SQLite) PruneActivity(ctx context.Context, sandboxID string, keep int) (int64, error) {
+func (s *meteringTables) PruneActivity(ctx context.Context, sandboxID string, keep int) (int64, error) {
 	if keep < 1 {
 		return 0, errs.Field("keep", "must be at least 1, got %d", keep)
 	}
@@ -227,7 +227,7 @@ func (s *SQLite) PruneActivity(ctx context.Context, sandboxID string, keep int) 
 
 // ActivityTouched counts, per sandbox, the entries after seq (what a
 // pruner must look at), and returns the largest seq there is.
-func (s *SQLite) ActivityTouched(ctx context.Context, afterSeq int64) (map[string]int64, int64, error) {
+func (s *meteringTables) ActivityTouched(ctx context.Context, afterSeq int64) (map[string]int64, int64, error) {
 	var last sql.NullInt64
 	if err := s.r.QueryRowContext(ctx, `SELECT MAX(seq) FROM activity`).Scan(&last); err != nil {
 		return nil, 0, dbErr(err, "store: activity touched")

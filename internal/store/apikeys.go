@@ -8,7 +8,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 )
 
-func (s *SQLite) CreateAPIKey(ctx context.Context, k APIKey) error {
+func (s *lifecycleTables) CreateAPIKey(ctx context.Context, k APIKey) error {
 	switch {
 	case k.ID == "":
 		return errs.Field("id", "must not be empty")
@@ -43,7 +43,7 @@ func scanAPIKey(sc scanner) (APIKey, error) {
 	return k, nil
 }
 
-func (s *SQLite) LookupAPIKey(ctx context.Context, hash []byte) (APIKey, error) {
+func (s *lifecycleTables) LookupAPIKey(ctx context.Context, hash []byte) (APIKey, error) {
 	k, err := scanAPIKey(s.r.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE hash = ?`, hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return APIKey{}, errs.E(errs.NotFound, "api key not found")
@@ -54,7 +54,7 @@ func (s *SQLite) LookupAPIKey(ctx context.Context, hash []byte) (APIKey, error) 
 	return k, nil
 }
 
-func (s *SQLite) ListAPIKeys(ctx context.Context, owner string) ([]APIKey, error) {
+func (s *lifecycleTables) ListAPIKeys(ctx context.Context, owner string) ([]APIKey, error) {
 	q, args := `SELECT `+apiKeyCols+` FROM api_keys`, []any{}
 	if owner != "" {
 		q, args = q+` WHERE owner = ?`, append(args, owner)
@@ -78,24 +78,6 @@ func (s *SQLite) ListAPIKeys(ctx context.Context, owner string) ([]APIKey, error
 	return out, nil
 }
 
-func (s *SQLite) DeleteAPIKey(ctx context.Context, id string) error {
+func (s *lifecycleTables) DeleteAPIKey(ctx context.Context, id string) error {
 	return s.deleteByKey(ctx, "api_keys", "id", id, "api key")
-}
-
-// deleteByKey deletes the row of table whose column equals key, or returns
-// NotFound naming what.
-func (s *SQLite) deleteByKey(ctx context.Context, table, column, key, what string) error {
-	return s.write(ctx, func(tx *sql.Tx) error {
-		// table and column are constants of this package, never input.
-		res, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE `+column+` = ?`, key)
-		if err != nil {
-			return dbErr(err, "store: delete %s %s", what, key)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return dbErr(err, "store: delete %s %s", what, key)
-		} else if n == 0 {
-			return errs.E(errs.NotFound, "%s %s not found", what, key)
-		}
-		return nil
-	})
 }

@@ -63,7 +63,7 @@ type AuditFilter struct {
 }
 
 // AppendAudit stores entries and the new head in one transaction.
-func (s *SQLite) AppendAudit(ctx context.Context, entries []AuditEntry, head AuditHead) error {
+func (s *stateTables) AppendAudit(ctx context.Context, entries []AuditEntry, head AuditHead) error {
 	if len(entries) == 0 {
 		return nil
 	}
@@ -120,7 +120,7 @@ func nonNil(m map[string]string) map[string]string {
 }
 
 // AuditHead returns the stored head.
-func (s *SQLite) AuditHead(ctx context.Context) (AuditHead, error) {
+func (s *stateTables) AuditHead(ctx context.Context) (AuditHead, error) {
 	var h AuditHead
 	err := s.r.QueryRowContext(ctx, `SELECT seq, hash, mac FROM audit_head WHERE id = 1`).Scan(&h.Seq, &h.Hash, &h.MAC)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -133,7 +133,7 @@ func (s *SQLite) AuditHead(ctx context.Context) (AuditHead, error) {
 }
 
 // AuditLast returns the last row of the chain.
-func (s *SQLite) AuditLast(ctx context.Context) (AuditEntry, error) {
+func (s *stateTables) AuditLast(ctx context.Context) (AuditEntry, error) {
 	got, err := s.listAudit(ctx, `SELECT seq, time, actor, action, sandbox_id, owner, data, prev_hash, hash, mac FROM audit ORDER BY seq DESC LIMIT 1`)
 	if err != nil {
 		return AuditEntry{}, err
@@ -145,7 +145,7 @@ func (s *SQLite) AuditLast(ctx context.Context) (AuditEntry, error) {
 }
 
 // ListAudit returns matching entries in ascending seq order.
-func (s *SQLite) ListAudit(ctx context.Context, f AuditFilter) ([]AuditEntry, error) {
+func (s *stateTables) ListAudit(ctx context.Context, f AuditFilter) ([]AuditEntry, error) {
 	var where []string
 	var args []any
 	if f.AfterSeq > 0 {
@@ -172,7 +172,7 @@ func (s *SQLite) ListAudit(ctx context.Context, f AuditFilter) ([]AuditEntry, er
 	return s.listAudit(ctx, q, args...)
 }
 
-func (s *SQLite) listAudit(ctx context.Context, q string, args ...any) ([]AuditEntry, error) {
+func (s *stateTables) listAudit(ctx context.Context, q string, args ...any) ([]AuditEntry, error) {
 	rows, err := s.r.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, dbErr(err, "store: list audit")

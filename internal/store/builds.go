@@ -37,7 +37,7 @@ type TemplateBuild struct {
 // Duration is how long the build took.
 func (b TemplateBuild) Duration() time.Duration { return b.EndedAt.Sub(b.StartedAt) }
 
-func (s *SQLite) AppendTemplateBuild(ctx context.Context, b TemplateBuild) (int64, error) {
+func (s *imageTables) AppendTemplateBuild(ctx context.Context, b TemplateBuild) (int64, error) {
 	if b.Template == "" {
 		return 0, errs.Field("template", "must not be empty")
 	}
@@ -71,7 +71,7 @@ func (s *SQLite) AppendTemplateBuild(ctx context.Context, b TemplateBuild) (int6
 	return seq, err
 }
 
-func (s *SQLite) ListTemplateBuilds(ctx context.Context, template string, limit int) ([]TemplateBuild, error) {
+func (s *imageTables) ListTemplateBuilds(ctx context.Context, template string, limit int) ([]TemplateBuild, error) {
 	if limit <= 0 || limit > MaxTemplateBuilds {
 		limit = MaxTemplateBuilds
 	}

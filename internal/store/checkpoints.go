@@ -64,7 +64,7 @@ type CheckpointStore interface {
 const checkpointCols = `id, sandbox_id, owner, seq, name, layer, layers, prev, runtime, memory_path, mode, reason, bytes, entries, created_at`
 
 // CreateCheckpoint inserts a checkpoint with the next seq of its sandbox.
-func (s *SQLite) CreateCheckpoint(ctx context.Context, c Checkpoint) (Checkpoint, error) {
+func (s *imageTables) CreateCheckpoint(ctx context.Context, c Checkpoint) (Checkpoint, error) {
 	switch {
 	case !snapshotIDRe.MatchString(c.ID):
 		return Checkpoint{}, errs.Field("id", "checkpoint id must be 1-64 chars of [a-z0-9], got %q", c.ID)
@@ -118,7 +118,7 @@ func scanCheckpoint(sc scanner) (Checkpoint, error) {
 }
 
 // GetCheckpoint returns one checkpoint by id.
-func (s *SQLite) GetCheckpoint(ctx context.Context, id string) (Checkpoint, error) {
+func (s *imageTables) GetCheckpoint(ctx context.Context, id string) (Checkpoint, error) {
 	c, err := scanCheckpoint(s.r.QueryRowContext(ctx, `SELECT `+checkpointCols+` FROM checkpoints WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Checkpoint{}, errs.E(errs.NotFound, "checkpoint %s not found", id)
@@ -130,7 +130,7 @@ func (s *SQLite) GetCheckpoint(ctx context.Context, id string) (Checkpoint, erro
 }
 
 // ListCheckpoints lists a sandbox's checkpoints by seq ("" = all).
-func (s *SQLite) ListCheckpoints(ctx context.Context, sandboxID string) ([]Checkpoint, error) {
+func (s *imageTables) ListCheckpoints(ctx context.Context, sandboxID string) ([]Checkpoint, error) {
 	q := `SELECT ` + checkpointCols + ` FROM checkpoints`
 	var args []any
 	if sandboxID != "" {
@@ -157,7 +157,7 @@ func (s *SQLite) ListCheckpoints(ctx context.Context, sandboxID string) ([]Check
 }
 
 // CountCheckpoints counts owner's checkpoints.
-func (s *SQLite) CountCheckpoints(ctx context.Context, owner string) (int, error) {
+func (s *imageTables) CountCheckpoints(ctx context.Context, owner string) (int, error) {
 	var n int
 	if err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM checkpoints WHERE owner = ?`, owner).Scan(&n); err != nil {
 		return 0, dbErr(err, "store: count checkpoints of %s", owner)
@@ -166,12 +166,12 @@ func (s *SQLite) CountCheckpoints(ctx context.Context, owner string) (int, error
 }
 
 // DeleteCheckpoint removes a checkpoint's row.
-func (s *SQLite) DeleteCheckpoint(ctx context.Context, id string) error {
+func (s *imageTables) DeleteCheckpoint(ctx context.Context, id string) error {
 	return s.deleteByKey(ctx, "checkpoints", "id", id, "checkpoint")
 }
 
 // SetTimelineHead replaces a sandbox's timeline head.
-func (s *SQLite) SetTimelineHead(ctx context.Context, h TimelineHead) error {
+func (s *imageTables) SetTimelineHead(ctx context.Context, h TimelineHead) error {
 	if h.Sandbox == "" {
 		return errs.Field("sandbox", "must not be empty")
 	}
@@ -191,7 +191,7 @@ func (s *SQLite) SetTimelineHead(ctx context.Context, h TimelineHead) error {
 }
 
 // GetTimelineHead returns a sandbox's timeline head (NotFound if none).
-func (s *SQLite) GetTimelineHead(ctx context.Context, sandboxID string) (TimelineHead, error) {
+func (s *imageTables) GetTimelineHead(ctx context.Context, sandboxID string) (TimelineHead, error) {
 	h := TimelineHead{Sandbox: sandboxID}
 	var layers sql.NullString
 	err := s.r.QueryRowContext(ctx, `SELECT checkpoint, layers FROM timeline_heads WHERE sandbox_id = ?`, sandboxID).Scan(&h.Checkpoint, &layers)
@@ -208,7 +208,7 @@ func (s *SQLite) GetTimelineHead(ctx context.Context, sandboxID string) (Timelin
 }
 
 // ListTimelineHeads lists every sandbox's head, by sandbox.
-func (s *SQLite) ListTimelineHeads(ctx context.Context) ([]TimelineHead, error) {
+func (s *imageTables) ListTimelineHeads(ctx context.Context) ([]TimelineHead, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT sandbox_id, checkpoint, layers FROM timeline_heads ORDER BY sandbox_id`)
 	if err != nil {
 		return nil, dbErr(err, "store: list timeline heads")
@@ -235,7 +235,7 @@ func (s *SQLite) ListTimelineHeads(ctx context.Context) ([]TimelineHead, error) 
 }
 
 // DeleteTimelineHead removes a sandbox's head (NotFound if none).
-func (s *SQLite) DeleteTimelineHead(ctx context.Context, sandboxID string) error {
+func (s *imageTables) DeleteTimelineHead(ctx context.Context, sandboxID string) error {
 	return s.deleteByKey(ctx, "timeline_heads", "sandbox_id", sandboxID, "timeline head")
 }
 

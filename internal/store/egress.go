@@ -49,7 +49,7 @@ type Secret struct {
 }
 
 // AppendEgress stores entries in one transaction (Time defaults to now).
-func (s *SQLite) AppendEgress(ctx context.Context, entries []EgressEntry) error {
+func (s *meteringTables) AppendEgress(ctx context.Context, entries []EgressEntry) error {
 	for _, e := range entries {
 		if e.SandboxID == "" {
 			return errs.Field("sandbox_id", "must not be empty")
@@ -76,7 +76,7 @@ func (s *SQLite) AppendEgress(ctx context.Context, entries []EgressEntry) error 
 }
 
 // ListEgress returns matching entries in ascending Seq order.
-func (s *SQLite) ListEgress(ctx context.Context, f EgressFilter) ([]EgressEntry, error) {
+func (s *meteringTables) ListEgress(ctx context.Context, f EgressFilter) ([]EgressEntry, error) {
 	q := `SELECT seq, sandbox_id, owner, time, proto, dst_ip, dst_port, host, rule, verdict, reason,
 		intercepted, bytes_out, bytes_in, duration_ns FROM egress_log WHERE seq > ?`
 	args := []any{f.AfterSeq}
@@ -111,7 +111,7 @@ func (s *SQLite) ListEgress(ctx context.Context, f EgressFilter) ([]EgressEntry,
 
 // PutSecret inserts or replaces the secret (Owner, Name). CreatedAt is kept
 // from an existing row; UpdatedAt is set to now when zero.
-func (s *SQLite) PutSecret(ctx context.Context, sec Secret) (Secret, error) {
+func (s *meteringTables) PutSecret(ctx context.Context, sec Secret) (Secret, error) {
 	switch {
 	case sec.Owner == "":
 		return Secret{}, errs.Field("owner", "must not be empty")
@@ -164,7 +164,7 @@ func scanSecret(sc scanner) (Secret, error) {
 }
 
 // GetSecret returns NotFound for an unknown (owner, name).
-func (s *SQLite) GetSecret(ctx context.Context, owner, name string) (Secret, error) {
+func (s *meteringTables) GetSecret(ctx context.Context, owner, name string) (Secret, error) {
 	sec, err := scanSecret(s.r.QueryRowContext(ctx, `SELECT `+secretCols+` FROM secrets WHERE owner = ? AND name = ?`, owner, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Secret{}, errs.E(errs.NotFound, "secret %q not found", name)
@@ -176,7 +176,7 @@ func (s *SQLite) GetSecret(ctx context.Context, owner, name string) (Secret, err
 }
 
 // ListSecrets lists owner's secrets ("" = every owner) ordered by owner, name.
-func (s *SQLite) ListSecrets(ctx context.Context, owner string) ([]Secret, error) {
+func (s *meteringTables) ListSecrets(ctx context.Context, owner string) ([]Secret, error) {
 	q, args := `SELECT `+secretCols+` FROM secrets`, []any{}
 	if owner != "" {
 		q, args = q+` WHERE owner = ?`, append(args, owner)
@@ -201,7 +201,7 @@ func (s *SQLite) ListSecrets(ctx context.Context, owner string) ([]Secret, error
 }
 
 // DeleteSecret returns NotFound for an unknown (owner, name).
-func (s *SQLite) DeleteSecret(ctx context.Context, owner, name string) error {
+func (s *meteringTables) DeleteSecret(ctx context.Context, owner, name string) error {
 	return s.write(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM secrets WHERE owner = ? AND name = ?`, owner, name)
 		if err != nil {

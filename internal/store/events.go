@@ -10,7 +10,7 @@ import (
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
-func (s *SQLite) AppendEvent(ctx context.Context, ev sandbox.Event) (int64, error) {
+func (s *lifecycleTables) AppendEvent(ctx context.Context, ev sandbox.Event) (int64, error) {
 	var seq int64
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		var err error
@@ -46,7 +46,7 @@ func appendEvent(ctx context.Context, tx *sql.Tx, ev sandbox.Event) (int64, erro
 	return seq, nil
 }
 
-func (s *SQLite) ListEvents(ctx context.Context, f EventFilter) ([]sandbox.Event, error) {
+func (s *lifecycleTables) ListEvents(ctx context.Context, f EventFilter) ([]sandbox.Event, error) {
 	if f.Limit < 0 {
 		return nil, errs.Field("limit", "must not be negative, got %d", f.Limit)
 	}

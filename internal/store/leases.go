@@ -75,7 +75,7 @@ func validLeaseState(s string) bool {
 }
 
 // ApplyLeases updates and inserts a sandbox's leases at once.
-func (s *SQLite) ApplyLeases(ctx context.Context, sandboxID string, set []LeaseUpdate, issue []Lease, sbFn func(*sandbox.Sandbox) bool) error {
+func (s *stateTables) ApplyLeases(ctx context.Context, sandboxID string, set []LeaseUpdate, issue []Lease, sbFn func(*sandbox.Sandbox) bool) error {
 	if sandboxID == "" {
 		return errs.Field("sandbox_id", "must not be empty")
 	}
@@ -160,7 +160,7 @@ func scanLease(sc scanner) (Lease, error) {
 }
 
 // GetLease returns one lease by id.
-func (s *SQLite) GetLease(ctx context.Context, id string) (Lease, error) {
+func (s *stateTables) GetLease(ctx context.Context, id string) (Lease, error) {
 	l, err := scanLease(s.r.QueryRowContext(ctx, `SELECT `+leaseCols+` FROM leases WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Lease{}, errs.E(errs.NotFound, "lease %s not found", id)
@@ -172,7 +172,7 @@ func (s *SQLite) GetLease(ctx context.Context, id string) (Lease, error) {
 }
 
 // ListLeases lists matching leases, oldest first.
-func (s *SQLite) ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error) {
+func (s *stateTables) ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error) {
 	q := `SELECT ` + leaseCols + ` FROM leases WHERE 1 = 1`
 	var args []any
 	for _, c := range []struct{ col, v string }{{"sandbox_id", f.SandboxID}, {"owner", f.Owner}, {"placeholder", f.Placeholder}} {
@@ -200,6 +200,8 @@ func (s *SQLite) ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error)
 	return out, nil
 }
 
+// deleteLeases removes a sandbox's leases, in the transaction that deletes
+// the sandbox.
 func deleteLeases(ctx context.Context, tx *sql.Tx, sandboxID string) error {
 	if _, err := tx.ExecContext(ctx, `DELETE FROM leases WHERE sandbox_id = ?`, sandboxID); err != nil {
 		return dbErr(err, "store: delete leases of %s", sandboxID)

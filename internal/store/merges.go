@@ -59,7 +59,7 @@ const mergeCols = `id, owner, target, source, base_snapshot, source_snapshot, so
 
 // CreateMerge inserts a merge with its conflicts. A second open merge of
 // the same target, or a duplicate id, is AlreadyExists.
-func (s *SQLite) CreateMerge(ctx context.Context, m Merge, cs []MergeConflict) error {
+func (s *imageTables) CreateMerge(ctx context.Context, m Merge, cs []MergeConflict) error {
 	if !snapshotIDRe.MatchString(m.ID) {
 		return errs.Field("id", "merge id must be 1-64 chars of [a-z0-9], got %q", m.ID)
 	}
@@ -107,7 +107,7 @@ func scanMerge(sc scanner) (Merge, error) {
 }
 
 // GetMerge returns one merge by id.
-func (s *SQLite) GetMerge(ctx context.Context, id string) (Merge, error) {
+func (s *imageTables) GetMerge(ctx context.Context, id string) (Merge, error) {
 	m, err := scanMerge(s.r.QueryRowContext(ctx, `SELECT `+mergeCols+` FROM merges WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Merge{}, errs.E(errs.NotFound, "merge %s not found", id)
@@ -119,7 +119,7 @@ func (s *SQLite) GetMerge(ctx context.Context, id string) (Merge, error) {
 }
 
 // ListMerges lists the merges into target ("" = every target), oldest first.
-func (s *SQLite) ListMerges(ctx context.Context, target string) ([]Merge, error) {
+func (s *imageTables) ListMerges(ctx context.Context, target string) ([]Merge, error) {
 	q := `SELECT ` + mergeCols + ` FROM merges`
 	var args []any
 	if target != "" {
@@ -148,7 +148,7 @@ func (s *SQLite) ListMerges(ctx context.Context, target string) ([]Merge, error)
 // UpdateMerge stores a merge's state, plan, result and reason (UpdatedAt
 // defaults to now). Leaving the open states is final: an applied or
 // aborted merge is not changed again (Conflict).
-func (s *SQLite) UpdateMerge(ctx context.Context, m Merge) error {
+func (s *imageTables) UpdateMerge(ctx context.Context, m Merge) error {
 	if m.UpdatedAt.IsZero() {
 		m.UpdatedAt = time.Now().UTC()
 	}
@@ -175,7 +175,7 @@ func (s *SQLite) UpdateMerge(ctx context.Context, m Merge) error {
 }
 
 // ListMergeConflicts lists a merge's conflicts in plan order, resolved ones included.
-func (s *SQLite) ListMergeConflicts(ctx context.Context, mergeID string) ([]MergeConflict, error) {
+func (s *imageTables) ListMergeConflicts(ctx context.Context, mergeID string) ([]MergeConflict, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT merge_id, conflict_id, seq, path, kind, message, data, resolution
 		FROM merge_conflicts WHERE merge_id = ? ORDER BY seq`, mergeID)
 	if err != nil {
@@ -201,7 +201,7 @@ func (s *SQLite) ListMergeConflicts(ctx context.Context, mergeID string) ([]Merg
 // ResolveMergeConflict records a conflict's resolution and the merge's
 // plan after it, in one transaction. An unknown conflict is NotFound, one
 // already resolved or a merge no longer open is Conflict.
-func (s *SQLite) ResolveMergeConflict(ctx context.Context, mergeID, conflictID string, resolution, plan []byte) error {
+func (s *imageTables) ResolveMergeConflict(ctx context.Context, mergeID, conflictID string, resolution, plan []byte) error {
 	if len(resolution) == 0 {
 		return errs.Field("resolution", "must not be empty")
 	}

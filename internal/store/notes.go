@@ -62,7 +62,7 @@ END;
 const noteCols = `sandbox_id, seq, owner, trigger, created_at, at, body, manifest`
 
 // AppendNote inserts n with the next seq and prunes old notes and manifests.
-func (s *SQLite) AppendNote(ctx context.Context, n Note, keep, keepManifests int) (Note, error) {
+func (s *stateTables) AppendNote(ctx context.Context, n Note, keep, keepManifests int) (Note, error) {
 	switch {
 	case n.Sandbox == "":
 		return Note{}, errs.Field("sandbox", "must not be empty")
@@ -118,7 +118,7 @@ func scanNote(sc scanner) (Note, error) {
 }
 
 // ListNotes lists a sandbox's notes newest first.
-func (s *SQLite) ListNotes(ctx context.Context, sandboxID string, limit int) ([]Note, error) {
+func (s *stateTables) ListNotes(ctx context.Context, sandboxID string, limit int) ([]Note, error) {
 	q := `SELECT ` + noteCols + ` FROM notes WHERE sandbox_id = ? ORDER BY seq DESC`
 	args := []any{sandboxID}
 	if limit > 0 {
@@ -145,7 +145,7 @@ func (s *SQLite) ListNotes(ctx context.Context, sandboxID string, limit int) ([]
 }
 
 // GetNote returns one note.
-func (s *SQLite) GetNote(ctx context.Context, sandboxID string, seq int64) (Note, error) {
+func (s *stateTables) GetNote(ctx context.Context, sandboxID string, seq int64) (Note, error) {
 	n, err := scanNote(s.r.QueryRowContext(ctx, `SELECT `+noteCols+` FROM notes WHERE sandbox_id = ? AND seq = ?`, sandboxID, seq))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Note{}, errs.E(errs.NotFound, "note %d of sandbox %s not found", seq, sandboxID)
@@ -157,7 +157,7 @@ func (s *SQLite) GetNote(ctx context.Context, sandboxID string, seq int64) (Note
 }
 
 // NoteAt returns the newest note describing a moment at or before at.
-func (s *SQLite) NoteAt(ctx context.Context, sandboxID string, at time.Time) (Note, error) {
+func (s *stateTables) NoteAt(ctx context.Context, sandboxID string, at time.Time) (Note, error) {
 	n, err := scanNote(s.r.QueryRowContext(ctx, `SELECT `+noteCols+` FROM notes WHERE sandbox_id = ? AND at <= ?
 		ORDER BY at DESC, seq DESC LIMIT 1`, sandboxID, toNanos(at)))
 	if errors.Is(err, sql.ErrNoRows) {

@@ -16,6 +16,11 @@ import (
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
+// lifecycleTables owns the sandbox lifecycle's tables: sandboxes (the
+// records and their state transitions), events (the append-only log every
+// transition writes to in the same transaction), settings, and api_keys.
+type lifecycleTables struct{ *conn }
+
 const sandboxCols = `id, owner, template, template_id, runtime, state, reason, message,
 	labels, env, cpu_millis, memory_mib, disk_mib, pids, created_at, started_at, expires_at,
 	expiry_action, access_token, pause_requested, pause_actual, resumed_from, restore_count,
@@ -82,7 +87,7 @@ func validSandboxID(id string) error {
 	return nil
 }
 
-func (s *SQLite) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
+func (s *lifecycleTables) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
 	if err := validSandboxID(sb.ID); err != nil {
 		return err
 	}
@@ -111,11 +116,11 @@ func (s *SQLite) CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
 	return nil
 }
 
-func (s *SQLite) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
+func (s *lifecycleTables) GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error) {
 	return getSandbox(ctx, s.r, id)
 }
 
-func (s *SQLite) SandboxByTokenHash(ctx context.Context, hash string) (*sandbox.Sandbox, error) {
+func (s *lifecycleTables) SandboxByTokenHash(ctx context.Context, hash string) (*sandbox.Sandbox, error) {
 	if hash == "" {
 		return nil, errs.E(errs.NotFound, "no sandbox has an empty access token")
 	}
@@ -141,7 +146,7 @@ func getSandbox(ctx context.Context, q querier, id string) (*sandbox.Sandbox, er
 	return sb, nil
 }
 
-func (s *SQLite) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*sandbox.Sandbox, string, error) {
+func (s *lifecycleTables) ListSandboxes(ctx context.Context, f SandboxFilter) ([]*sandbox.Sandbox, string, error) {
 	var (
 		where []string
 		args  []any
@@ -238,7 +243,7 @@ func decodeCursor(c string) (int64, string, error) {
 	return created, id, nil
 }
 
-func (s *SQLite) UpdateSandbox(ctx context.Context, id string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
+func (s *lifecycleTables) UpdateSandbox(ctx context.Context, id string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
 	var out *sandbox.Sandbox
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		sb, err := getSandbox(ctx, tx, id)
@@ -287,7 +292,7 @@ func putSandbox(ctx context.Context, tx *sql.Tx, id string, read int64, sb *sand
 	return nil
 }
 
-func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
+func (s *lifecycleTables) DeleteSandbox(ctx context.Context, id string) error {
 	return s.write(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
 		if err != nil {
@@ -298,6 +303,9 @@ func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
 		} else if n == 0 {
 			return errs.E(errs.NotFound, "sandbox %s not found", id)
 		}
+		// The other groups' rows of this sandbox go in the same transaction,
+		// through their files' tx functions; tasks, merges, notes and
+		// activity go by ON DELETE CASCADE or trigger.
 		if err := deleteLeases(ctx, tx, id); err != nil {
 			return err
 		}
@@ -305,7 +313,7 @@ func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
 	})
 }
 
-func (s *SQLite) Transition(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
+func (s *lifecycleTables) Transition(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
 	var out *sandbox.Sandbox
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		sb, err := getSandbox(ctx, tx, id)

@@ -24,7 +24,7 @@ type UsageHour struct {
 	Usage metering.Usage
 }
 
-func (s *SQLite) UsageHours(ctx context.Context, f UsageHoursFilter) ([]UsageHour, error) {
+func (s *meteringTables) UsageHours(ctx context.Context, f UsageHoursFilter) ([]UsageHour, error) {
 	from, to := int64(0), int64(1<<63-1)
 	if !f.From.IsZero() {
 		from = f.From.Truncate(time.Hour).UnixNano()

@@ -8,7 +8,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 )
 
-func (s *SQLite) GetSetting(ctx context.Context, key string) (string, error) {
+func (s *lifecycleTables) GetSetting(ctx context.Context, key string) (string, error) {
 	var v string
 	err := s.r.QueryRowContext(ctx, `SELECT value FROM settings WHERE key = ?`, key).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -20,7 +20,7 @@ func (s *SQLite) GetSetting(ctx context.Context, key string) (string, error) {
 	return v, nil
 }
 
-func (s *SQLite) PutSetting(ctx context.Context, key, val string) error {
+func (s *lifecycleTables) PutSetting(ctx context.Context, key, val string) error {
 	if key == "" {
 		return errs.Field("key", "must not be empty")
 	}

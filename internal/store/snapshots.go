@@ -33,7 +33,7 @@ const snapshotCols = `id, owner, name, source_sandbox, template, template_id, ru
 
 // CreateSnapshot inserts a snapshot (CreatedAt defaults to now). A duplicate
 // id, or a duplicate non-empty name of the same owner, is AlreadyExists.
-func (s *SQLite) CreateSnapshot(ctx context.Context, sn Snapshot) error {
+func (s *imageTables) CreateSnapshot(ctx context.Context, sn Snapshot) error {
 	if !snapshotIDRe.MatchString(sn.ID) {
 		return errs.Field("id", "snapshot id must be 1-64 chars of [a-z0-9], got %q", sn.ID)
 	}
@@ -86,7 +86,7 @@ func scanSnapshot(sc scanner) (Snapshot, error) {
 }
 
 // GetSnapshot returns one snapshot by id.
-func (s *SQLite) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
+func (s *imageTables) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
 	sn, err := scanSnapshot(s.r.QueryRowContext(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Snapshot{}, errs.E(errs.NotFound, "snapshot %s not found", id)
@@ -98,7 +98,7 @@ func (s *SQLite) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
 }
 
 // ListSnapshots lists owner's snapshots ("" = every owner), oldest first.
-func (s *SQLite) ListSnapshots(ctx context.Context, owner string) ([]Snapshot, error) {
+func (s *imageTables) ListSnapshots(ctx context.Context, owner string) ([]Snapshot, error) {
 	q := `SELECT ` + snapshotCols + ` FROM snapshots`
 	var args []any
 	if owner != "" {
@@ -125,6 +125,6 @@ func (s *SQLite) ListSnapshots(ctx context.Context, owner string) ([]Snapshot, e
 }
 
 // DeleteSnapshot removes a snapshot's row.
-func (s *SQLite) DeleteSnapshot(ctx context.Context, id string) error {
+func (s *imageTables) DeleteSnapshot(ctx context.Context, id string) error {
 	return s.deleteByKey(ctx, "snapshots", "id", id, "snapshot")
 }

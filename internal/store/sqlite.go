@@ -21,7 +21,34 @@ import (
 // through a single connection (so writers queue in Go, never on SQLITE_BUSY)
 // and read through a small pool of query-only connections that WAL lets run
 // alongside the writer.
+//
+// SQLite itself only opens, migrates and closes the database; the Store's
+// methods live on one table group per domain, each declared beside its
+// tables and sharing the two handles:
+//
+//	lifecycleTables  sandboxes, events, settings, api keys    (sandboxes.go)
+//	imageTables      templates, builds, snapshots, checkpoints,
+//	                 timeline heads, merges                   (templates.go)
+//	meteringTables   usage, quotas, usage hours, egress log,
+//	                 secrets, activity                        (usage.go)
+//	stateTables      tasks, notes, audit, leases              (tasks.go)
+//
+// The side-effect ledger (effects.go) still has its methods on *SQLite; it
+// belongs with stateTables.
+//
+// A write that spans groups (DeleteSandbox removing a sandbox's leases and
+// timeline) calls a plain function of the other group's file that takes
+// the transaction (deleteLeases, deleteTimeline).
 type SQLite struct {
+	*conn
+	lifecycleTables
+	imageTables
+	meteringTables
+	stateTables
+}
+
+// conn is the pair of handles every table group shares.
+type conn struct {
 	w *sql.DB // exactly one connection; every write transaction
 	r *sql.DB // query-only connections for plain reads
 }
@@ -85,7 +112,17 @@ func OpenSQLite(path string) (*SQLite, error) {
 		r.Close()
 		return nil, err
 	}
-	return &SQLite{w: w, r: r}, nil
+	return newSQLite(&conn{w: w, r: r}), nil
+}
+
+func newSQLite(c *conn) *SQLite {
+	return &SQLite{
+		conn:            c,
+		lifecycleTables: lifecycleTables{c},
+		imageTables:     imageTables{c},
+		meteringTables:  meteringTables{c},
+		stateTables:     stateTables{c},
+	}
 }
 
 // privateFiles creates the database file 0600 if it is missing and makes it
@@ -166,7 +203,7 @@ func migrateOne(ctx context.Context, db *sql.DB, migs []string) (done bool, err 
 
 // write runs fn in a write transaction and commits if fn returns nil.
 // Errors from fn are returned as they are.
-func (s *SQLite) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
+func (s *conn) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return dbErr(err, "store: begin")
@@ -179,6 +216,24 @@ func (s *SQLite) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
 		return dbErr(err, "store: commit")
 	}
 	return nil
+}
+
+// deleteByKey deletes the row of table whose column equals key, or returns
+// NotFound naming what.
+func (s *conn) deleteByKey(ctx context.Context, table, column, key, what string) error {
+	return s.write(ctx, func(tx *sql.Tx) error {
+		// table and column are constants of this package, never input.
+		res, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE `+column+` = ?`, key)
+		if err != nil {
+			return dbErr(err, "store: delete %s %s", what, key)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return dbErr(err, "store: delete %s %s", what, key)
+		} else if n == 0 {
+			return errs.E(errs.NotFound, "%s %s not found", what, key)
+		}
+		return nil
+	})
 }
 
 // dbErr classifies a database error: context errors stay unclassified (so

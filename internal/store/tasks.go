@@ -9,6 +9,12 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 )
 
+// stateTables owns the state beyond the machine: the task ledger (tasks,
+// task_changes, task_ledgers), handoff notes (notes.go), the audit chain
+// (audit.go) and credential leases (leases.go). The side-effect ledger
+// (effects.go) still has its methods on *SQLite.
+type stateTables struct{ *conn }
+
 // TaskStore holds the task ledger of internal/tasks: per sandbox, its
 // tasks as they are now (State is the service's JSON, opaque here), the
 // append-only log of changes they are replayed from, and one ledger record
@@ -63,7 +69,7 @@ type TaskWrite struct {
 	Ledger  []byte
 }
 
-func (s *SQLite) WriteTasks(ctx context.Context, w TaskWrite) error {
+func (s *stateTables) WriteTasks(ctx context.Context, w TaskWrite) error {
 	return s.write(ctx, func(tx *sql.Tx) error {
 		var one int
 		if err := tx.QueryRowContext(ctx, `SELECT 1 FROM sandboxes WHERE id = ?`, w.Sandbox).Scan(&one); err != nil {
@@ -122,15 +128,15 @@ func scanTask(sc scanner) (TaskRecord, error) {
 
 const taskCols = `sandbox_id, task_id, seq, state, brief, updated_at`
 
-func (s *SQLite) ListTasks(ctx context.Context, sandboxID string) ([]TaskRecord, error) {
+func (s *stateTables) ListTasks(ctx context.Context, sandboxID string) ([]TaskRecord, error) {
 	return s.listTasks(ctx, sandboxID, taskCols)
 }
 
-func (s *SQLite) ListTaskBriefs(ctx context.Context, sandboxID string) ([]TaskRecord, error) {
+func (s *stateTables) ListTaskBriefs(ctx context.Context, sandboxID string) ([]TaskRecord, error) {
 	return s.listTasks(ctx, sandboxID, `sandbox_id, task_id, seq, '', brief, updated_at`)
 }
 
-func (s *SQLite) listTasks(ctx context.Context, sandboxID, cols string) ([]TaskRecord, error) {
+func (s *stateTables) listTasks(ctx context.Context, sandboxID, cols string) ([]TaskRecord, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+cols+` FROM tasks WHERE sandbox_id = ? ORDER BY seq`, sandboxID)
 	if err != nil {
 		return nil, dbErr(err, "store: list tasks of %s", sandboxID)
@@ -150,7 +156,7 @@ func (s *SQLite) listTasks(ctx context.Context, sandboxID, cols string) ([]TaskR
 	return out, nil
 }
 
-func (s *SQLite) GetTask(ctx context.Context, sandboxID, taskID string) (TaskRecord, error) {
+func (s *stateTables) GetTask(ctx context.Context, sandboxID, taskID string) (TaskRecord, error) {
 	t, err := scanTask(s.r.QueryRowContext(ctx, `SELECT `+taskCols+` FROM tasks WHERE sandbox_id = ? AND task_id = ?`, sandboxID, taskID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return TaskRecord{}, errs.E(errs.NotFound, "task %q of sandbox %s not found", taskID, sandboxID)
@@ -161,7 +167,7 @@ func (s *SQLite) GetTask(ctx context.Context, sandboxID, taskID string) (TaskRec
 	return t, nil
 }
 
-func (s *SQLite) ListTaskChanges(ctx context.Context, sandboxID, taskID string, until time.Time) ([]TaskChange, error) {
+func (s *stateTables) ListTaskChanges(ctx context.Context, sandboxID, taskID string, until time.Time) ([]TaskChange, error) {
 	q := `SELECT seq, sandbox_id, task_id, time, actor, op, data FROM task_changes WHERE sandbox_id = ?`
 	args := []any{sandboxID}
 	if taskID != "" {
@@ -196,7 +202,7 @@ func (s *SQLite) ListTaskChanges(ctx context.Context, sandboxID, taskID string, 
 	return out, nil
 }
 
-func (s *SQLite) CountTaskChanges(ctx context.Context, sandboxID string) (int, error) {
+func (s *stateTables) CountTaskChanges(ctx context.Context, sandboxID string) (int, error) {
 	var n int
 	if err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM task_changes WHERE sandbox_id = ?`, sandboxID).Scan(&n); err != nil {
 		return 0, dbErr(err, "store: count task changes of %s", sandboxID)
@@ -204,7 +210,7 @@ func (s *SQLite) CountTaskChanges(ctx context.Context, sandboxID string) (int, e
 	return n, nil
 }
 
-func (s *SQLite) GetTaskLedger(ctx context.Context, sandboxID string) ([]byte, error) {
+func (s *stateTables) GetTaskLedger(ctx context.Context, sandboxID string) ([]byte, error) {
 	var data string
 	err := s.r.QueryRowContext(ctx, `SELECT data FROM task_ledgers WHERE sandbox_id = ?`, sandboxID).Scan(&data)
 	if errors.Is(err, sql.ErrNoRows) {

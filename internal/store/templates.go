@@ -9,10 +9,16 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 )
 
+// imageTables owns what sandboxes are made from and captured into:
+// templates and their builds (builds.go), snapshots (snapshots.go),
+// checkpoints and timeline heads (checkpoints.go), and merges with their
+// conflicts (merges.go).
+type imageTables struct{ *conn }
+
 const templateCols = `name, fingerprint, layers, start_cmd, env, workdir, user, cpu_millis, memory_mib,
 	disk_mib, pids, state, progress, error, source, created_at, updated_at`
 
-func (s *SQLite) PutTemplate(ctx context.Context, t Template) (Template, error) {
+func (s *imageTables) PutTemplate(ctx context.Context, t Template) (Template, error) {
 	if t.Name == "" {
 		return Template{}, errs.Field("name", "must not be empty")
 	}
@@ -93,7 +99,7 @@ func scanTemplate(sc scanner) (Template, error) {
 	return t, nil
 }
 
-func (s *SQLite) GetTemplate(ctx context.Context, name string) (Template, error) {
+func (s *imageTables) GetTemplate(ctx context.Context, name string) (Template, error) {
 	t, err := scanTemplate(s.r.QueryRowContext(ctx, `SELECT `+templateCols+` FROM templates WHERE name = ?`, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Template{}, errs.E(errs.NotFound, "template %s not found", name)
@@ -104,7 +110,7 @@ func (s *SQLite) GetTemplate(ctx context.Context, name string) (Template, error)
 	return t, nil
 }
 
-func (s *SQLite) ListTemplates(ctx context.Context) ([]Template, error) {
+func (s *imageTables) ListTemplates(ctx context.Context) ([]Template, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+templateCols+` FROM templates ORDER BY name`)
 	if err != nil {
 		return nil, dbErr(err, "store: list templates")
@@ -124,6 +130,6 @@ func (s *SQLite) ListTemplates(ctx context.Context) ([]Template, error) {
 	return out, nil
 }
 
-func (s *SQLite) DeleteTemplate(ctx context.Context, name string) error {
+func (s *imageTables) DeleteTemplate(ctx context.Context, name string) error {
 	return s.deleteByKey(ctx, "templates", "name", name, "template")
 }

@@ -12,6 +12,11 @@ import (
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
+// meteringTables owns what a sandbox uses and sends out: usage and its
+// hourly buckets (series.go), quotas, the egress log and the secrets the
+// egress proxy injects (egress.go), and the activity log (activity.go).
+type meteringTables struct{ *conn }
+
 // UsageRecord is one sandbox's metering step: its cursor and lifetime row
 // (Usage, replaced) and the increments of this step (Inc, added to the
 // hour bucket that starts at Hour). The bucket belongs to the sandbox's
@@ -35,7 +40,7 @@ const usageCols = `u.sandbox_id, u.owner, u.template, u.state, u.cpu_millis, u.m
 	u.created_at, u.last_sample_at, u.last_cpu_nanos, u.disk_bytes, u.last_active_at, u.signals`
 
 // RecordUsage writes every record in one transaction.
-func (s *SQLite) RecordUsage(ctx context.Context, recs []UsageRecord) error {
+func (s *meteringTables) RecordUsage(ctx context.Context, recs []UsageRecord) error {
 	for _, r := range recs {
 		if err := validSandboxID(r.Usage.SandboxID); err != nil {
 			return err
@@ -88,7 +93,7 @@ func (s *SQLite) RecordUsage(ctx context.Context, recs []UsageRecord) error {
 // ListUsage returns per-sandbox usage (hour buckets summed) ordered by
 // sandbox id. A sandbox with a usage row but no bucket in range is listed
 // with zero usage.
-func (s *SQLite) ListUsage(ctx context.Context, f UsageFilter) ([]metering.Usage, error) {
+func (s *meteringTables) ListUsage(ctx context.Context, f UsageFilter) ([]metering.Usage, error) {
 	q := `SELECT ` + usageCols + `,
 		coalesce(sum(h.cpu_seconds), 0), coalesce(sum(h.mem_gib_seconds), 0), coalesce(max(h.mem_peak_bytes), 0),
 		coalesce(sum(h.running_seconds), 0), coalesce(sum(h.frozen_seconds), 0), coalesce(sum(h.paused_seconds), 0),
@@ -131,7 +136,7 @@ func (s *SQLite) ListUsage(ctx context.Context, f UsageFilter) ([]metering.Usage
 }
 
 // PutQuota sets owner's limits (replacing any earlier ones).
-func (s *SQLite) PutQuota(ctx context.Context, owner string, l quota.Limits) error {
+func (s *meteringTables) PutQuota(ctx context.Context, owner string, l quota.Limits) error {
 	if owner == "" {
 		return errs.Field("owner", "must not be empty")
 	}
@@ -148,7 +153,7 @@ func (s *SQLite) PutQuota(ctx context.Context, owner string, l quota.Limits) err
 }
 
 // GetQuota returns NotFound for an owner without stored limits.
-func (s *SQLite) GetQuota(ctx context.Context, owner string) (quota.Limits, error) {
+func (s *meteringTables) GetQuota(ctx context.Context, owner string) (quota.Limits, error) {
 	var l quota.Limits
 	err := s.r.QueryRowContext(ctx, `SELECT sandboxes, cpu, memory_mib, disk_mib, snapshots FROM quotas WHERE owner = ?`, owner).
 		Scan(&l.Sandboxes, &l.CPU, &l.MemoryMiB, &l.DiskMiB, &l.Snapshots)
@@ -162,7 +167,7 @@ func (s *SQLite) GetQuota(ctx context.Context, owner string) (quota.Limits, erro
 }
 
 // ListQuotas returns every stored quota by owner.
-func (s *SQLite) ListQuotas(ctx context.Context) (map[string]quota.Limits, error) {
+func (s *meteringTables) ListQuotas(ctx context.Context) (map[string]quota.Limits, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT owner, sandboxes, cpu, memory_mib, disk_mib, snapshots FROM quotas ORDER BY owner`)
 	if err != nil {
 		return nil, dbErr(err, "store: list quotas")
@@ -181,7 +186,7 @@ func (s *SQLite) ListQuotas(ctx context.Context) (map[string]quota.Limits, error
 }
 
 // DeleteQuota removes owner's stored limits (config limits apply again).
-func (s *SQLite) DeleteQuota(ctx context.Context, owner string) error {
+func (s *meteringTables) DeleteQuota(ctx context.Context, owner string) error {
 	return s.write(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM quotas WHERE owner = ?`, owner)
 		if err != nil {
