@@ -120,9 +120,9 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"rewind-files"}, r.rewindFiles},
 		{[]string{"task-step"}, r.taskStep}, // tasks.go
 		{[]string{"resume-tasks"}, r.taskResume},
-		{[]string{"note-write"}, r.noteWrite}, // notes.go
-		{[]string{"audit-visible"}, r.auditVisible}, // audit.go
-		{[]string{"self-api-rtt"}, r.selfAPIRTT}, // selfapi.go
+		{[]string{"note-write"}, r.noteWrite},           // notes.go
+		{[]string{"audit-visible"}, r.auditVisible},     // audit.go
+		{[]string{"self-api-rtt"}, r.selfAPIRTT},        // selfapi.go
 		{[]string{"pause-resume-leases"}, r.leasePause}, // leases.go
 	}
 	for _, g := range perRuntime {
