@@ -64,16 +64,9 @@ func (o *OCI) freezer(id string) (state string, v2 bool, err error) {
 // least one process: an empty one would freeze nothing and is refused
 // (errs.FailedPrecondition; Freeze then asks runc, which says why).
 func (o *OCI) freezeCgroup(ctx context.Context, id string) error {
-	state, v2, err := o.freezer(id)
+	state, v2, err := o.liveFreezer(id)
 	if err != nil {
 		return err
-	}
-	procs, err := os.ReadFile(filepath.Join(filepath.Dir(state), "cgroup.procs"))
-	if err != nil {
-		return errs.Wrap(errs.Internal, err, "read the cgroup of %s", id)
-	}
-	if len(strings.TrimSpace(string(procs))) == 0 {
-		return errs.E(errs.FailedPrecondition, "the cgroup of %s holds no process", id)
 	}
 	if v2 {
 		err = freezeV2(ctx, state)
@@ -87,9 +80,27 @@ func (o *OCI) freezeCgroup(ctx context.Context, id string) error {
 	return nil
 }
 
-// thawCgroup resumes a runc container freezeCgroup (or `runc pause`) stopped.
+// liveFreezer is freezer for a container whose cgroup holds a process.
+func (o *OCI) liveFreezer(id string) (state string, v2 bool, err error) {
+	state, v2, err = o.freezer(id)
+	if err != nil {
+		return "", false, err
+	}
+	procs, err := readCgroupFile(filepath.Join(filepath.Dir(state), "cgroup.procs"))
+	if err != nil {
+		return "", false, errs.Wrap(errs.Internal, err, "read the cgroup of %s", id)
+	}
+	if procs == "" {
+		return "", false, errs.E(errs.FailedPrecondition, "the cgroup of %s holds no process", id)
+	}
+	return state, v2, nil
+}
+
+// thawCgroup resumes a runc container freezeCgroup (or `runc pause`)
+// stopped. Like freezeCgroup it refuses a cgroup without a process
+// (errs.FailedPrecondition: Thaw then asks runc, which says why).
 func (o *OCI) thawCgroup(ctx context.Context, id string) error {
-	state, v2, err := o.freezer(id)
+	state, v2, err := o.liveFreezer(id)
 	if err != nil {
 		return err
 	}

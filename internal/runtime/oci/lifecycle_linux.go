@@ -192,7 +192,7 @@ func (o *OCI) Thaw(ctx context.Context, id string) error {
 		return errs.Field("id", "%q is not a valid id", id)
 	}
 	if o.name == Runc {
-		if err := o.thawCgroup(ctx, id); !errs.Is(err, errs.NotFound) {
+		if err := o.thawCgroup(ctx, id); !errs.Is(err, errs.NotFound) && !errs.Is(err, errs.FailedPrecondition) {
 			return err
 		}
 	}
