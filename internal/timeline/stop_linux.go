@@ -16,9 +16,10 @@ const killWait = 2 * time.Second
 
 // killFirst ends a runc sandbox's processes before the halt: SIGKILL to
 // PID 1 and a wait on a pidfd until it has exited — in its own PID
-// namespace, its exit takes every other process of the sandbox with it. `runc delete --force` on a running container
-// signals it and then polls every 100 ms until it is gone (≥ 100 ms of a
-// rewind's time); on a stopped one it only cleans up. The halt that
+// namespace, its exit takes every other process of the sandbox with it.
+// `runc delete --force` on a running container signals it and then polls
+// every 100 ms until it is gone (≥ 100 ms of a rewind's time); on a
+// stopped one it only cleans up. The halt that
 // follows (Core.Halt) is unchanged and still removes the container, its
 // cgroup, network and mounts, so whatever happens here (an error, a PID
 // reused between the state and the pidfd, a wait that times out) costs at

@@ -120,11 +120,11 @@ func thawValue(v2 bool) string {
 // freezeV1 writes FROZEN until the state reads FROZEN. It is runc's
 // cgroup v1 loop (libcontainer/cgroups/fs) with one change: between two
 // tries it sleeps, 50 µs doubling up to 1 ms, instead of spinning. On a
-// loaded host each frozen task must first be scheduled to stop, and
-// runc's spin used up its 49 quick tries in about a millisecond, then
-// thawed and slept 10 ms (a 12 ms freeze at load 9). The thaw and sleep
-// every 50 tries stay: they let a cgroup whose processes keep forking be
-// frozen too.
+// loaded host each task must first be scheduled to stop; runc's loop as
+// it is spends its 49 quick tries in about a millisecond, then thaws and
+// sleeps 10 ms (measured: 12 ms freezes at load 9, against 0–2 ms with
+// the sleeps). The thaw and sleep every 50 tries stay: they let a cgroup
+// whose processes keep forking be frozen too.
 func freezeV1(ctx context.Context, state string) error {
 	delay := 50 * time.Microsecond
 	for i := 0; i < freezeTries; i++ {
