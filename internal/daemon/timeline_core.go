@@ -50,31 +50,21 @@ func (c timelineCore) Halt(ctx context.Context, sb *sandbox.Sandbox) error { ret
 // (~40 ms of ip/nft commands on a loaded host) of every rewind and
 // promote. Nothing runs in the netns meanwhile; a restart that ends in
 // Fail detaches it there (fail halts fully), a rollback halts fully.
-//
-// For runc the runtime's delete and the filesystem's teardown run side by
-// side: the timeline has killed PID 1 before (its processes are gone), so
-// the delete only removes runc's state and cgroup, nothing the teardown
-// touches; and the teardown returns only once nothing holds the workspace
-// (rootfs.Teardown retries a busy unmount and waits for the image's loop
-// device to be released), so where a process was left it waits for the
-// delete to have ended it. runsc's gofer holds the rootfs open until its
-// delete, so there the teardown follows the delete. Both have finished
-// when HaltForRestart returns.
 func (c timelineCore) HaltForRestart(ctx context.Context, sb *sandbox.Sandbox) error {
 	d := c.d
 	d.chans.drop(sb.ID)
-	rt, err := d.RuntimeFor(sb)
-	if err != nil {
-		return errors.Join(err, d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)))
+	var errList []error
+	if rt, err := d.RuntimeFor(sb); err == nil {
+		if err := rt.Delete(ctx, sb.ID); err != nil {
+			errList = append(errList, err)
+		}
+	} else {
+		errList = append(errList, err)
 	}
-	if rt.Name() != "runc" {
-		delErr := rt.Delete(ctx, sb.ID)
-		return errors.Join(delErr, d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)))
+	if err := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
+		errList = append(errList, err)
 	}
-	delErr := make(chan error, 1)
-	go func() { delErr <- rt.Delete(ctx, sb.ID) }()
-	fsErr := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID))
-	return errors.Join(<-delErr, fsErr)
+	return errors.Join(errList...)
 }
 func (c timelineCore) Boot(ctx context.Context, sb *sandbox.Sandbox) error {
 	return c.d.boot(ctx, sb, nil)
