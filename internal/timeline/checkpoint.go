@@ -139,14 +139,14 @@ func (s *Service) Checkpoint(ctx context.Context, req CheckpointRequest) (store.
 		"files": strconv.Itoa(ds.Files), "whiteouts": strconv.Itoa(ds.Whiteouts), "ms": strconv.FormatInt(took.Milliseconds(), 10),
 		"freeze_ms": strconv.FormatInt(ds.FreezeMillis, 10), "store_ms": strconv.FormatInt(storeMillis, 10),
 		"diff_ms": strconv.FormatInt(ds.DiffMillis, 10), "write_ms": strconv.FormatInt(ds.WriteMillis, 10),
-		"import_ms": strconv.FormatInt(ds.ImportMillis, 10),
+		"import_ms": strconv.FormatInt(ds.ImportMillis, 10), "thaw_ms": strconv.FormatInt(ds.ThawMillis, 10),
 	}
 	if len(ds.Refused) > 0 {
 		data["refused"] = strconv.Itoa(len(ds.Refused))
 	}
 	s.core.Event(ctx, sb, req.Actor, "checkpoint", "checkpoint_taken", reason, data)
 	s.log.Info("checkpoint taken", "sandbox_id", sb.ID, "checkpoint", ck.ID, "mode", mode, "bytes", ds.Bytes, "ms", took.Milliseconds(),
-		"freeze_ms", ds.FreezeMillis, "diff_ms", ds.DiffMillis, "write_ms", ds.WriteMillis, "import_ms", ds.ImportMillis, "store_ms", storeMillis)
+		"freeze_ms", ds.FreezeMillis, "diff_ms", ds.DiffMillis, "write_ms", ds.WriteMillis, "import_ms", ds.ImportMillis, "thaw_ms", ds.ThawMillis, "store_ms", storeMillis)
 	return ck, nil
 }
 
@@ -165,20 +165,24 @@ func isDeltaLayer(dir string) bool {
 // captureDelta writes the delta from view base to sb's live view (its
 // upper over boot) as a layer. A running sandbox is frozen for the diff
 // and the copy, so the delta is one instant and no file moves under it.
-func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, id string, base, boot []string, running bool) (template.Layer, DeltaStat, error) {
+func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, id string, base, boot []string, running bool) (_ template.Layer, ds DeltaStat, _ error) {
 	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return template.Layer{}, DeltaStat{}, err
 	}
 	began := time.Now()
 	if running && canFreeze(ctx, rt) {
+		// runc: the freezer cgroup written directly; runsc: `runsc pause`
+		// (internal/runtime/oci/freezer_linux.go).
 		if err := rt.Freeze(ctx, sb.ID); err != nil {
 			return template.Layer{}, DeltaStat{}, errs.Wrap(errs.Internal, err, "freeze %s for a consistent checkpoint", sb.ID)
 		}
 		defer func() {
+			t := time.Now()
 			if err := rt.Thaw(context.WithoutCancel(ctx), sb.ID); err != nil {
 				s.log.Error("thaw after checkpoint", "sandbox_id", sb.ID, "err", err)
 			}
+			ds.ThawMillis = time.Since(t).Milliseconds()
 		}()
 	}
 	t0 := time.Now()
@@ -211,10 +215,7 @@ func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, id stri
 		return template.Layer{}, DeltaStat{}, err
 	}
 	t1 := time.Now()
-	var (
-		ds DeltaStat
-		t2 time.Time
-	)
+	var t2 time.Time
 	l, err := s.layers.ImportDirNamed(ctx, deltaName(id, res.Changes), func(dir string) error {
 		var err error
 		ds, err = WriteDeltaStamped(ctx, res, to, dir, began)

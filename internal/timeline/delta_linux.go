@@ -25,9 +25,9 @@ type DeltaStat struct {
 	// (nothing a sandbox makes becomes a live device in a layer).
 	Refused []string
 	// Where a checkpoint's time went (set by the caller): the freeze, the
-	// diff, the delta's writes, and the layer store's import (a count of
-	// the entries and the rename into place; no content is read).
-	FreezeMillis, DiffMillis, WriteMillis, ImportMillis int64
+	// diff, the delta's writes, the layer store's import (a count of the
+	// entries and the rename into place; no content is read) and the thaw.
+	FreezeMillis, DiffMillis, WriteMillis, ImportMillis, ThawMillis int64
 }
 
 const opaqueXattr = "trusted.overlay.opaque"
@@ -121,6 +121,14 @@ type deltaWriter struct {
 // sandbox's loop-mounted workspace into the layer store: ~90 → ~40 ms on
 // a loaded 2-core host).
 const copyBuf = 1 << 20
+
+// fallocateMin is the size from which a copied file's blocks are
+// allocated in one fallocate(2) before the copy: ext4's delayed
+// allocation otherwise reserves and accounts block by block as the pages
+// are written (100 MiB from a sandbox's workspace into the layer store:
+// 29–34 → 19–25 ms on this 2-core host). A copy that comes short is an
+// error either way, so the allocated size is never left as the file's.
+const fallocateMin = 1 << 20
 
 // copyBytes copies at most max bytes from in's offset to out's:
 // copy_file_range where in and out are on one filesystem (the kernel
@@ -309,6 +317,10 @@ func (w *deltaWriter) copyFile(rel string, pfd int, name string, n fsdiff.Node) 
 	var before unix.Stat_t
 	stamp := !w.stampBefore.IsZero() && src != nil && unix.Fstat(int(src.Fd()), &before) == nil &&
 		before.Size == n.Size && time.Unix(before.Ctim.Unix()).Before(w.stampBefore)
+	if n.Size >= fallocateMin {
+		// Best effort (a filesystem without it copies as before).
+		_ = unix.Fallocate(fd, 0, 0, n.Size)
+	}
 	var copied int64
 	if src != nil {
 		copied, err = w.copyBytes(out, src, n.Size)

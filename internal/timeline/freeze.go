@@ -2,6 +2,7 @@ package timeline
 
 import (
 	"context"
+	"time"
 
 	"github.com/berth-dev/berth/internal/runtime"
 )
@@ -12,4 +13,11 @@ func canFreeze(ctx context.Context, rt runtime.Runtime) bool {
 	now, cancel := context.WithCancel(ctx)
 	cancel()
 	return rt.Capabilities(now).Freeze
+}
+
+// initKiller is a runtime that can end a container's processes by
+// killing its PID 1 directly and waiting for it, without an exec of the
+// runtime (oci.OCI, for runc).
+type initKiller interface {
+	KillInit(ctx context.Context, id string, wait time.Duration) error
 }

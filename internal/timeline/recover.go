@@ -65,6 +65,7 @@ func syncDir(dir string) error {
 // boots on the new layers over a fresh workspace, as the restart would
 // have). Either way nothing is half.
 func (s *Service) Recover(ctx context.Context, sb *sandbox.Sandbox) error {
+	s.thawInterrupted(ctx, sb)
 	dir := s.core.SandboxDir(sb.ID)
 	l := rootfs.LayoutOf(dir)
 	aside := l.Image + ".timeline"
@@ -97,6 +98,29 @@ func (s *Service) Recover(ctx context.Context, sb *sandbox.Sandbox) error {
 		"committed": map[bool]string{true: "true", false: "false"}[committed]})
 	_ = os.Remove(journalPath(dir))
 	return nil
+}
+
+// thawInterrupted thaws a running sandbox a checkpoint froze for its
+// capture when the daemon died before the thaw (it would otherwise be
+// taken for dead by the reconcile that follows: its agent does not
+// answer). At daemon start nothing else holds a running sandbox frozen:
+// interrupted merges, which freeze their targets, are settled before
+// this, and a pause moves the sandbox out of running first.
+func (s *Service) thawInterrupted(ctx context.Context, sb *sandbox.Sandbox) {
+	if sb.State != sandbox.Running {
+		return
+	}
+	rt, err := s.core.RuntimeFor(sb)
+	if err != nil {
+		return
+	}
+	if st, err := rt.State(ctx, sb.ID); err == nil && st.State == "paused" {
+		if err := rt.Thaw(ctx, sb.ID); err != nil {
+			s.log.Warn("timeline: thaw a sandbox a checkpoint left frozen", "sandbox_id", sb.ID, "err", err)
+			return
+		}
+		s.log.Warn("timeline: thawed a sandbox a checkpoint left frozen", "sandbox_id", sb.ID)
+	}
 }
 
 // Sweep removes, at daemon start, what no checkpoint owns under

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -14,11 +15,11 @@ import (
 const killWait = 2 * time.Second
 
 // killFirst ends a runc sandbox's processes before the halt: SIGKILL to
-// PID 1 (`runc kill`, by container id) and a wait on a pidfd until it has
-// exited — in its own PID namespace, its exit takes every other process
-// of the sandbox with it. `runc delete --force` on a running container
-// signals it and then polls every 100 ms until it is gone (≥ 100 ms of a
-// rewind's time); on a stopped one it only cleans up. The halt that
+// PID 1 and a wait on a pidfd until it has exited — in its own PID
+// namespace, its exit takes every other process of the sandbox with it.
+// `runc delete --force` on a running container signals it and then polls
+// every 100 ms until it is gone (≥ 100 ms of a rewind's time); on a
+// stopped one it only cleans up. The halt that
 // follows (Core.Halt) is unchanged and still removes the container, its
 // cgroup, network and mounts, so whatever happens here (an error, a PID
 // reused between the state and the pidfd, a wait that times out) costs at
@@ -28,6 +29,18 @@ func (s *Service) killFirst(ctx context.Context, sb *sandbox.Sandbox) {
 	rt, err := s.core.RuntimeFor(sb)
 	if err != nil || rt.Name() != "runc" {
 		return
+	}
+	// Without an exec: PID 1 found in the container's cgroup and killed
+	// through a pidfd (oci.OCI.KillInit). The runtime's own state and kill
+	// below only where that cannot find it.
+	if ik, ok := rt.(initKiller); ok {
+		err := ik.KillInit(ctx, sb.ID, killWait)
+		if err == nil || !errs.Is(err, errs.NotFound) && !errs.Is(err, errs.NotImplemented) {
+			if err != nil {
+				s.log.Debug("timeline: kill before halt", "sandbox_id", sb.ID, "err", err)
+			}
+			return
+		}
 	}
 	st, err := rt.State(ctx, sb.ID)
 	if err != nil || st.Pid <= 0 || st.State != "running" {

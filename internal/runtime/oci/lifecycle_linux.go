@@ -167,19 +167,34 @@ func (o *OCI) Delete(ctx context.Context, id string) error {
 	return err
 }
 
-// Freeze stops every process of the container with the cgroup freezer.
+// Freeze stops every process of the container: runc's with the cgroup
+// freezer written directly (freezeCgroup: what `runc pause` does, without
+// the exec; `runc pause` only where the container has no freezer cgroup
+// of its own), runsc's with `runsc pause` (the Sentry stops its own tasks;
+// freezer_linux.go says why it is never frozen from outside).
 func (o *OCI) Freeze(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return errs.Field("id", "%q is not a valid id", id)
+	}
+	if o.name == Runc {
+		if err := o.freezeCgroup(ctx, id); !errs.Is(err, errs.NotFound) && !errs.Is(err, errs.FailedPrecondition) {
+			return err
+		}
 	}
 	_, err := o.exec(ctx, false, "pause", id, "pause", id)
 	return err
 }
 
-// Thaw resumes a frozen container.
+// Thaw resumes a frozen container (runc: the freezer cgroup written
+// directly, as `runc resume` does).
 func (o *OCI) Thaw(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return errs.Field("id", "%q is not a valid id", id)
+	}
+	if o.name == Runc {
+		if err := o.thawCgroup(ctx, id); !errs.Is(err, errs.NotFound) && !errs.Is(err, errs.FailedPrecondition) {
+			return err
+		}
 	}
 	_, err := o.exec(ctx, false, "resume", id, "resume", id)
 	return err
