@@ -73,7 +73,9 @@ func newLedger(t *testing.T, cfg Config, ids ...string) (*Service, store.Store) 
 		c := &clock{now: t0}
 		cfg.Now = c.Now
 	}
-	return New(storeCore{st}, cfg), st
+	l := New(storeCore{st}, cfg)
+	t.Cleanup(func() { _ = l.Flush(context.Background()) }) // before the store closes
+	return l, st
 }
 
 func post(sb, key, body string) egress.Intent {
