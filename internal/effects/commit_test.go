@@ -236,3 +236,40 @@ func TestRepeatOfAnIntentBeingCommitted(t *testing.T) {
 		t.Fatalf("usage %d, want 1: a failed intent does not count", n)
 	}
 }
+
+// An outcome lingers for the next intent's commit (one commit for both);
+// without one it is committed on its own once linger is up.
+func TestOutcomeRidesWithTheNextIntent(t *testing.T) {
+	l, g := newGated(t, "a")
+	ctx := t.Context()
+	l.w.linger = time.Hour
+	a := sent(t, l, post("a", "ka", "b"))
+	l.Finish(ctx, a.Effect, egress.Outcome{Status: 200, Complete: true})
+	b := sent(t, l, post("a", "kb", "b"))
+	if c := g.commits(); len(c) != 2 || c[1] != 2 {
+		t.Fatalf("commits %v; want [1 2]: a's outcome with b's intent", c)
+	}
+	if e, err := g.Store.GetEffect(ctx, a.Effect); err != nil || e.State != store.EffectCompleted {
+		t.Fatalf("a = %+v, %v; want completed with b's intent", e, err)
+	}
+	l.Finish(ctx, b.Effect, egress.Outcome{Status: 200, Complete: true})
+	if err := l.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := g.Store.GetEffect(ctx, b.Effect); err != nil || e.State != store.EffectCompleted {
+		t.Fatalf("b after Flush = %+v, %v; want completed", e, err)
+	}
+	l.w.mu.Lock()
+	l.w.linger = time.Millisecond
+	l.w.mu.Unlock()
+	c := sent(t, l, post("a", "kc", "b"))
+	l.Finish(ctx, c.Effect, egress.Outcome{Status: 200, Complete: true})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if e, err := g.Store.GetEffect(ctx, c.Effect); err == nil && e.State == store.EffectCompleted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a lone outcome was never committed")
+		}
+	}
+}

@@ -125,13 +125,21 @@ func New(core Core, cfg Config) *Service {
 	}
 	return &Service{core: core, cfg: cfg, log: cfg.Log, scopes: map[string]store.EffectScope{},
 		counts: map[string]*usage{}, inflight: map[string]*flight{},
-		w: &committer{st: core.Store, log: cfg.Log}}
+		w: &committer{st: core.Store, log: cfg.Log, linger: linger}}
 }
 
 // Flush waits until every intent and outcome handed to the ledger is
 // committed (or ctx ends): the daemon calls it when it stops, tests
 // before they read the store directly.
 func (s *Service) Flush(ctx context.Context) error { return s.w.flush(ctx) }
+
+// Commits is how many commits the ledger made and how many writes
+// (intents and outcomes) they carried: their ratio is group commit's gain.
+func (s *Service) Commits() (commits, writes int64) {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	return s.w.commits, s.w.writes
+}
 
 // SetSteps installs the task ledger's current step. Call it while wiring,
 // before the proxy serves (the field is read without a lock).
@@ -380,7 +388,7 @@ func (s *Service) Finish(ctx context.Context, id string, out egress.Outcome) {
 		f.out = &o
 	}
 	s.mu.Unlock()
-	s.w.submit(job{w: store.EffectWrite{ID: id, Finish: &o}, done: func(err error) {
+	s.w.submit(job{w: store.EffectWrite{ID: id, Finish: &o}, lazy: true, done: func(err error) {
 		if err != nil {
 			s.log.Error("record effect outcome", "sandbox_id", sbID, "effect", id, "err", err)
 		}

@@ -55,7 +55,7 @@ func (c *clock) Now() time.Time {
 	return c.now
 }
 
-func newLedger(t *testing.T, cfg Config, ids ...string) (*Service, store.Store) {
+func newLedger(t testing.TB, cfg Config, ids ...string) (*Service, store.Store) {
 	t.Helper()
 	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
 	if err != nil {
