@@ -273,6 +273,10 @@ func (d *Daemon) Close() {
 	d.cancel()
 	d.wg.Wait()
 	d.net.Release()
+	// Outcomes still being committed: written now, not left unknown.
+	fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_ = d.effects.Flush(fctx)
+	cancel()
 	d.chans.closeAll()
 	d.self.close()
 }

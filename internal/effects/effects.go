@@ -8,8 +8,10 @@
 //
 // It implements egress.Ledger for the proxy and statehook.Hook for the
 // lifecycle. Its lock (Service.mu) is a leaf: it is taken by the proxy's
-// goroutines and by hooks (under a sandbox's lock), and held while the
-// store is called, never while the core is.
+// goroutines, by hooks (under a sandbox's lock) and by the committer's
+// completions, and held while the store is read, never while the core is
+// called or a commit is waited for. Intents and outcomes are written by
+// the committer (commit.go): one commit for all that arrive together.
 package effects
 
 import (
@@ -83,12 +85,19 @@ type Service struct {
 	scopes   map[string]store.EffectScope // cache of the store's scopes
 	counts   map[string]*usage            // per sandbox, loaded on first use
 	inflight map[string]*flight           // effects sent by this daemon whose outcome is not stored yet
+	w        *committer
 }
 
-// flight is an effect being sent; done is closed once its outcome is stored.
+// flight is an effect being sent; done is closed once its outcome is
+// stored (or its intent could not be).
 type flight struct {
 	sandbox string
 	done    chan struct{}
+	// rec is the intent while its commit is under way (nil once durable):
+	// a repeat decided meanwhile finds it here, not yet in the store.
+	rec *store.Effect
+	// out is the outcome while its commit is under way: listings show it.
+	out *store.EffectOutcome
 }
 
 // maxWaits bounds how often Begin waits for an in-flight effect it repeats.
@@ -115,7 +124,21 @@ func New(core Core, cfg Config) *Service {
 		cfg.ReplayBudget = DefaultReplayBudget
 	}
 	return &Service{core: core, cfg: cfg, log: cfg.Log, scopes: map[string]store.EffectScope{},
-		counts: map[string]*usage{}, inflight: map[string]*flight{}}
+		counts: map[string]*usage{}, inflight: map[string]*flight{},
+		w: &committer{st: core.Store, log: cfg.Log, linger: linger}}
+}
+
+// Flush waits until every intent and outcome handed to the ledger is
+// committed (or ctx ends): the daemon calls it when it stops, tests
+// before they read the store directly.
+func (s *Service) Flush(ctx context.Context) error { return s.w.flush(ctx) }
+
+// Commits is how many commits the ledger made and how many writes
+// (intents and outcomes) they carried: their ratio is group commit's gain.
+func (s *Service) Commits() (commits, writes int64) {
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	return s.w.commits, s.w.writes
 }
 
 // SetSteps installs the task ledger's current step. Call it while wiring,
@@ -190,6 +213,9 @@ func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, e
 	}
 	for waits := 0; ; waits++ {
 		t, wait, err := s.begin(ctx, in, step, waits < maxWaits)
+		if t.Effect != "" && t.Replay == nil && err == nil {
+			return s.commitIntent(t)
+		}
 		if wait == nil {
 			return t, err
 		}
@@ -228,7 +254,16 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 		return egress.Ticket{}, nil, err
 	}
 	priors := make([]Prior, 0, len(found))
+	// Intents whose commit is under way are the newest: not in the store yet.
+	for eid, f := range s.inflight {
+		if r := f.rec; r != nil && r.Lineage == sc.Lineage && (key != "" && r.Key == key || key == "" && r.Identity == id) {
+			priors = append(priors, Prior{ID: eid, SandboxID: r.SandboxID, Host: r.Host, State: store.EffectPending, InFlight: true, StartedAt: r.StartedAt})
+		}
+	}
 	for _, e := range found {
+		if f := s.inflight[e.ID]; f != nil && f.rec != nil {
+			continue // listed above
+		}
 		_, live := s.inflight[e.ID]
 		priors = append(priors, Prior{ID: e.ID, SandboxID: e.SandboxID, Host: e.Host, State: e.State, InFlight: live,
 			Status: e.Status, Replayable: e.State == store.EffectCompleted && e.Reason == "", StartedAt: e.StartedAt})
@@ -263,21 +298,50 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 		s.audit(ctx, "effect.refused", in.SandboxID, map[string]string{"host": in.Host, "reason": msg})
 		return egress.Ticket{Status: http.StatusTooManyRequests, Message: msg}, nil, nil
 	}
-	e, err := s.core.Store().RecordEffect(ctx, store.Effect{ID: newID(), Lineage: sc.Lineage, SandboxID: in.SandboxID, Owner: u.owner,
+	// Reserved here, under s.mu, so a repeat decided from now on sees it
+	// in flight; written by the committer (Begin waits for that).
+	e := &store.Effect{ID: newID(), Lineage: sc.Lineage, SandboxID: in.SandboxID, Owner: u.owner,
 		Step: step, Method: in.Method, Host: in.Host, Path: in.Path, BodySHA256: in.BodySHA256, BodySize: in.BodySize,
-		Key: key, KeySource: source, Identity: id, Secret: in.Secret, StartedAt: s.cfg.Now().UTC()})
-	if err != nil {
-		return egress.Ticket{}, nil, err
-	}
+		Key: key, KeySource: source, Identity: id, Secret: in.Secret, StartedAt: s.cfg.Now().UTC()}
 	u.n++
-	s.inflight[e.ID] = &flight{sandbox: in.SandboxID, done: make(chan struct{})}
-	data["effect"], data["key_source"], data["step"] = e.ID, source, step
-	s.audit(ctx, "effect.intent", in.SandboxID, data)
+	s.inflight[e.ID] = &flight{sandbox: in.SandboxID, done: make(chan struct{}), rec: e}
 	t := egress.Ticket{Effect: e.ID}
 	if source == "derived" {
 		t.SetKey = key
 	}
 	return t, nil, nil
+}
+
+// commitIntent waits until the intent reserved for t is durable (it
+// shares a commit with the writes queued alongside it) and returns t; if
+// it cannot be written the reservation is undone and the request is not
+// sent. The wait is bounded by the committer's own timeout, not by the
+// request: an intent that may yet be committed is never reported as not
+// recorded.
+func (s *Service) commitIntent(t egress.Ticket) (egress.Ticket, error) {
+	s.mu.Lock()
+	f := s.inflight[t.Effect]
+	e := f.rec
+	s.mu.Unlock()
+	res := make(chan error, 1)
+	s.w.submit(job{w: store.EffectWrite{Record: e}, done: func(err error) { res <- err }})
+	err := <-res
+	s.mu.Lock()
+	f.rec = nil
+	if err != nil {
+		delete(s.inflight, t.Effect)
+		if u := s.counts[e.SandboxID]; u != nil {
+			u.n--
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		close(f.done) // a repeat waiting for it decides again
+		return egress.Ticket{}, err
+	}
+	s.audit(context.Background(), "effect.intent", e.SandboxID, map[string]string{"method": e.Method, "host": e.Host, "path": e.Path,
+		"body_sha256": e.BodySHA256, "effect": e.ID, "key_source": e.KeySource, "step": e.Step})
+	return t, nil
 }
 
 // flightOf is the in-flight effect a refusal is about, if any.
@@ -288,10 +352,11 @@ func (s *Service) flightOf(dec Decision) *flight {
 	return s.inflight[dec.Prior.ID]
 }
 
-// Finish records a sent effect's outcome (egress.Ledger).
+// Finish records a sent effect's outcome (egress.Ledger). It does not
+// wait for the commit: the effect stays in flight — a repeat waits for
+// it, listings show the outcome — until the outcome is stored. A crash
+// before that leaves the effect unknown.
 func (s *Service) Finish(ctx context.Context, id string, out egress.Outcome) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
 	o := store.EffectOutcome{State: store.EffectCompleted, Status: out.Status, RespSize: out.Size, EndedAt: s.cfg.Now().UTC()}
 	s.mu.Lock()
 	f := s.inflight[id]
@@ -319,23 +384,28 @@ func (s *Service) Finish(ctx context.Context, id string, out egress.Outcome) {
 			}
 		}
 	}
-	s.mu.Unlock()
-	if err := s.core.Store().FinishEffect(ctx, id, o); err != nil {
-		s.log.Error("record effect outcome", "sandbox_id", sbID, "effect", id, "err", err)
-	}
-	// Only now is it no longer in flight: a repeat waiting for it decides
-	// against the stored outcome.
-	s.mu.Lock()
-	delete(s.inflight, id)
-	s.mu.Unlock()
 	if f != nil {
-		close(f.done)
+		f.out = &o
 	}
-	data := map[string]string{"effect": id, "state": o.State, "status": strconv.Itoa(o.Status), "response_size": strconv.FormatInt(o.RespSize, 10)}
-	if o.Reason != "" {
-		data["reason"] = o.Reason
-	}
-	s.audit(ctx, "effect.outcome", sbID, data)
+	s.mu.Unlock()
+	s.w.submit(job{w: store.EffectWrite{ID: id, Finish: &o}, lazy: true, done: func(err error) {
+		if err != nil {
+			s.log.Error("record effect outcome", "sandbox_id", sbID, "effect", id, "err", err)
+		}
+		// Only now is it no longer in flight: a repeat waiting for it
+		// decides against the stored outcome.
+		s.mu.Lock()
+		delete(s.inflight, id)
+		s.mu.Unlock()
+		if f != nil {
+			close(f.done)
+		}
+		data := map[string]string{"effect": id, "state": o.State, "status": strconv.Itoa(o.Status), "response_size": strconv.FormatInt(o.RespSize, 10)}
+		if o.Reason != "" {
+			data["reason"] = o.Reason
+		}
+		s.audit(context.WithoutCancel(ctx), "effect.outcome", sbID, data)
+	}})
 }
 
 // View is an effect as a sandbox sees it: its own, or inherited (made by
@@ -370,8 +440,13 @@ func (s *Service) Since(ctx context.Context, sandboxID string, t time.Time) ([]V
 		}
 		s.mu.Lock()
 		for _, e := range list {
-			if _, live := s.inflight[e.ID]; e.State == store.EffectPending && !live {
+			f, live := s.inflight[e.ID]
+			switch {
+			case e.State != store.EffectPending:
+			case !live:
 				e.State = store.EffectUnknown // its daemon stopped before the outcome
+			case f.out != nil: // the outcome's commit is under way
+				e.State, e.Status, e.RespSize, e.Reason, e.EndedAt = f.out.State, f.out.Status, f.out.RespSize, f.out.Reason, f.out.EndedAt
 			}
 			out = append(out, View{Effect: e, Inherited: depth > 0, Replayable: e.State == store.EffectCompleted && e.Reason == ""})
 		}

@@ -55,7 +55,7 @@ func (c *clock) Now() time.Time {
 	return c.now
 }
 
-func newLedger(t *testing.T, cfg Config, ids ...string) (*Service, store.Store) {
+func newLedger(t testing.TB, cfg Config, ids ...string) (*Service, store.Store) {
 	t.Helper()
 	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
 	if err != nil {
@@ -73,7 +73,9 @@ func newLedger(t *testing.T, cfg Config, ids ...string) (*Service, store.Store) 
 		c := &clock{now: t0}
 		cfg.Now = c.Now
 	}
-	return New(storeCore{st}, cfg), st
+	l := New(storeCore{st}, cfg)
+	t.Cleanup(func() { _ = l.Flush(context.Background()) }) // before the store closes
+	return l, st
 }
 
 func post(sb, key, body string) egress.Intent {

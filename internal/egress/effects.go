@@ -155,7 +155,9 @@ type Outcome struct {
 // Ledger records side effects: the intent before the request is sent, the
 // outcome after. internal/effects implements it. Begin must be durable
 // before it returns a Ticket to send; an error means "not recorded" and
-// the proxy then refuses the request (fail closed).
+// the proxy then refuses the request (fail closed). Finish should not
+// block on the store: it is called on the connection's path, after the
+// answer was relayed.
 type Ledger interface {
 	Begin(ctx context.Context, in Intent) (Ticket, error)
 	Finish(ctx context.Context, effect string, out Outcome)

@@ -30,8 +30,10 @@ func recordable(pol EffectPolicy, host string, port uint16, method string, secre
 
 // relayEffect sends one recordable request through the ledger: the body
 // is read (bounded) and hashed, the intent recorded, and only then the
-// request is sent to up; the outcome is recorded as soon as the answer
-// has been relayed (a repeat arriving meanwhile waits for it in the
+// request is sent to up; the outcome is handed to the ledger once the
+// answer has been relayed — Finish does not wait for its commit, so
+// neither the answer's last byte nor the next request on the connection
+// waits for the store (a repeat arriving meanwhile waits for it in the
 // ledger). A repeat the ledger answers is never sent. end says the
 // connection must close.
 func (p *Proxy) relayEffect(ctx context.Context, led Ledger, in Intent, req *http.Request, client io.Writer, up io.Writer, ubr *bufio.Reader) (end bool, err error) {

@@ -55,6 +55,14 @@ type EffectOutcome struct {
 	Replay   []byte
 }
 
+// EffectWrite is one write of a WriteEffects batch: an intent to insert
+// (Record), or the outcome (Finish) of the pending effect ID.
+type EffectWrite struct {
+	Record *Effect
+	ID     string
+	Finish *EffectOutcome
+}
+
 // EffectFilter selects one sandbox's own effects; Since/Until bound
 // StartedAt (exclusive / inclusive; zero = unbounded).
 type EffectFilter struct {
@@ -88,6 +96,10 @@ type EffectStore interface {
 	// FinishEffect sets the outcome of a pending effect; NotFound if there
 	// is none pending with that id.
 	FinishEffect(ctx context.Context, id string, o EffectOutcome) error
+	// WriteEffects applies intents and outcomes in one commit; errs[i] is
+	// write i's own error (AlreadyExists, NotFound, InvalidArgument), err
+	// the commit's (then none was applied). Record.Seq is set.
+	WriteEffects(ctx context.Context, ws []EffectWrite) (errs []error, err error)
 	GetEffect(ctx context.Context, id string) (Effect, error)
 	// FindEffects returns the newest effects of lineage with key (when not
 	// "") or else identity, at most limit, without their Replay.
@@ -107,32 +119,42 @@ const effectCols = `id, seq, lineage, sandbox_id, owner, step, method, host, pat
 
 // RecordEffect inserts an effect's intent.
 func (s *SQLite) RecordEffect(ctx context.Context, e Effect) (Effect, error) {
+	if err := checkEffect(&e); err != nil {
+		return Effect{}, err
+	}
+	err := s.write(ctx, func(tx *sql.Tx) error { return insertEffect(ctx, tx, &e) })
+	if err != nil {
+		return Effect{}, err
+	}
+	return e, nil
+}
+
+// checkEffect validates an intent and fills its defaults.
+func checkEffect(e *Effect) error {
 	switch {
 	case e.ID == "":
-		return Effect{}, errs.Field("id", "must not be empty")
+		return errs.Field("id", "must not be empty")
 	case e.SandboxID == "" || e.Lineage == "":
-		return Effect{}, errs.Field("sandbox", "an effect needs its sandbox and lineage")
+		return errs.Field("sandbox", "an effect needs its sandbox and lineage")
 	}
 	if e.StartedAt.IsZero() {
 		e.StartedAt = time.Now().UTC()
 	}
 	e.State = EffectPending
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO effects (id, lineage, sandbox_id, owner, step, method, host, path,
-			body_sha256, body_size, idem_key, key_source, identity, secret, state, status, resp_size, reason, started_at, ended_at, replay)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, '', ?, 0, NULL)`,
-			e.ID, e.Lineage, e.SandboxID, e.Owner, e.Step, e.Method, e.Host, e.Path, e.BodySHA256, e.BodySize,
-			e.Key, e.KeySource, e.Identity, boolInt(e.Secret), e.State, toNanos(e.StartedAt))
-		if err != nil {
-			return dbErr(err, "store: record effect %s", e.ID)
-		}
-		e.Seq, err = res.LastInsertId()
-		return err
-	})
+	return nil
+}
+
+func insertEffect(ctx context.Context, tx *sql.Tx, e *Effect) error {
+	res, err := tx.ExecContext(ctx, `INSERT INTO effects (id, lineage, sandbox_id, owner, step, method, host, path,
+		body_sha256, body_size, idem_key, key_source, identity, secret, state, status, resp_size, reason, started_at, ended_at, replay)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, '', ?, 0, NULL)`,
+		e.ID, e.Lineage, e.SandboxID, e.Owner, e.Step, e.Method, e.Host, e.Path, e.BodySHA256, e.BodySize,
+		e.Key, e.KeySource, e.Identity, boolInt(e.Secret), e.State, toNanos(e.StartedAt))
 	if err != nil {
-		return Effect{}, err
+		return dbErr(err, "store: record effect %s", e.ID)
 	}
-	return e, nil
+	e.Seq, err = res.LastInsertId()
+	return err
 }
 
 func boolInt(b bool) int {
@@ -144,26 +166,72 @@ func boolInt(b bool) int {
 
 // FinishEffect records an outcome.
 func (s *SQLite) FinishEffect(ctx context.Context, id string, o EffectOutcome) error {
+	if err := checkOutcome(o); err != nil {
+		return err
+	}
+	return s.write(ctx, func(tx *sql.Tx) error { return finishEffect(ctx, tx, id, o) })
+}
+
+func checkOutcome(o EffectOutcome) error {
 	if o.State != EffectCompleted && o.State != EffectUnknown {
 		return errs.Field("state", "must be %s or %s, got %q", EffectCompleted, EffectUnknown, o.State)
 	}
-	return s.write(ctx, func(tx *sql.Tx) error {
-		var replay any
-		if o.Replay != nil {
-			replay = o.Replay
-		}
-		res, err := tx.ExecContext(ctx, `UPDATE effects SET state = ?, status = ?, resp_size = ?, reason = ?, ended_at = ?, replay = ?
-			WHERE id = ? AND state = ?`, o.State, o.Status, o.RespSize, o.Reason, toNanos(o.EndedAt), replay, id, EffectPending)
-		if err != nil {
-			return dbErr(err, "store: finish effect %s", id)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return dbErr(err, "store: finish effect %s", id)
-		} else if n == 0 {
-			return errs.E(errs.NotFound, "no pending effect %s", id)
+	return nil
+}
+
+func finishEffect(ctx context.Context, tx *sql.Tx, id string, o EffectOutcome) error {
+	var replay any
+	if o.Replay != nil {
+		replay = o.Replay
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE effects SET state = ?, status = ?, resp_size = ?, reason = ?, ended_at = ?, replay = ?
+		WHERE id = ? AND state = ?`, o.State, o.Status, o.RespSize, o.Reason, toNanos(o.EndedAt), replay, id, EffectPending)
+	if err != nil {
+		return dbErr(err, "store: finish effect %s", id)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return dbErr(err, "store: finish effect %s", id)
+	} else if n == 0 {
+		return errs.E(errs.NotFound, "no pending effect %s", id)
+	}
+	return nil
+}
+
+// WriteEffects applies a batch of intents and outcomes in one transaction:
+// one commit (one fsync) for all of them. A write's own failure
+// (validation, a duplicate id, no pending effect to finish) is its entry
+// in the returned slice and does not stop the others (SQLite rolls back
+// just the failed statement); err is the transaction's — then nothing of
+// the batch was applied.
+func (s *SQLite) WriteEffects(ctx context.Context, ws []EffectWrite) ([]error, error) {
+	out := make([]error, len(ws))
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		for i := range ws {
+			w := &ws[i]
+			switch {
+			case w.Record != nil && w.Finish != nil:
+				out[i] = errs.Field("write", "an intent or an outcome, not both")
+			case w.Record != nil:
+				if out[i] = checkEffect(w.Record); out[i] == nil {
+					out[i] = insertEffect(ctx, tx, w.Record)
+				}
+			case w.Finish != nil:
+				if out[i] = checkOutcome(*w.Finish); out[i] == nil {
+					out[i] = finishEffect(ctx, tx, w.ID, *w.Finish)
+				}
+			default:
+				out[i] = errs.Field("write", "neither an intent nor an outcome")
+			}
+			if e := out[i]; e != nil && !errs.Is(e, errs.AlreadyExists) && !errs.Is(e, errs.NotFound) && !errs.Is(e, errs.InvalidArgument) {
+				return e // not this write's own fault: the whole batch fails
+			}
 		}
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func scanEffect(sc scanner, withReplay bool) (Effect, error) {

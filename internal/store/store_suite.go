@@ -49,6 +49,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Notes", suiteNotes},
 		{"Audit", suiteAudit},
 		{"Effects", suiteEffects},
+		{"EffectBatch", suiteEffectBatch},
 		{"Leases", suiteLeases},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
