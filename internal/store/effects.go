@@ -118,7 +118,7 @@ const effectCols = `id, seq, lineage, sandbox_id, owner, step, method, host, pat
 	identity, secret, state, status, resp_size, reason, started_at, ended_at`
 
 // RecordEffect inserts an effect's intent.
-func (s *SQLite) RecordEffect(ctx context.Context, e Effect) (Effect, error) {
+func (s *stateTables) RecordEffect(ctx context.Context, e Effect) (Effect, error) {
 	if err := checkEffect(&e); err != nil {
 		return Effect{}, err
 	}
@@ -165,7 +165,7 @@ func boolInt(b bool) int {
 }
 
 // FinishEffect records an outcome.
-func (s *SQLite) FinishEffect(ctx context.Context, id string, o EffectOutcome) error {
+func (s *stateTables) FinishEffect(ctx context.Context, id string, o EffectOutcome) error {
 	if err := checkOutcome(o); err != nil {
 		return err
 	}
@@ -203,7 +203,7 @@ func finishEffect(ctx context.Context, tx *sql.Tx, id string, o EffectOutcome) e
 // in the returned slice and does not stop the others (SQLite rolls back
 // just the failed statement); err is the transaction's — then nothing of
 // the batch was applied.
-func (s *SQLite) WriteEffects(ctx context.Context, ws []EffectWrite) ([]error, error) {
+func (s *stateTables) WriteEffects(ctx context.Context, ws []EffectWrite) ([]error, error) {
 	out := make([]error, len(ws))
 	err := s.write(ctx, func(tx *sql.Tx) error {
 		for i := range ws {
@@ -256,7 +256,7 @@ func scanEffect(sc scanner, withReplay bool) (Effect, error) {
 }
 
 // GetEffect returns one effect with its replay.
-func (s *SQLite) GetEffect(ctx context.Context, id string) (Effect, error) {
+func (s *stateTables) GetEffect(ctx context.Context, id string) (Effect, error) {
 	e, err := scanEffect(s.r.QueryRowContext(ctx, `SELECT `+effectCols+`, replay FROM effects WHERE id = ?`, id), true)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Effect{}, errs.E(errs.NotFound, "effect %s not found", id)
@@ -267,7 +267,7 @@ func (s *SQLite) GetEffect(ctx context.Context, id string) (Effect, error) {
 	return e, nil
 }
 
-func (s *SQLite) queryEffects(ctx context.Context, q string, args ...any) ([]Effect, error) {
+func (s *stateTables) queryEffects(ctx context.Context, q string, args ...any) ([]Effect, error) {
 	rows, err := s.r.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, dbErr(err, "store: list effects")
@@ -288,7 +288,7 @@ func (s *SQLite) queryEffects(ctx context.Context, q string, args ...any) ([]Eff
 }
 
 // FindEffects returns the newest matching effects of a lineage.
-func (s *SQLite) FindEffects(ctx context.Context, lineage, key, identity string, limit int) ([]Effect, error) {
+func (s *stateTables) FindEffects(ctx context.Context, lineage, key, identity string, limit int) ([]Effect, error) {
 	if limit <= 0 {
 		limit = 16
 	}
@@ -299,7 +299,7 @@ func (s *SQLite) FindEffects(ctx context.Context, lineage, key, identity string,
 }
 
 // ListEffects lists a sandbox's own effects.
-func (s *SQLite) ListEffects(ctx context.Context, f EffectFilter) ([]Effect, error) {
+func (s *stateTables) ListEffects(ctx context.Context, f EffectFilter) ([]Effect, error) {
 	var where []string
 	var args []any
 	where, args = append(where, "sandbox_id = ?"), append(args, f.SandboxID)
@@ -318,7 +318,7 @@ func (s *SQLite) ListEffects(ctx context.Context, f EffectFilter) ([]Effect, err
 }
 
 // CountEffects counts a sandbox's own effects and their replay bytes.
-func (s *SQLite) CountEffects(ctx context.Context, sandboxID string) (int, int64, error) {
+func (s *stateTables) CountEffects(ctx context.Context, sandboxID string) (int, int64, error) {
 	var n int
 	var b int64
 	err := s.r.QueryRowContext(ctx, `SELECT COUNT(*), COALESCE(SUM(LENGTH(replay)), 0) FROM effects WHERE sandbox_id = ?`, sandboxID).Scan(&n, &b)
@@ -329,7 +329,7 @@ func (s *SQLite) CountEffects(ctx context.Context, sandboxID string) (int, int64
 }
 
 // PutEffectScope replaces a sandbox's scope.
-func (s *SQLite) PutEffectScope(ctx context.Context, sc EffectScope) error {
+func (s *stateTables) PutEffectScope(ctx context.Context, sc EffectScope) error {
 	if sc.SandboxID == "" || sc.Lineage == "" {
 		return errs.Field("sandbox", "a scope needs its sandbox and lineage")
 	}
@@ -354,7 +354,7 @@ func (s *SQLite) PutEffectScope(ctx context.Context, sc EffectScope) error {
 }
 
 // GetEffectScope returns a sandbox's scope.
-func (s *SQLite) GetEffectScope(ctx context.Context, sandboxID string) (EffectScope, error) {
+func (s *stateTables) GetEffectScope(ctx context.Context, sandboxID string) (EffectScope, error) {
 	var (
 		sc      EffectScope
 		point   int64

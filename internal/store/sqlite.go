@@ -31,10 +31,7 @@ import (
 //	                 timeline heads, merges                   (templates.go)
 //	meteringTables   usage, quotas, usage hours, egress log,
 //	                 secrets, activity                        (usage.go)
-//	stateTables      tasks, notes, audit, leases              (tasks.go)
-//
-// The side-effect ledger (effects.go) still has its methods on *SQLite; it
-// belongs with stateTables.
+//	stateTables      tasks, notes, audit, leases, effects     (tasks.go)
 //
 // A write that spans groups (DeleteSandbox removing a sandbox's leases and
 // timeline) calls a plain function of the other group's file that takes

@@ -11,8 +11,8 @@ import (
 
 // stateTables owns the state beyond the machine: the task ledger (tasks,
 // task_changes, task_ledgers), handoff notes (notes.go), the audit chain
-// (audit.go) and credential leases (leases.go). The side-effect ledger
-// (effects.go) still has its methods on *SQLite.
+// (audit.go), credential leases (leases.go) and the side-effect ledger
+// (effects.go).
 type stateTables struct{ *conn }
 
 // TaskStore holds the task ledger of internal/tasks: per sandbox, its
