@@ -3,6 +3,9 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -104,6 +107,50 @@ func TestRewindKeepsNetwork(t *testing.T) {
 			if got := s.netIP(t, id); got != ip {
 				t.Errorf("after the promote the parent's address is %s, was %s", got, ip)
 			}
+		})
+	}
+}
+
+// TestRewindKilledKeepsNetwork: the daemon is killed (SIGKILL) in the middle
+// of a rewind, once the sandbox is halted and the restart journal written
+// (on runsc its network is detached by then, on runc it is kept). After a
+// restart the interrupted rewind is settled and the sandbox, started again
+// where the restart found it dead, reaches what its policy allows, by name,
+// with its requests attributed to it.
+func TestRewindKilledKeepsNetwork(t *testing.T) {
+	requireRunsc(t)
+	inet := newInternet(t)
+	s := startServer(t, inet.serveArgs()...)
+	for _, rt := range []string{"runc", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			id := s.create("--runtime", rt, "--allow", "good.test")
+			defer s.run("rm", "-f", id)
+			s.installFetch(id, inet)
+			s.reaches(t, id, "before")
+			ck := s.checkpoint(s.key, id)
+			cmd := exec.Command(filepath.Join(s.bin, "berth"), "rewind", id, "--to", ck.ID)
+			cmd.Env = s.env(s.key)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			mark := filepath.Join(s.dataDir, "sandboxes", id, "timeline-restart.json")
+			testutil.Eventually(t, testutil.Within(30*time.Second).Every(time.Millisecond), func() error {
+				if _, err := os.Stat(mark); err != nil {
+					return fmt.Errorf("the restart journal never appeared: %v", err)
+				}
+				return nil
+			})
+			s.kill9()
+			_ = cmd.Wait()
+			s.start()
+			if !strings.Contains(s.must("events", id, "--json"), "restart_settled") {
+				t.Errorf("no restart_settled event")
+			}
+			if v := inspect(t, s, id); v.State != "running" {
+				t.Logf("%s: after the restart the sandbox is %s; starting it", rt, v.State)
+				s.must("start", id)
+			}
+			s.reaches(t, id, "after the interrupted rewind")
 		})
 	}
 }
