@@ -57,8 +57,9 @@ func (s *server) reaches(t *testing.T, id, when string) {
 // TestRewindKeepsNetwork (issue 18 bug): a sandbox rewound in place — to a
 // files-only checkpoint and to a memory one — and a parent that took a
 // child's state by promote still reach what their policy allows, by name,
-// keep their address, and their requests are still theirs in the egress
-// log. On runsc the sandbox used to come back into a network namespace
+// keep their address (on runsc a fresh attachment takes the lowest free
+// one, which is theirs here: nothing else attaches meanwhile), and their
+// requests are still theirs in the egress log. On runsc the sandbox used to come back into a network namespace
 // whose addresses its previous start had taken into its own netstack
 // ("network is unreachable").
 func TestRewindKeepsNetwork(t *testing.T) {
