@@ -81,7 +81,10 @@ func TestRewindKeepsNetwork(t *testing.T) {
 			for _, to := range []wire.Checkpoint{files, mem, files} {
 				res := s.rewind(id, to.ID)
 				t.Logf("%s: rewind to %s: mode %s in %d ms %s", rt, to.Name, res.Mode, res.Millis, res.Reason)
-				if res.Mode != to.Mode {
+				// A memory restore may fall back to a boot, saying why (a
+				// restore that timed out on a loaded host); the network must
+				// work either way.
+				if res.Mode != to.Mode && (res.Mode != "files" || res.Reason == "") {
 					t.Fatalf("rewind to %s (%s checkpoint): mode %s %s", to.Name, to.Mode, res.Mode, res.Reason)
 				}
 				s.reaches(t, id, "after the rewind to "+to.Name)
