@@ -3,12 +3,14 @@ package network
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"io/fs"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 
@@ -88,6 +90,17 @@ func setupBridge(ctx context.Context, name string, gw netip.Prefix) error {
 	if err != nil {
 		return nlErr(err, "bridge %s", name)
 	}
+	// A bridge whose address was never set takes the lowest of its ports'
+	// addresses, so attaching or detaching one sandbox (a delete, a pause,
+	// a runsc rewind) could change the gateway's MAC under every other
+	// sandbox, whose neighbour entries then point at nothing until they
+	// expire (no gratuitous ARP): their DNS and proxy traffic is lost for
+	// tens of seconds. A fixed address of its own keeps it.
+	if mac := bridgeMAC(name); !bytes.Equal(br.Attrs().HardwareAddr, mac) || !addrSet(name) {
+		if err := netlink.LinkSetHardwareAddr(br, mac); err != nil {
+			return nlErr(err, "set the address of %s", name)
+		}
+	}
 	// The sandboxes are IPv4 only; no link-local IPv6 on the bridge either.
 	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+name+"/disable_ipv6", []byte("1"), 0o644)
 	if err := netlink.AddrReplace(br, ifAddr(gw)); err != nil {
@@ -99,6 +112,22 @@ func setupBridge(ctx context.Context, name string, gw netip.Prefix) error {
 		return err
 	}
 	return nlErr(netlink.LinkSetUp(br), "set %s up", name)
+}
+
+// bridgeMAC is the bridge's own address: locally administered, unicast,
+// derived from its name so that it stays the same across daemon starts.
+func bridgeMAC(name string) net.HardwareAddr {
+	h := sha256.Sum256([]byte("berth bridge " + name))
+	mac := net.HardwareAddr(h[:6])
+	mac[0] = mac[0]&0xfe | 0x02
+	return mac
+}
+
+// addrSet reports whether link name's address was set (NET_ADDR_SET), not
+// inherited from its ports.
+func addrSet(name string) bool {
+	b, err := os.ReadFile(filepath.Join("/sys/class/net", name, "addr_assign_type"))
+	return err == nil && strings.TrimSpace(string(b)) == "3"
 }
 
 // createNetns makes a persistent network namespace bind-mounted at path.

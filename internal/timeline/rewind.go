@@ -101,7 +101,7 @@ func (s *Service) restartOn(ctx context.Context, sb *sandbox.Sandbox, layers, lo
 	t0 := time.Now()
 	s.killFirst(tctx, sb)
 	t1 := time.Now()
-	if err := s.core.HaltForRestart(tctx, sb); err != nil {
+	if err := s.haltForRestart(tctx, sb); err != nil {
 		// Still running as it was: let it be.
 		if berr := s.core.Boot(tctx, sb); berr != nil {
 			s.core.Fail(tctx, sb, "restart_failed", errors.Join(err, berr))
@@ -144,6 +144,20 @@ func (s *Service) restartOn(ctx context.Context, sb *sandbox.Sandbox, layers, lo
 		"halt_ms", halted.Sub(t1).Milliseconds(), "switch_ms", t2.Sub(halted).Milliseconds(),
 		"boot_ms", t3.Sub(t2).Milliseconds(), "drop_ms", time.Since(t3).Milliseconds())
 	return mode, why, nil
+}
+
+// haltForRestart stops sb for the start that follows. On runc the network
+// attachment is kept for it (Core.HaltForRestart). On runsc it is not:
+// runsc (network=sandbox) moved the attachment's addresses and routes into
+// its own netstack when it started, so a boot or a restore into that
+// namespace comes up with none ("network is unreachable") — the halt
+// detaches it and the start attaches a fresh one, as a memory resume and a
+// fork's parent (internal/checkpoint restoreParent) do.
+func (s *Service) haltForRestart(ctx context.Context, sb *sandbox.Sandbox) error {
+	if sb.Runtime == "runsc" {
+		return s.core.Halt(ctx, sb)
+	}
+	return s.core.HaltForRestart(ctx, sb)
 }
 
 // rollback puts sb's old workspace and layers back and boots it again.

@@ -51,7 +51,9 @@ type Core interface {
 	// boot from the workspace (a fresh one when disk.img is gone), fail.
 	Halt(ctx context.Context, sb *sandbox.Sandbox) error
 	// HaltForRestart is Halt keeping the network attachment for a boot
-	// that follows at once (Boot keeps an attachment it finds).
+	// that follows at once (Boot keeps an attachment it finds). runc
+	// only: a runsc sandbox's attachment has lost its addresses to the
+	// runsc netstack (see haltForRestart).
 	HaltForRestart(ctx context.Context, sb *sandbox.Sandbox) error
 	Boot(ctx context.Context, sb *sandbox.Sandbox) error
 	Fail(ctx context.Context, sb *sandbox.Sandbox, reason string, cause error)

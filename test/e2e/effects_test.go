@@ -120,17 +120,22 @@ func TestEffectsLedger(t *testing.T) {
 			if since := s.effects(p, "--since", "before"); len(since) != 2 {
 				t.Fatalf("effects --since before: %d, want 2", len(since))
 			}
-			if rt == "runc" {
-				// (On runsc a sandbox rewound in place has had no network in
-				// this test run — a timeline/runsc matter, reported; the
-				// snapshot restore above covers the retry there.)
-				out, ok = s.post(p, "https://good.test/count/"+rt+"-b", "keyless")
-				if !ok || !strings.Contains(out, "count=1") || !strings.Contains(out, "replayed") {
-					t.Fatalf("keyless retry after the rewind: %q, want the recorded answer", out)
-				}
-				if n := inet.Count(rt + "-b"); n != 1 {
-					t.Fatalf("the test host counted %d keyless POSTs after the rewind, want 1", n)
-				}
+			// The sandbox rewound in place (on runsc too: TestRewindKeepsNetwork)
+			// retries the keyless POST: answered from the ledger, not sent.
+			out, ok = s.post(p, "https://good.test/count/"+rt+"-b", "keyless")
+			if !ok || !strings.Contains(out, "count=1") || !strings.Contains(out, "replayed") {
+				t.Fatalf("keyless retry after the rewind: %q, want the recorded answer", out)
+			}
+			if n := inet.Count(rt + "-b"); n != 1 {
+				t.Fatalf("the test host counted %d keyless POSTs after the rewind, want 1", n)
+			}
+			// And its retry with the key, too.
+			out, ok = s.post(p, "https://good.test/count/"+rt+"-a", "hello", key)
+			if !ok || !strings.Contains(out, "count=1") || !strings.Contains(out, "effect="+e.ID+"; replayed") {
+				t.Fatalf("keyed retry after the rewind: %q, want the recorded answer", out)
+			}
+			if n := inet.Count(rt + "-a"); n != 1 {
+				t.Fatalf("the test host counted %d keyed POSTs after the rewind, want 1", n)
 			}
 
 			// 5. repeat: refuse.
