@@ -47,8 +47,8 @@ func (c timelineCore) Halt(ctx context.Context, sb *sandbox.Sandbox) error { ret
 // address, policy) left in place for the boot that follows at once —
 // Boot's net.Up keeps an attachment it finds, as after a memory pause,
 // and applies the stored policy again. Saves the detach and re-attach
-// (~40 ms of ip/nft commands on a loaded host) of every rewind and
-// promote. Nothing runs in the netns meanwhile; a restart that ends in
+// (~40 ms of ip/nft commands on a loaded host) of every runc rewind and
+// promote (runsc halts fully: timeline.haltForRestart). Nothing runs in the netns meanwhile; a restart that ends in
 // Fail detaches it there (fail halts fully), a rollback halts fully.
 func (c timelineCore) HaltForRestart(ctx context.Context, sb *sandbox.Sandbox) error {
 	d := c.d
