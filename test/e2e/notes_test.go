@@ -119,7 +119,7 @@ func handoffNotes(t *testing.T, s *server, rt string) {
 	// Pause writes a note; it lists only what changed since n1.
 	s.must("exec", id, "--", "sh", "-c", "cd ~/proj && echo three > c.txt && rm b.txt")
 	s.must("exec", "--user", "root", id, "--", "rm", "/etc/issue") // a template file: a whiteout
-	n2 := s.noteJSON(id, "--write", "--context-version", "ctx-2") // the agent moves on
+	n2 := s.noteJSON(id, "--write", "--context-version", "ctx-2")  // the agent moves on
 	if ch := changed(n2); len(ch) != 3 || ch["home/user/proj/c.txt"] != "added" || ch["home/user/proj/b.txt"] != "deleted" || ch["etc/issue"] != "deleted" ||
 		n2.Files.SinceSeq != n1.Seq {
 		t.Errorf("second note lists %v since #%d, want c.txt added, b.txt and /etc/issue deleted since #%d", ch, n2.Files.SinceSeq, n1.Seq)
