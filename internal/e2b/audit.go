@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/audit"
+	"github.com/berth-dev/berth/internal/httpx"
 )
 
 // audited runs an authenticated control-plane request and appends one
@@ -14,15 +15,18 @@ import (
 // does: actor, method, route pattern (marked e2b), outcome status,
 // sandbox. A create's new sandbox is read from the answer's sandboxID.
 func (s *Server) audited(w http.ResponseWriter, r *http.Request, owner string, h http.HandlerFunc) {
-	sw := &statusWriter{ResponseWriter: w, sniff: r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes")}
+	sw := &httpx.Recorder{ResponseWriter: w}
+	if r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes") {
+		sw.Sniff = 512 // the new sandbox's id
+	}
 	h(sw, r)
-	status := sw.status
+	status := sw.Status
 	if status == 0 {
 		status = http.StatusOK
 	}
 	id := r.PathValue("id")
 	if id == "" && status < 300 {
-		if m := sandboxIDRe.FindSubmatch(sw.head); m != nil {
+		if m := sandboxIDRe.FindSubmatch(sw.Head); m != nil {
 			id = string(m[1])
 		}
 	}
@@ -31,31 +35,3 @@ func (s *Server) audited(w http.ResponseWriter, r *http.Request, owner string, h
 }
 
 var sandboxIDRe = regexp.MustCompile(`"sandboxID":\s*"([a-z0-9]{1,64})"`)
-
-// statusWriter remembers the status written (and a create's first bytes);
-// Unwrap keeps http.ResponseController working through it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-	sniff  bool
-	head   []byte
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	if w.sniff && len(w.head) < 512 {
-		w.head = append(w.head, b[:min(len(b), 512-len(w.head))]...)
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

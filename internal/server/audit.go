@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -39,9 +38,12 @@ func auditActor(p daemon.Principal) string {
 // sandbox is the prober's entry, not the victim's); the admin's to the
 // owner it acts for, or the sandbox's.
 func (s *Server) audited(pattern string, h handler, w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
-	sw := &statusWriter{ResponseWriter: w, sniff: pattern == "POST /v1/sandboxes"}
+	sw := &httpx.Recorder{ResponseWriter: w}
+	if pattern == "POST /v1/sandboxes" {
+		sw.Sniff = 512 // the new sandbox's id
+	}
 	err := h(sw, r, p)
-	status := sw.status
+	status := sw.Status
 	if err != nil {
 		status = httpx.Status(errs.KindOf(err))
 	} else if status == 0 {
@@ -52,7 +54,7 @@ func (s *Server) audited(pattern string, h handler, w http.ResponseWriter, r *ht
 		id = p.Sandbox
 	}
 	if id == "" && status < 300 {
-		id = sw.createdID()
+		id = createdID(sw)
 	}
 	d := map[string]string{"method": r.Method, "route": pattern, "status": strconv.Itoa(status)}
 	if err != nil {
@@ -67,51 +69,11 @@ func (s *Server) audited(pattern string, h handler, w http.ResponseWriter, r *ht
 	return err
 }
 
-// statusWriter remembers the status a handler wrote (and, for a create,
-// the start of the body, to name the new sandbox). Unwrap keeps
-// http.ResponseController (flush, deadlines) working through it.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-	sniff  bool
-	head   []byte
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	if w.sniff && len(w.head) < 512 {
-		w.head = append(w.head, b[:min(len(b), 512-len(w.head))]...)
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// ReadFrom keeps the underlying writer's io.ReaderFrom (sendfile for file
-// downloads) in use through the wrapper.
-func (w *statusWriter) ReadFrom(r io.Reader) (int64, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	if w.sniff {
-		return io.Copy(struct{ io.Writer }{w}, r)
-	}
-	return io.Copy(w.ResponseWriter, r)
-}
-
 var createdIDRe = regexp.MustCompile(`"id":\s*"([a-z0-9]{1,64})"`)
 
-func (w *statusWriter) createdID() string {
-	if m := createdIDRe.FindSubmatch(w.head); m != nil {
+// createdID is the id in the first bytes of a create's answer.
+func createdID(w *httpx.Recorder) string {
+	if m := createdIDRe.FindSubmatch(w.Head); m != nil {
 		return string(m[1])
 	}
 	return ""
