@@ -79,6 +79,21 @@ func TestEffectsLedger(t *testing.T) {
 				t.Fatalf("keyless POST: %q", out)
 			}
 
+			// 1b. Pause keeps the ledger; after resume the sandbox queries it
+			// before a retry, and the retry with the key is answered from it.
+			s.must("pause", p, "--mode", "freeze")
+			if pl := s.effects(p); len(pl) != 2 {
+				t.Fatalf("ledger of the paused sandbox: %d effects, want 2", len(pl))
+			}
+			s.must("resume", p)
+			if rl := s.effects(p); len(rl) != 2 || rl[0].ID != e.ID {
+				t.Fatalf("ledger after resume: %+v, want the same two effects", rl)
+			}
+			out, ok = s.post(p, "https://good.test/count/"+rt+"-a", "hello", key)
+			if !ok || !strings.Contains(out, "effect="+e.ID+"; replayed") || inet.Count(rt+"-a") != 1 {
+				t.Fatalf("retry after resume: %q (host counted %d), want the recorded answer and 1", out, inet.Count(rt+"-a"))
+			}
+
 			// 2. A fork sees both, inherited; its retry with the key is
 			// answered from the ledger and never reaches the host.
 			var fr wire.ForkResult

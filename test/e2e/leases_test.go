@@ -387,3 +387,43 @@ func TestLeasesPauseOverhead(t *testing.T) {
 			m.Runtime, m.Summary.P50, m.Summary.P95, m.Baseline.Summary.P50, m.Baseline.Summary.P95, *m.Ratio)
 	}
 }
+
+// TestLeasesRewind: the credential row's restore cell for a rewind in
+// place (TestLeases covers create from an old snapshot): the rewound
+// sandbox gets a new generation, the placeholder it held before the rewind
+// is refused by the server and the new one works, on runc and runsc.
+func TestLeasesRewind(t *testing.T) {
+	inet := newInternet(t)
+	s := startServer(t, inet.serveArgs()...)
+	if out, code := s.runAs(s.key, strings.NewReader(testToken+"\n"), "secret", "set", "TOKEN", "--host", "secret.test"); code != 0 {
+		t.Fatalf("secret set: %s", out)
+	}
+	for _, rt := range []string{"runc", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			if rt == "runsc" && !strings.Contains(s.must("info"), "runsc") {
+				testutil.Missing(t, "runsc is not configured on this server (scripts/setup.sh installs it)")
+			}
+			a := s.create("--runtime", rt, "--secret", "TOKEN", "--disk", "64")
+			s.installFetch(a, inet)
+			ck := s.checkpoint(s.key, a, "--name", "start")
+			l1 := s.liveLease(a)
+			ph1 := s.must("exec", a, "--", "sh", "-c", `printf %s "$TOKEN"`)
+			s.rewind(a, ck.ID)
+			l2 := s.liveLease(a)
+			ph2 := s.must("exec", a, "--", "sh", "-c", `printf %s "$TOKEN"`)
+			if l2.Generation != l1.Generation+1 || l2.Placeholder == ph1 || ph2 != l2.Placeholder {
+				t.Fatalf("after rewind: lease %+v, env TOKEN=%q (before: %+v, %q)", l2, ph2, l1, ph1)
+			}
+			if all, _, _ := s.leases(s.key, a); len(all) != 2 || all[0].ID != l1.ID || all[0].State != "revoked" || all[0].Reason != "restored" {
+				t.Errorf("after rewind the first lease is %+v, want revoked (restored)", all)
+			}
+			if out, _ := s.fetchTLS(a, "https://secret.test/", "Authorization: Bearer "+ph1); !strings.Contains(out, "auth=placeholder") {
+				t.Errorf("rewound sandbox with the pre-rewind placeholder: secret.test saw %q, want it refused", out)
+			}
+			if out, _ := s.fetchTLS(a, "https://secret.test/", "Authorization: Bearer "+ph2); !strings.Contains(out, "auth=real") {
+				t.Errorf("rewound sandbox with its new placeholder: secret.test saw %q", out)
+			}
+			s.must("rm", "-f", a)
+		})
+	}
+}
