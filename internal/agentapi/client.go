@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -165,7 +166,10 @@ func (c *Client) transportError(err error, route string) error {
 	}
 	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		// net/http's unexported errServerClosedIdle: the agent closed the
+		// connection as the request went out (it is quiescing or leaving).
+		strings.Contains(err.Error(), "server closed idle connection") {
 		return errs.Wrap(errs.Unavailable, err, "agent %s: %s", c.socket, route)
 	}
 	return errs.Wrap(errs.Internal, err, "agent %s: %s", c.socket, route)
