@@ -19,6 +19,10 @@ const (
 	Stopped  State = "stopped"
 	Failed   State = "failed"
 	Deleted  State = "deleted"
+	// Lost is cluster mode's: the node running the sandbox stopped renewing
+	// its Lease. A lost sandbox is never resurrected (its node stops it when
+	// it returns); it can only be deleted.
+	Lost State = "lost"
 )
 
 // States lists every state, in lifecycle order.
@@ -40,13 +44,14 @@ func ValidState(s string) bool {
 // intent states written before the side effect, so a daemon crash mid-way is
 // resolved by reconciliation rather than guessed.
 var transitions = map[State][]State{
-	Creating: {Running, Failed, Deleted},
-	Running:  {Pausing, Paused, Stopped, Failed, Deleted},
-	Pausing:  {Paused, Running, Failed, Deleted},
-	Paused:   {Resuming, Running, Stopped, Failed, Deleted},
-	Resuming: {Running, Paused, Failed, Deleted},
-	Stopped:  {Creating, Running, Failed, Deleted},
-	Failed:   {Running, Stopped, Deleted},
+	Creating: {Running, Failed, Deleted, Lost},
+	Running:  {Pausing, Paused, Stopped, Failed, Deleted, Lost},
+	Pausing:  {Paused, Running, Failed, Deleted, Lost},
+	Paused:   {Resuming, Running, Stopped, Failed, Deleted, Lost},
+	Resuming: {Running, Paused, Failed, Deleted, Lost},
+	Stopped:  {Creating, Running, Failed, Deleted, Lost},
+	Failed:   {Running, Stopped, Deleted, Lost},
+	Lost:     {Deleted},
 	Deleted:  {},
 }
 
