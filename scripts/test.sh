@@ -32,6 +32,10 @@ bash scripts/setup.sh --no-serve
 log "setup done in $((SECONDS - start))s"
 
 PKGS=${BERTH_TEST_PKGS:-./...}
+# Cluster mode's tests run a real kube-apiserver and etcd built from the module
+# proxy (cached by version in /var/cache/berth/kube: ~6 min once, then nothing).
+export BERTH_KUBE_ASSETS=${BERTH_KUBE_ASSETS:-$(bash scripts/kube-assets.sh)}
+
 step "go vet" go vet $PKGS
 # go.mod must be tidy: direct requirements direct, nothing missing or unused.
 step "go mod tidy" go mod tidy -diff

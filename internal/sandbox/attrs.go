@@ -41,6 +41,20 @@ type Attrs struct {
 	// credential: E2B's network.allowPublicTraffic, set only when the
 	// creator asked for it explicitly; false (berth's default) is private.
 	PublicTraffic bool `json:"public_traffic,omitempty"`
+	// Cluster is cluster mode's placement of the sandbox (zero on one host).
+	Cluster ClusterState `json:"cluster,omitzero"`
+}
+
+// ClusterState is where cluster mode placed a sandbox and why.
+type ClusterState struct {
+	// Node is the node the scheduler bound the sandbox to ("" = pending).
+	Node string `json:"node,omitempty"`
+	// ExpectedDuration (a Go duration) and DurationClass (short |
+	// interactive | long) are what placement was told, when it was.
+	ExpectedDuration string    `json:"expected_duration,omitempty"`
+	DurationClass    string    `json:"duration_class,omitempty"`
+	BoundAt          time.Time `json:"bound_at,omitzero"`
+	LostAt           time.Time `json:"lost_at,omitzero"`
 }
 
 // UserNSNone is Attrs.UserNS of a sandbox made without a user namespace.
