@@ -31,6 +31,9 @@ type Principal struct {
 	// in-sandbox API (docs/STATE.md): the caller is that sandbox itself,
 	// acting for its owner on its own state only. Never set with Admin.
 	Sandbox string
+	// Cluster marks a request an API replica signed with the cluster
+	// token (cluster.go): only such a request may choose a sandbox's id.
+	Cluster bool
 }
 
 // Service authenticates API keys and derives envd tokens.
@@ -39,6 +42,8 @@ type Service struct {
 	dataDir  string
 	now      func() time.Time
 	tokenKey []byte // HMAC key of envd access tokens
+	// clusterToken verifies replicas' signed requests ("" = single host).
+	clusterToken string
 }
 
 // New builds the service. tokenKey is the content of DATA_DIR/TokenKeyFile

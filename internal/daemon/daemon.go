@@ -199,6 +199,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		locks:  map[string]*sync.Mutex{},
 		bg:     bg, cancel: cancel,
 	}
+	d.auth.SetClusterToken(cfg.ClusterToken) // "" on one host: cluster headers refused
 	wireCore(d, chanKey)
 	if d.audit, err = newAudit(d); err != nil {
 		return nil, err
