@@ -114,6 +114,13 @@ func (d *Daemon) Delete(ctx context.Context, owner, id string) error {
 	return d.delete(ctx, owner, id, owner, "deleted")
 }
 
+// DeleteAs is Delete as the admin by actor, whose reason the events
+// record (cluster mode's node agent deleting a sandbox whose object is
+// gone or lost).
+func (d *Daemon) DeleteAs(ctx context.Context, id, actor, reason string) error {
+	return d.delete(ctx, "", id, actor, reason)
+}
+
 func (d *Daemon) delete(ctx context.Context, owner, id, actor, reason string) error {
 	unlock := d.Lock(id)
 	defer unlock()
