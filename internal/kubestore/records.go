@@ -46,7 +46,7 @@ type Store struct {
 // carrying it in one DeleteCollection, which is what SQLite's ON DELETE
 // CASCADE and the store's delete-time triggers do. Events do not carry it
 // (they outlive their sandbox).
-const LabelCascade = "berth.dev/cascade"
+const LabelCascade = "berth.dev/with-sandbox"
 
 // ownedBy returns labels plus the cascade label of sandbox id.
 func ownedBy(id string, labels map[string]string) map[string]string {

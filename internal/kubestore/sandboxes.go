@@ -508,7 +508,7 @@ func (s *Store) Transition(ctx context.Context, id string, to sandbox.State, ev 
 	if ev.Type == "" {
 		ev.Type = "transition"
 	}
-	if _, err := s.AppendEvent(ctx, ev); err != nil {
+	if _, err := s.appendEvent(ctx, ev, sb); err != nil {
 		return sb, errs.Wrap(errs.KindOf(err), err, "sandbox %s is %s; its event was not recorded", id, to)
 	}
 	return sb, nil
