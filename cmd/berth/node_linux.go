@@ -107,10 +107,7 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cluster, ok := any(ks).(node.Cluster)
-	if !ok { // until the Kubernetes store has its sandbox and template tables
-		return errs.E(errs.NotImplemented, "this build's Kubernetes store has no sandboxes on nodes (kubestore.SandboxesOnNode)")
-	}
+	var cluster node.Cluster = ks
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return errs.Wrap(errs.Internal, err, "data_dir")
 	}
