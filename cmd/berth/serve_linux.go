@@ -388,5 +388,6 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer, hooks serveHo
 func routes(d *daemon.Daemon, log *slog.Logger, sandboxDomain string) http.Handler {
 	rest := server.New(d, log)
 	d.SelfAPI().SetHandler(rest) // the in-sandbox API serves /v1 as the sandbox (internal/server/self.go)
-	return e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort, Domain: sandboxDomain}).Handler(rest)
+	// Forged cluster headers are refused on every route (auth/cluster.go).
+	return d.Auth().ClusterGate(e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort, Domain: sandboxDomain}).Handler(rest))
 }

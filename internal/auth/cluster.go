@@ -5,6 +5,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/httpx"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -56,4 +57,17 @@ func GivenSandboxID(r *http.Request, p Principal) (string, error) {
 		return "", errs.Field(peer.HeaderSandboxID, "must be 1-64 lowercase letters and digits, got %q", id)
 	}
 	return id, nil
+}
+
+// ClusterGate refuses, before any route sees it, a request whose cluster
+// headers do not verify (a forged replica), so no route that does not
+// itself read a principal (envd, ports, health) lets one through unnoticed.
+func (s *Service) ClusterGate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, _, err := peer.Verify(r, s.clusterToken); err != nil {
+			httpx.WriteError(w, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

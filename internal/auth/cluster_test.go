@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"net/http"
 	"net/http/httptest"
 	"testing"
 
@@ -82,5 +83,32 @@ func TestGivenSandboxID(t *testing.T) {
 	r.Header.Set(peer.HeaderSandboxID, "ABC-../x")
 	if _, err := GivenSandboxID(r, Principal{Owner: "bob", Cluster: true}); errs.FieldOf(err) != peer.HeaderSandboxID {
 		t.Fatalf("bad id: got %v, want a field error naming %s", err, peer.HeaderSandboxID)
+	}
+}
+
+// TestClusterGate: forged cluster headers are refused before any route;
+// a request without them, or correctly signed, passes.
+func TestClusterGate(t *testing.T) {
+	a, _, _ := testService(t)
+	tok := peer.NewToken()
+	a.SetClusterToken(tok)
+	g := a.ClusterGate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+	for _, c := range []struct {
+		name string
+		mod  func(r *http.Request)
+		want int
+	}{
+		{"plain", func(*http.Request) {}, http.StatusTeapot},
+		{"signed", func(r *http.Request) { peer.Sign(r, tok, peer.Principal{Owner: "bob"}) }, http.StatusTeapot},
+		{"forged", func(r *http.Request) { peer.Sign(r, peer.NewToken(), peer.Principal{Owner: "bob"}) }, http.StatusUnauthorized},
+		{"id alone", func(r *http.Request) { r.Header.Set(peer.HeaderSandboxID, "x") }, http.StatusUnauthorized},
+	} {
+		r := httptest.NewRequest("GET", "/envd/health", nil)
+		c.mod(r)
+		w := httptest.NewRecorder()
+		g.ServeHTTP(w, r)
+		if w.Code != c.want {
+			t.Errorf("%s: %d, want %d", c.name, w.Code, c.want)
+		}
 	}
 }

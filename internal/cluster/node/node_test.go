@@ -143,7 +143,7 @@ func startHost(t *testing.T) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler := e2b.New(h.d, log, e2b.Options{}).Handler(server.New(h.d, log)) // serve's routes, without a network
+	handler := h.d.Auth().ClusterGate(e2b.New(h.d, log, e2b.Options{}).Handler(server.New(h.d, log))) // serve's routes, without a network
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -360,6 +360,10 @@ func TestNodeServesReplicas(t *testing.T) {
 	}
 	if code, out := post("/v1/sandboxes", obj.ID, h.token, map[string]any{"template": "tiny"}); code != http.StatusConflict {
 		t.Fatalf("duplicate id: %d %s", code, out)
+	}
+	if code, out := post("/v1/sandboxes", "Not/An/Id", h.token, map[string]any{"template": "tiny"}); code != http.StatusBadRequest ||
+		!strings.Contains(string(out), peer.HeaderSandboxID) {
+		t.Fatalf("bad id: %d %s", code, out)
 	}
 	h.waitObject(t, obj.ID, func(o *sandbox.Sandbox) bool { return o.State == sandbox.Running && o.AccessTokenHash != "" }, "running")
 
