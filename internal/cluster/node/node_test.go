@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/berth-dev/berth/internal/cluster/node"
 	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/daemon"
@@ -53,6 +55,15 @@ func TestMain(m *testing.M) {
 	srv = s
 	code := m.Run()
 	s.Stop()
+	if code == 0 {
+		// The agents, daemons and peer listeners the tests started are gone
+		// (idle keep-alive connections of the shared Kubernetes client aside).
+		if err := goleak.Find(goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+			goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
 	testutil.RemoveBinaries()
 	if tinyPath != "" {
 		_ = os.Remove(tinyPath)
