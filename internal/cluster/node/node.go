@@ -8,7 +8,22 @@
 // sandbox whose object is gone or lost (never resurrecting one).
 //
 // The decisions are one pure function (Decide); this file is the loop
-// around it and the Kubernetes writes.
+// around it and the Kubernetes writes. Choices worth knowing:
+//
+//   - Only an object still creating (or pending) is created here, and only
+//     CreateGrace after it was bound: the replica forwards its client's
+//     create to the node right after writing the object, and that request
+//     must win (a duplicate id is AlreadyExists, so a lost race is harmless).
+//     An object that says running or paused with no sandbox here is failed
+//     with reason missing_on_node, never booted afresh under its id.
+//   - Local sandboxes are the cluster's only when bound to this node
+//     (Attrs.Cluster.Node, set by daemon.Create for a replica-chosen id):
+//     warm pool members, build sandboxes and forks made on the node have no
+//     object and are left alone.
+//   - A lost object is final: the agent deletes the local sandbox and never
+//     writes the object again (only a delete ends it).
+//   - A local delete removes the object; the row removal is remembered
+//     (LocalStore) because it follows the deleted state at once.
 package node
 
 import (
