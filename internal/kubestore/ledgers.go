@@ -602,4 +602,3 @@ func (s *Store) ListAudit(ctx context.Context, f store.AuditFilter) ([]store.Aud
 	}
 	return out, nil
 }
-

@@ -255,4 +255,3 @@ func (s *Store) ListLeases(ctx context.Context, f store.LeaseFilter) ([]store.Le
 	})
 	return out, nil
 }
-
