@@ -125,6 +125,12 @@ func (s *Store) applyLeases(ctx context.Context, sandboxID string, set []store.L
 		l := issue[i]
 		rec, err := s.create(ctx, tableLeasePh, l.Placeholder, 0, map[string]string{labelWithSandbox: sandboxID}, l.ID)
 		if errs.Is(err, errs.AlreadyExists) {
+			// Ours when an interrupted earlier call of this lease left it
+			// (then creating the lease below decides); else another's.
+			var owner string
+			if _, gerr := s.get(ctx, tableLeasePh, l.Placeholder, &owner); gerr == nil && owner == l.ID {
+				return nil
+			}
 			return errs.E(errs.AlreadyExists, "lease %s: placeholder is another lease's", l.ID)
 		}
 		if err == nil {

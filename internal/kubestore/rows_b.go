@@ -70,9 +70,25 @@ func (s *Store) listSel(ctx context.Context, sel string) ([]row, error) {
 	}
 }
 
+// maxRowBytes bounds a row's data: etcd refuses a write over 1.5 MiB (by
+// default) with an error that reads like an outage; this one says what.
+const maxRowBytes = 1 << 20
+
+// checked is s.record refusing a row too large for one object.
+func (s *Store) checked(table, key string, seq int64, labels map[string]string, v any) (*berthv1.Record, error) {
+	rec, err := s.record(table, key, seq, labels, v)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(rec.Spec.Data); n > maxRowBytes {
+		return nil, errs.E(errs.ResourceExhausted, "kubernetes store: a %s row of %d bytes is over the %d one object may hold", table, n, maxRowBytes)
+	}
+	return rec, nil
+}
+
 // create creates the row and returns it as stored (its resourceVersion).
 func (s *Store) create(ctx context.Context, table, key string, seq int64, labels map[string]string, v any) (*berthv1.Record, error) {
-	rec, err := s.record(table, key, seq, labels, v)
+	rec, err := s.checked(table, key, seq, labels, v)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +102,7 @@ func (s *Store) create(ctx context.Context, table, key string, seq int64, labels
 // put writes v over the row r read before (conditional on its version:
 // Conflict when it changed) and returns the row as stored.
 func (s *Store) put(ctx context.Context, r row, labels map[string]string, v any) (*berthv1.Record, error) {
-	rec, err := s.record(r.Spec.Table, r.Spec.Key, r.Spec.Seq, labels, v)
+	rec, err := s.checked(r.Spec.Table, r.Spec.Key, r.Spec.Seq, labels, v)
 	if err != nil {
 		return nil, err
 	}
