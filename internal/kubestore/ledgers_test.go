@@ -5,24 +5,27 @@ package kubestore
 // one namespace), after an interrupted write, and against hostile keys.
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/metering"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
-func openB(t *testing.T) partialB {
-	t.Helper()
-	s, err := Open(t.Context(), srv.Client, srv.Namespace(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return partialB{Store: s}
+// storeB is the whole store with the row helpers these tests reach
+// into: partialB until kstore-a's half lands, then *Store itself (openB,
+// in partial_b_test.go until the merge, returns one).
+type storeB interface {
+	store.Store
+	upsert(ctx context.Context, table, key string, seq int64, labels map[string]string, v any) error
+	create(ctx context.Context, table, key string, seq int64, labels map[string]string, v any) (*berthv1.Record, error)
+	list(ctx context.Context, table string, match map[string]string) ([]row, error)
 }
 
 // parallel runs fn(0..n-1) at once and waits.
@@ -35,9 +38,9 @@ func parallel(n int, fn func(i int)) {
 	wg.Wait()
 }
 
-var epoch = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+var epochB = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 
-func mkSandbox(t *testing.T, p partialB, ids ...string) {
+func mkSandbox(t *testing.T, p storeB, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
 		if err := p.CreateSandbox(t.Context(), &sandbox.Sandbox{ID: id, Owner: "alice", State: sandbox.Creating}); err != nil {
@@ -54,7 +57,7 @@ func TestUsageConcurrentSteps(t *testing.T) {
 	errc := make(chan error, n)
 	parallel(n, func(i int) {
 		errc <- p.RecordUsage(ctx, []store.UsageRecord{{Usage: metering.Usage{SandboxID: "sb", Owner: "alice"},
-			Hour: epoch.Add(time.Duration(i) * time.Second), Inc: inc}})
+			Hour: epochB.Add(time.Duration(i) * time.Second), Inc: inc}})
 	})
 	close(errc)
 	for err := range errc {
@@ -73,12 +76,12 @@ func TestUsageConcurrentSteps(t *testing.T) {
 func TestUsageInterruptedHourChange(t *testing.T) {
 	p, ctx := openB(t), t.Context()
 	u := metering.Usage{SandboxID: "sb", Owner: "alice"}
-	if err := p.RecordUsage(ctx, []store.UsageRecord{{Usage: u, Hour: epoch, Inc: metering.Usage{CPUSeconds: 5}}}); err != nil {
+	if err := p.RecordUsage(ctx, []store.UsageRecord{{Usage: u, Hour: epochB, Inc: metering.Usage{CPUSeconds: 5}}}); err != nil {
 		t.Fatal(err)
 	}
 	// What the crash leaves: the closed row written, the cursor not moved.
-	b := &usageBucket{SandboxID: "sb", Hour: epoch, Owner: "alice", CPUSeconds: 5}
-	if err := p.upsert(ctx, tableUsageHour, hourKey("sb", epoch), 0, bucketLabels(b), b); err != nil {
+	b := &usageBucket{SandboxID: "sb", Hour: epochB, Owner: "alice", CPUSeconds: 5}
+	if err := p.upsert(ctx, tableUsageHour, hourKey("sb", epochB), 0, bucketLabels(b), b); err != nil {
 		t.Fatal(err)
 	}
 	check := func(wantCPU float64, wantHours int) {
@@ -93,12 +96,12 @@ func TestUsageInterruptedHourChange(t *testing.T) {
 		}
 	}
 	check(5, 1)
-	if err := p.RecordUsage(ctx, []store.UsageRecord{{Usage: u, Hour: epoch.Add(time.Hour), Inc: metering.Usage{CPUSeconds: 1}}}); err != nil {
+	if err := p.RecordUsage(ctx, []store.UsageRecord{{Usage: u, Hour: epochB.Add(time.Hour), Inc: metering.Usage{CPUSeconds: 1}}}); err != nil {
 		t.Fatal(err)
 	}
 	check(6, 2)
 	// A late step for the closed hour adds to its row.
-	if err := p.RecordUsage(ctx, []store.UsageRecord{{Usage: u, Hour: epoch.Add(time.Minute), Inc: metering.Usage{CPUSeconds: 2}}}); err != nil {
+	if err := p.RecordUsage(ctx, []store.UsageRecord{{Usage: u, Hour: epochB.Add(time.Minute), Inc: metering.Usage{CPUSeconds: 2}}}); err != nil {
 		t.Fatal(err)
 	}
 	check(8, 2)
@@ -111,7 +114,7 @@ func TestAuditConcurrentAppend(t *testing.T) {
 	const n = 6
 	errc := make(chan error, n)
 	parallel(n, func(i int) {
-		e := store.AuditEntry{Seq: 1, Time: epoch, Action: "api", Hash: "h", PrevHash: "00"}
+		e := store.AuditEntry{Seq: 1, Time: epochB, Action: "api", Hash: "h", PrevHash: "00"}
 		errc <- p.AppendAudit(ctx, []store.AuditEntry{e}, store.AuditHead{Seq: 1, Hash: "h"})
 	})
 	close(errc)
@@ -136,18 +139,18 @@ func TestAuditConcurrentAppend(t *testing.T) {
 // head are what AuditLast returns, and appending over them is a Conflict.
 func TestAuditInterruptedAppend(t *testing.T) {
 	p, ctx := openB(t), t.Context()
-	e1 := store.AuditEntry{Seq: 1, Time: epoch, Action: "a", Hash: "h1", PrevHash: "00"}
+	e1 := store.AuditEntry{Seq: 1, Time: epochB, Action: "a", Hash: "h1", PrevHash: "00"}
 	if err := p.AppendAudit(ctx, []store.AuditEntry{e1}, store.AuditHead{Seq: 1, Hash: "h1"}); err != nil {
 		t.Fatal(err)
 	}
-	orphan := auditRow{Seq: 2, Time: epoch, Action: "b", Data: "{}", PrevHash: "h1", Hash: "h2"}
+	orphan := auditRow{Seq: 2, Time: epochB, Action: "b", Data: "{}", PrevHash: "h1", Hash: "h2"}
 	if _, err := p.create(ctx, tableAudit, seqKey(2), 2, nil, orphan); err != nil {
 		t.Fatal(err)
 	}
 	if last, err := p.AuditLast(ctx); err != nil || last.Seq != 2 {
 		t.Fatalf("AuditLast = %+v, %v; want the row past the head", last, err)
 	}
-	e2 := store.AuditEntry{Seq: 2, Time: epoch, Action: "c", Hash: "x2", PrevHash: "h1"}
+	e2 := store.AuditEntry{Seq: 2, Time: epochB, Action: "c", Hash: "x2", PrevHash: "h1"}
 	if err := p.AppendAudit(ctx, []store.AuditEntry{e2}, store.AuditHead{Seq: 2, Hash: "x2"}); errs.KindOf(err) != errs.Conflict {
 		t.Fatalf("append over a row past the head: %v, want Conflict", err)
 	}
@@ -172,7 +175,7 @@ func TestNotesAndTasksConcurrent(t *testing.T) {
 	parallel(n, func(i int) {
 		id := string(rune('a' + i))
 		errc <- p.WriteTasks(ctx, store.TaskWrite{Sandbox: "sb", Put: []store.TaskRecord{{ID: id, State: []byte(`{}`)}},
-			Changes: []store.TaskChange{{Task: id, Op: "create", Time: epoch}}})
+			Changes: []store.TaskChange{{Task: id, Op: "create", Time: epochB}}})
 	})
 	close(errc)
 	for err := range errc {
@@ -218,7 +221,7 @@ func TestNotesAndTasksConcurrent(t *testing.T) {
 func TestHostileKeys(t *testing.T) {
 	p, ctx := openB(t), t.Context()
 	mk := func(id, key string) store.Effect {
-		return store.Effect{ID: id, Lineage: "lin", SandboxID: "sb", Key: key, Identity: "same", StartedAt: epoch}
+		return store.Effect{ID: id, Lineage: "lin", SandboxID: "sb", Key: key, Identity: "same", StartedAt: epochB}
 	}
 	for _, e := range []store.Effect{mk("e1", "k,berth.dev/table!=x"), mk("e2", "k"), mk("e3", string(make([]byte, 300)))} {
 		if _, err := p.RecordEffect(ctx, e); err != nil {
@@ -241,15 +244,15 @@ func TestHostileKeys(t *testing.T) {
 // batch behind: the intents written are deleted, the outcome put back.
 func TestEffectBatchUndo(t *testing.T) {
 	p, ctx := openB(t), t.Context()
-	if _, err := p.RecordEffect(ctx, store.Effect{ID: "pre", Lineage: "l", SandboxID: "sb", StartedAt: epoch}); err != nil {
+	if _, err := p.RecordEffect(ctx, store.Effect{ID: "pre", Lineage: "l", SandboxID: "sb", StartedAt: epochB}); err != nil {
 		t.Fatal(err)
 	}
 	ws := []store.EffectWrite{{ID: "pre", Finish: &store.EffectOutcome{State: store.EffectCompleted, Status: 200}}}
 	for i := range 30 {
-		ws = append(ws, store.EffectWrite{Record: &store.Effect{ID: "b" + seqKey(int64(i)), Lineage: "l", SandboxID: "sb", StartedAt: epoch}})
+		ws = append(ws, store.EffectWrite{Record: &store.Effect{ID: "b" + seqKey(int64(i)), Lineage: "l", SandboxID: "sb", StartedAt: epochB}})
 	}
 	huge := strings.Repeat("x", maxRowBytes)
-	ws = append(ws, store.EffectWrite{Record: &store.Effect{ID: "huge", Lineage: "l", SandboxID: "sb", Path: huge, StartedAt: epoch}})
+	ws = append(ws, store.EffectWrite{Record: &store.Effect{ID: "huge", Lineage: "l", SandboxID: "sb", Path: huge, StartedAt: epochB}})
 	if res, err := p.WriteEffects(ctx, ws); errs.KindOf(err) != errs.ResourceExhausted {
 		t.Fatalf("WriteEffects with an oversized row = %v, %v; want ResourceExhausted for the batch", res, err)
 	}

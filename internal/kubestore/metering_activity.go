@@ -193,7 +193,9 @@ func (s *Store) eventActivityB(ctx context.Context, ev sandbox.Event, sb *sandbo
 	}
 	ev.Data = cloneMap(ev.Data)
 	a := activityRow{SandboxID: ev.SandboxID, Time: ev.Time, Kind: kind, Actor: ev.Actor, Event: &ev}
-	if (kind == "pause" || kind == "resume") && sb != nil {
+	// As SQLite's trigger: the modes go with a transition into paused or
+	// out of resuming (a resume that failed keeps them too).
+	if ev.Type == "transition" && (ev.To == sandbox.Paused || ev.From == sandbox.Resuming) && sb != nil {
 		b, err := jsonString(activityModes{Requested: sb.PauseRequested, Mode: sb.PauseActual, ResumedFrom: sb.ResumedFrom,
 			RestoreCount: sb.RestoreCount})
 		if err != nil {

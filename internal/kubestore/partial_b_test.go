@@ -54,6 +54,17 @@ func TestKubeStoreB(t *testing.T) {
 	t.Logf("kstore-b subtests: %v", time.Since(start))
 }
 
+// openB is a fresh store for ledgers_test.go (at the merge: kstore-a's
+// Store in a fresh namespace).
+func openB(t *testing.T) storeB {
+	t.Helper()
+	s, err := Open(t.Context(), srv.Client, srv.Namespace(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return partialB{Store: s}
+}
+
 // The stand-in sandbox: a bare Sandbox object (name = id, owner label)
 // with the sandbox's JSON in an annotation.
 const (
