@@ -516,7 +516,7 @@ func (s *Store) AppendAudit(ctx context.Context, entries []store.AuditEntry, hea
 	}
 	// In order: a row exists only after every row before it.
 	for _, r := range rows {
-		labels := map[string]string{labelSandbox: r.SandboxID, "berth.dev/owner": r.Owner}
+		labels := map[string]string{labelSandbox: r.SandboxID, "berth.dev/owner": r.Owner, labelSeqBucket: bucketOf(r.Seq)}
 		if _, err := s.create(ctx, tableAudit, seqKey(r.Seq), r.Seq, labels, r); err != nil {
 			if errs.Is(err, errs.AlreadyExists) {
 				return errs.E(errs.Conflict, "store: audit seq %d is already stored", r.Seq)
@@ -580,7 +580,18 @@ func (s *Store) ListAudit(ctx context.Context, f store.AuditFilter) ([]store.Aud
 	if f.Owner != "" {
 		match["berth.dev/owner"] = f.Owner
 	}
-	rs, err := s.list(ctx, tableAudit, match)
+	sel := tablesSel([]string{tableAudit}, match)
+	if f.AfterSeq > 0 {
+		// The chain only grows: a verifier resuming after seq N reads the
+		// buckets from N's to the head's (and the one past it, where an
+		// interrupted append may have left rows).
+		h, err := s.AuditHead(ctx)
+		if err != nil && !errs.Is(err, errs.NotFound) {
+			return nil, err
+		}
+		sel = afterSel(sel, f.AfterSeq, h.Seq+seqBucket)
+	}
+	rs, err := s.listSel(ctx, sel)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/metering"
 	"github.com/berth-dev/berth/internal/quota"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -420,7 +421,7 @@ func (s *Store) AppendEgress(ctx context.Context, entries []store.EgressEntry) e
 	}
 	if err := each(len(rows), func(i int) error {
 		g := rows[i]
-		_, err := s.create(ctx, tableEgress, seqKey(g.Seq), g.Seq, map[string]string{labelSandbox: g.SandboxID}, g)
+		_, err := s.create(ctx, tableEgress, seqKey(g.Seq), g.Seq, map[string]string{labelSandbox: g.SandboxID, labelSeqBucket: bucketOf(g.Seq)}, g)
 		return err
 	}); err != nil {
 		return err
@@ -435,11 +436,19 @@ func (s *Store) AppendEgress(ctx context.Context, entries []store.EgressEntry) e
 
 // ListEgress returns matching entries in ascending Seq order.
 func (s *Store) ListEgress(ctx context.Context, f store.EgressFilter) ([]store.EgressEntry, error) {
-	match := map[string]string{}
+	sel := berthv1.LabelTable + "=" + tableEgress
 	if f.SandboxID != "" {
-		match[labelSandbox] = f.SandboxID
+		sel += "," + labelSandbox + "=" + LabelValue(f.SandboxID)
 	}
-	rs, err := s.list(ctx, tableEgress, match)
+	if f.AfterSeq > 0 {
+		// A follower's poll reads the newest buckets, not the whole log.
+		at, err := s.counterAt(ctx, counterActivity)
+		if err != nil || at <= f.AfterSeq {
+			return nil, err
+		}
+		sel = afterSel(sel, f.AfterSeq, at)
+	}
+	rs, err := s.listSel(ctx, sel)
 	if err != nil {
 		return nil, err
 	}

@@ -3,8 +3,6 @@ package kubestore
 import (
 	"context"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -13,11 +11,7 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-const (
-	tableActivity = "activity" // key seq
-	// seqBucket is how many activity numbers share a labelSeqBucket value.
-	seqBucket = 1024
-)
+const tableActivity = "activity" // key seq
 
 // activityRow is one timeline entry. A lifecycle, pause, resume or reaper
 // entry keeps a copy of its event, an egress entry of its log row: what
@@ -37,7 +31,7 @@ type activityRow struct {
 
 func activityLabels(a activityRow) map[string]string {
 	return map[string]string{labelSandbox: a.SandboxID, labelWithSandbox: a.SandboxID,
-		labelSeqBucket: strconv.FormatInt(a.Seq/seqBucket, 10)}
+		labelSeqBucket: bucketOf(a.Seq)}
 }
 
 // writeActivity stores rows (numbered) whose sandbox exists, and drops
@@ -324,25 +318,11 @@ func (s *Store) PruneActivity(ctx context.Context, sandboxID string, keep int) (
 // but not yet written when it looks is counted by no later call: the
 // pruner it serves bounds timelines, it need not be exact.
 func (s *Store) ActivityTouched(ctx context.Context, afterSeq int64) (map[string]int64, int64, error) {
-	var ctr berthv1.Record
-	err := s.kc.Get(ctx, berthv1.Records, s.ns, objectName("seq", counterActivity), &ctr)
-	if errs.Is(err, errs.NotFound) {
-		return nil, afterSeq, nil
+	at, err := s.counterAt(ctx, counterActivity)
+	if err != nil || at <= afterSeq {
+		return nil, afterSeq, err
 	}
-	if err != nil {
-		return nil, 0, err
-	}
-	if ctr.Spec.Seq <= afterSeq {
-		return nil, afterSeq, nil
-	}
-	sel := berthv1.LabelTable + "=" + tableActivity
-	if from, to := max(afterSeq, 0)/seqBucket, ctr.Spec.Seq/seqBucket; to-from < 64 {
-		var bs []string
-		for b := from; b <= to; b++ {
-			bs = append(bs, strconv.FormatInt(b, 10))
-		}
-		sel += "," + labelSeqBucket + " in (" + strings.Join(bs, ",") + ")"
-	}
+	sel := afterSel(berthv1.LabelTable+"="+tableActivity, afterSeq, at)
 	rs, err := s.listSel(ctx, sel)
 	if err != nil {
 		return nil, 0, err

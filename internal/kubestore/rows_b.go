@@ -21,9 +21,10 @@ const (
 	// labelWithSandbox marks a row that goes with its sandbox: DeleteSandbox
 	// removes every row carrying its id here in one DeleteCollection.
 	labelWithSandbox = "berth.dev/with-sandbox"
-	// labelSeqBucket is seq/seqBucket of an activity row: ActivityTouched
-	// selects the newest buckets instead of listing the whole table
-	// (a label selector has no range operator, but it has "in").
+	// labelSeqBucket is seq/seqBucket of a numbered row (activity, egress,
+	// audit): a read "after seq N" selects the buckets from N's to the
+	// newest instead of listing the whole table (a label selector has no
+	// range operator, but it has "in").
 	labelSeqBucket = "berth.dev/seqk"
 	labelLineage   = "berth.dev/lineage"
 	labelIdemKey   = "berth.dev/idem-key"
@@ -251,4 +252,33 @@ func jsonString(v any) (string, error) {
 		return "", errs.Wrap(errs.Internal, err, "kubernetes store: encode")
 	}
 	return string(b), nil
+}
+
+// seqBucket is how many numbers share a labelSeqBucket value.
+const seqBucket = 1024
+
+func bucketOf(seq int64) string { return strconv.FormatInt(seq/seqBucket, 10) }
+
+// afterSel narrows sel to the buckets holding seqs in (after, last], or
+// leaves it whole when that span is long (or after is 0: everything).
+func afterSel(sel string, after, last int64) string {
+	from, to := max(after, 0)/seqBucket, last/seqBucket
+	if after <= 0 || to-from >= 64 {
+		return sel
+	}
+	var bs []string
+	for b := from; b <= to; b++ {
+		bs = append(bs, strconv.FormatInt(b, 10))
+	}
+	return sel + "," + labelSeqBucket + " in (" + strings.Join(bs, ",") + ")"
+}
+
+// counterAt is the last number counter handed out (0 before the first).
+func (s *Store) counterAt(ctx context.Context, counter string) (int64, error) {
+	var ctr berthv1.Record
+	err := s.kc.Get(ctx, berthv1.Records, s.ns, objectName("seq", counter), &ctr)
+	if errs.Is(err, errs.NotFound) {
+		return 0, nil
+	}
+	return ctr.Spec.Seq, err
 }
