@@ -27,6 +27,7 @@ type storeB interface {
 	create(ctx context.Context, table, key string, seq int64, labels map[string]string, v any) (*berthv1.Record, error)
 	list(ctx context.Context, table string, match map[string]string) ([]row, error)
 	nextSeq(ctx context.Context, counter string, n int64) (int64, error)
+	writeActivity(ctx context.Context, rows []activityRow, known map[string]bool) error
 }
 
 // parallel runs fn(0..n-1) at once and waits.

@@ -40,6 +40,28 @@ func TestEgressAfterAcrossBuckets(t *testing.T) {
 	}
 }
 
+// A timeline write that saw its sandbox before a concurrent delete and
+// lands after the delete's cascade is removed by its own re-check: no row
+// outlives its sandbox.
+func TestActivityLateWriteDropped(t *testing.T) {
+	p, ctx := openB(t), t.Context()
+	mkSandbox(t, p, "gone", "kept")
+	if err := p.DeleteSandbox(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	rows := []activityRow{{Seq: 1, SandboxID: "gone", Time: epochB, Kind: "exec"}, {Seq: 2, SandboxID: "kept", Time: epochB, Kind: "exec"}}
+	// known: the check before the write found both (the delete came after).
+	if err := p.writeActivity(ctx, rows, map[string]bool{"gone": true, "kept": true}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := p.ListActivity(ctx, store.ActivityFilter{SandboxID: "gone"}); err != nil || len(got) != 0 {
+		t.Errorf("activity of the deleted sandbox = %+v, %v; want none", got, err)
+	}
+	if got, err := p.ListActivity(ctx, store.ActivityFilter{SandboxID: "kept"}); err != nil || len(got) != 1 {
+		t.Errorf("activity of the other = %+v, %v; want its entry", got, err)
+	}
+}
+
 func TestAfterSel(t *testing.T) {
 	for _, tc := range []struct {
 		after, last int64
