@@ -88,7 +88,10 @@ type host struct {
 	logs    *lockedWriter
 }
 
-func startHost(t *testing.T) *host {
+func startHost(t *testing.T) *host { return startHostResync(t, 500*time.Millisecond) }
+
+// startHostResync starts a host whose agent's periodic pass runs every resync.
+func startHostResync(t *testing.T, resync time.Duration) *host {
 	t.Helper()
 	testutil.RequireRoot(t)
 	runc := testutil.RequireTool(t, "runc")
@@ -166,7 +169,7 @@ func startHost(t *testing.T) *host {
 
 	ag, err := node.New(node.Config{Kube: kc, Namespace: ns, Name: h.name, Daemon: h.d, Local: h.local, Cluster: ks,
 		Address: h.peerURL, CertSHA256: h.id.SHA256, LeaseDuration: 4 * time.Second,
-		CreateGrace: 500 * time.Millisecond, Resync: 500 * time.Millisecond, Version: "test", Log: log})
+		CreateGrace: 500 * time.Millisecond, Resync: resync, Version: "test", Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,4 +450,32 @@ func (l *lockedWriter) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestNodeMirrorsOnLocalChange: with no periodic pass (an hour apart), the
+// object still follows each local transition — the daemon's store writes
+// wake the agent — so a replica reading right after a pause sees paused.
+func TestNodeMirrorsOnLocalChange(t *testing.T) {
+	h := startHostResync(t, time.Hour)
+	ctx := t.Context()
+	obj := h.bind(t, "dave")
+	hc := &http.Client{Transport: peer.Transport(h.id.SHA256), Timeout: 60 * time.Second}
+	req, _ := http.NewRequestWithContext(ctx, "POST", h.peerURL+"/v1/sandboxes", strings.NewReader(`{"template":"tiny"}`))
+	peer.Sign(req, h.token, peer.Principal{Owner: "dave"})
+	req.Header.Set(peer.HeaderSandboxID, obj.ID)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("signed create: %d", resp.StatusCode)
+	}
+	h.waitObject(t, obj.ID, func(o *sandbox.Sandbox) bool { return o.State == sandbox.Running }, "running")
+	if _, err := h.d.Checkpoints().Pause(ctx, "dave", obj.ID, sandbox.PauseDisk); err != nil {
+		t.Fatal(err)
+	}
+	h.waitObject(t, obj.ID, func(o *sandbox.Sandbox) bool {
+		return o.State == sandbox.Paused && o.PauseActual == sandbox.PauseDisk
+	}, "paused (disk)")
 }
