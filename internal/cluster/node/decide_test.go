@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -99,5 +100,29 @@ func TestHolds(t *testing.T) {
 		if cm != c.cpuMem || d != c.disk {
 			t.Errorf("%s/%s: holds = %v,%v, want %v,%v", c.st, c.mode, cm, d, c.cpuMem, c.disk)
 		}
+	}
+}
+
+// TestAllocated: CPU and memory of what has processes, disk of what is not
+// deleted, ready pool members per fingerprint.
+func TestAllocated(t *testing.T) {
+	r := sandbox.Resources{CPUMillis: 1000, MemoryMiB: 256, DiskMiB: 1024, Pids: 100}
+	member := sandbox.Attrs{Pool: sandbox.PoolState{Member: "tiny"}}
+	local := []*sandbox.Sandbox{
+		{ID: "a", State: sandbox.Running, Resources: r, TemplateID: "fp1"},
+		{ID: "b", State: sandbox.Paused, PauseActual: sandbox.PauseDisk, Resources: r, TemplateID: "fp1"},
+		{ID: "c", State: sandbox.Paused, PauseActual: sandbox.PauseFreeze, Resources: r, TemplateID: "fp1"},
+		{ID: "d", State: sandbox.Deleted, Resources: r},
+		{ID: "p1", State: sandbox.Running, Resources: r, TemplateID: "fp2", Attrs: member},
+		{ID: "p2", State: sandbox.Running, Resources: r, TemplateID: "fp2", Attrs: member},
+		{ID: "p3", State: sandbox.Creating, Resources: r, TemplateID: "fp1", Attrs: member},
+	}
+	alloc, pools := Allocated(local)
+	want := berthv1.Resources{CPUMillis: 5000, MemoryMiB: 5 * 256, DiskMiB: 6 * 1024, Pids: 500}
+	if diff := cmp.Diff(want, alloc); diff != "" {
+		t.Errorf("allocated (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]berthv1.NodeWarmPool{{Fingerprint: "fp2", Ready: 2}}, pools); diff != "" {
+		t.Errorf("warm pools (-want +got):\n%s", diff)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
+	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -51,18 +52,7 @@ func (a *Agent) Status(ctx context.Context) (berthv1.NodeStatus, error) {
 	if err != nil {
 		return berthv1.NodeStatus{}, err
 	}
-	var alloc berthv1.Resources
-	for _, sb := range local {
-		cpuMem, disk := holds(sb)
-		if cpuMem {
-			alloc.CPUMillis += int64(sb.Resources.CPUMillis)
-			alloc.MemoryMiB += sb.Resources.MemoryMiB
-			alloc.Pids += sb.Resources.Pids
-		}
-		if disk {
-			alloc.DiskMiB += sb.Resources.DiskMiB
-		}
-	}
+	alloc, pools := Allocated(local)
 	tpls, err := d.Store().ListTemplates(ctx)
 	if err != nil {
 		return berthv1.NodeStatus{}, err
@@ -91,7 +81,7 @@ func (a *Agent) Status(ctx context.Context) (berthv1.NodeStatus, error) {
 	return berthv1.NodeStatus{
 		Address: a.cfg.Address, CertSHA256: a.cfg.CertSHA256,
 		Capacity: Capacity(d.Config().DataDir), Allocated: alloc, Runtimes: rts,
-		CachedTemplates: cached, Version: a.cfg.Version, Heartbeat: &now,
+		CachedTemplates: cached, WarmPools: pools, Version: a.cfg.Version, Heartbeat: &now,
 	}, nil
 }
 
@@ -158,4 +148,31 @@ func (a *Agent) publishTemplates(ctx context.Context) {
 		a.tpls[t.Name] = t.Fingerprint
 		a.mu.Unlock()
 	}
+}
+
+// Allocated sums what this node's sandboxes hold (holds) and counts its
+// ready warm pool members per template fingerprint (unclaimed, running).
+func Allocated(local []*sandbox.Sandbox) (berthv1.Resources, []berthv1.NodeWarmPool) {
+	var alloc berthv1.Resources
+	ready := map[string]int32{}
+	for _, sb := range local {
+		cpuMem, disk := holds(sb)
+		if cpuMem {
+			alloc.CPUMillis += int64(sb.Resources.CPUMillis)
+			alloc.MemoryMiB += sb.Resources.MemoryMiB
+			alloc.Pids += sb.Resources.Pids
+		}
+		if disk {
+			alloc.DiskMiB += sb.Resources.DiskMiB
+		}
+		if sb.Attrs.Pool.Member != "" && sb.State == sandbox.Running && sb.TemplateID != "" {
+			ready[sb.TemplateID]++
+		}
+	}
+	var pools []berthv1.NodeWarmPool
+	for fp, n := range ready {
+		pools = append(pools, berthv1.NodeWarmPool{Fingerprint: fp, Ready: n})
+	}
+	sort.Slice(pools, func(i, j int) bool { return pools[i].Fingerprint < pools[j].Fingerprint })
+	return alloc, pools
 }
