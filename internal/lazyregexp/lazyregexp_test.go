@@ -1,6 +1,12 @@
 package lazyregexp
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -48,5 +54,47 @@ func TestConcurrentFirstUse(t *testing.T) {
 	wg.Wait()
 	if re.Regexp() != re.Regexp() {
 		t.Fatal("compiled twice")
+	}
+}
+
+// TestNoEagerPatternsInBerth: no package linked into the berth binary
+// compiles a regular expression in a package-level initialiser (every CLI
+// call would pay for it; use New). Third-party packages are out of reach.
+func TestNoEagerPatternsInBerth(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if .Module}}{{if .Module.Main}}{{.Dir}}|{{join .GoFiles \",\"}}{{end}}{{end}}", "github.com/berth-dev/berth/cmd/berth").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		dir, files, _ := strings.Cut(line, "|")
+		for _, f := range strings.Split(files, ",") {
+			if f == "" {
+				continue
+			}
+			path := filepath.Join(dir, f)
+			file, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checked++
+			for _, d := range file.Decls {
+				gd, ok := d.(*ast.GenDecl)
+				if !ok || gd.Tok != token.VAR {
+					continue
+				}
+				ast.Inspect(gd, func(n ast.Node) bool {
+					if sel, ok := n.(*ast.SelectorExpr); ok {
+						if id, ok := sel.X.(*ast.Ident); ok && id.Name == "regexp" && strings.HasPrefix(sel.Sel.Name, "MustCompile") {
+							t.Errorf("%s: a package-level regexp.%s runs at every start of the binary; use lazyregexp.New", path, sel.Sel.Name)
+						}
+					}
+					return true
+				})
+			}
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("checked only %d files: go list answered %q", checked, out)
 	}
 }
