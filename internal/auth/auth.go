@@ -14,12 +14,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -56,7 +56,7 @@ func New(st store.Store, dataDir string, now func() time.Time, tokenKey []byte) 
 	return &Service{store: st, dataDir: dataDir, now: now, tokenKey: tokenKey}
 }
 
-var ownerRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var ownerRe = lazyregexp.New(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
 // ValidOwner checks an owner name.
 func ValidOwner(field, owner string) error {

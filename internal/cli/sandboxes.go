@@ -8,7 +8,6 @@ import (
 	"io"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -129,7 +128,7 @@ func runList(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, all)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tTEMPLATE\tRUNTIME\tOWNER\tCREATED\tEXPIRES\tLABELS")
 	now := time.Now()
 	for _, sb := range all {
