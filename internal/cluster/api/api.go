@@ -30,6 +30,21 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
+// Store is what the replica reads and writes of the Kubernetes store
+// (kubestore.Store): the sandbox objects and the templates. API keys are
+// read through Config.Auth.
+type Store interface {
+	CreateSandbox(ctx context.Context, sb *sandbox.Sandbox) error
+	GetSandbox(ctx context.Context, id string) (*sandbox.Sandbox, error)
+	SandboxByTokenHash(ctx context.Context, hash string) (*sandbox.Sandbox, error)
+	ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*sandbox.Sandbox, string, error)
+	UpdateSandbox(ctx context.Context, id string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
+	DeleteSandbox(ctx context.Context, id string) error
+	Transition(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
+	GetTemplate(ctx context.Context, name string) (store.Template, error)
+	ListTemplates(ctx context.Context) ([]store.Template, error)
+}
+
 // nodeLister is kubestore's SandboxesOnNode: the sandboxes bound to a
 // node, by label. A store without it is listed whole and filtered.
 type nodeLister interface {
@@ -65,7 +80,7 @@ type Config struct {
 	Kube      *kube.Client
 	Namespace string
 	// Store is the Kubernetes store (kubestore.Open).
-	Store store.Store
+	Store Store
 	// Token is the cluster token (peer.EnsureToken): it signs what the
 	// replica forwards to nodes.
 	Token string
