@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -51,9 +52,15 @@ func newCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Right after start the API server answers 429 "storage is
+	// (re)initializing" for a while: wait until it lists.
+	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+		_, _, err := st.ListSandboxes(ctx, store.SandboxFilter{Limit: 1})
+		return err
+	})
 	c := &cluster{t: t, ns: ns, st: st, token: peer.NewToken()}
 	c.rep, c.url = c.replica()
-	au := auth.New(st, t.TempDir(), nil, nil)
+	au := newAuth(st, t.TempDir())
 	if c.admin, err = au.EnsureAdminKey(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -71,8 +78,9 @@ func newCluster(t *testing.T) *cluster {
 
 // replica starts one more replica over the same namespace.
 func (c *cluster) replica() (*Replica, string) {
-	au := auth.New(c.st, c.t.TempDir(), nil, nil)
-	rep, err := New(Config{Kube: srv.Client, Namespace: c.ns, Store: c.st, Token: c.token, Auth: au, Domain: "berth.test"})
+	au := newAuth(c.st, c.t.TempDir())
+	rep, err := New(Config{Kube: srv.Client, Namespace: c.ns, Store: c.st, Token: c.token, Auth: au, Domain: "berth.test",
+		Log: slog.New(slog.NewTextHandler(c.t.Output(), nil))})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -192,6 +200,17 @@ func (c *cluster) do(method, url, key, body string, hdr ...string) (int, http.He
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, resp.Header, string(b)
+}
+
+// create makes a sandbox through the replica as alice.
+func (c *cluster) create(body string) wire.Sandbox {
+	c.t.Helper()
+	st, _, b := c.do("POST", c.url+"/v1/sandboxes", c.key, body)
+	var sb wire.Sandbox
+	if err := json.Unmarshal([]byte(b), &sb); st != 201 || err != nil {
+		c.t.Fatalf("create %s: %d %s", body, st, b)
+	}
+	return sb
 }
 
 // createdHandler answers a create as a node does: 201 with the sandbox,
@@ -375,9 +394,7 @@ func TestProxy(t *testing.T) {
 			createdHandler(w, r)
 		}
 	})
-	_, _, body := c.do("POST", c.url+"/v1/sandboxes", c.key, `{}`)
-	var sb wire.Sandbox
-	_ = json.Unmarshal([]byte(body), &sb)
+	sb := c.create(`{}`)
 
 	// A stream: the first chunk arrives before the node ends the answer.
 	req, _ := http.NewRequestWithContext(t.Context(), "POST", c.url+"/v1/sandboxes/"+sb.ID+"/exec", strings.NewReader(`{"cmd":["ls"]}`))
@@ -388,7 +405,8 @@ func TestProxy(t *testing.T) {
 	}
 	br := bufio.NewReader(resp.Body)
 	if l, err := br.ReadString('\n'); err != nil || l != "first\n" {
-		t.Fatalf("first chunk: %q %v", l, err)
+		rest, _ := io.ReadAll(br)
+		t.Fatalf("first chunk: %d %q %v %s", resp.StatusCode, l, err, rest)
 	}
 	close(release)
 	if rest, _ := io.ReadAll(br); string(rest) != "second\n" {
@@ -428,7 +446,7 @@ func TestProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/processes/1/attach HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nhello\n", sb.ID, c.key)
+	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/processes/1/attach HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", sb.ID, c.key)
 	cr := bufio.NewReader(conn)
 	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	status, _ := cr.ReadString('\n')
@@ -444,13 +462,14 @@ func TestProxy(t *testing.T) {
 			break
 		}
 	}
+	fmt.Fprintf(conn, "hello\n")
 	if l, _ := cr.ReadString('\n'); l != "echo hello\n" {
 		t.Fatalf("through the upgrade: %q", l)
 	}
 
 	// A node that does not answer: 503 naming it.
 	n.ts.Close()
-	st, _, body = c.do("POST", c.url+"/v1/sandboxes/"+sb.ID+"/pause", c.key, `{}`)
+	st, _, body := c.do("POST", c.url+"/v1/sandboxes/"+sb.ID+"/pause", c.key, `{}`)
 	if st != 503 || !strings.Contains(body, "node n1") {
 		t.Fatalf("unreachable node: %d %s", st, body)
 	}
@@ -584,3 +603,5 @@ func TestRunLoop(t *testing.T) {
 	cancel()
 	<-done
 }
+
+func newAuth(st *kubestore.Store, dir string) *auth.Service { return auth.New(st, dir, nil, nil) }
