@@ -43,6 +43,7 @@ type Store interface {
 	Transition(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
 	GetTemplate(ctx context.Context, name string) (store.Template, error)
 	ListTemplates(ctx context.Context) ([]store.Template, error)
+	ListEvents(ctx context.Context, f store.EventFilter) ([]sandbox.Event, error)
 }
 
 // nodeLister is kubestore's SandboxesOnNode: the sandboxes bound to a
@@ -98,6 +99,8 @@ type Config struct {
 	DefaultTTL time.Duration
 	// LossInterval is the node-loss detector's period. Default 1s.
 	LossInterval time.Duration
+	// Version is what GET /v1/info reports.
+	Version string
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }

@@ -382,6 +382,13 @@ func TestProxy(t *testing.T) {
 			w.(http.Flusher).Flush()
 			<-release
 			_, _ = io.WriteString(w, "second\n")
+		case strings.HasSuffix(r.URL.Path, "/fork"):
+			w.WriteHeader(http.StatusCreated)
+			if strings.HasPrefix(r.URL.Path, "/v1/") {
+				_ = json.NewEncoder(w).Encode(wire.ForkResult{Parent: "p", Sandboxes: []wire.Sandbox{{ID: "forkchild1", Owner: "alice", State: "running"}}})
+			} else {
+				_, _ = io.WriteString(w, `[{"sandbox":{"sandboxID":"forkchild2","templateID":"base"}}]`)
+			}
 		case r.Header.Get("Upgrade") == "websocket":
 			conn, brw, _ := w.(http.Hijacker).Hijack()
 			defer conn.Close()
@@ -467,9 +474,29 @@ func TestProxy(t *testing.T) {
 		t.Fatalf("through the upgrade: %q", l)
 	}
 
+	// A fork's children, made on the node, get objects bound to it.
+	st, _, body := c.do("POST", c.url+"/v1/sandboxes/"+sb.ID+"/fork", c.key, `{"count":1}`)
+	if st != 201 {
+		t.Fatalf("fork: %d %s", st, body)
+	}
+	child, err := c.st.GetSandbox(t.Context(), "forkchild1")
+	if err != nil || child.Attrs.Cluster.Node != "n1" || child.Owner != "alice" || child.Attrs.Lineage.Parent != sb.ID {
+		t.Fatalf("fork child object: %+v %v", child, err)
+	}
+	if !strings.Contains(body, "forkchild1") {
+		t.Fatalf("fork answer not passed on: %s", body)
+	}
+	st, _, body = c.do("POST", c.url+"/sandboxes/"+sb.ID+"/fork", "", `{}`, "X-API-KEY", c.key)
+	if _, err := c.st.GetSandbox(t.Context(), "forkchild2"); st != 201 || err != nil {
+		t.Fatalf("E2B fork: %d %s; child object: %v", st, body, err)
+	}
+	if st, _, body := c.do("GET", c.url+"/v1/info", c.key, ""); st != 200 || !strings.Contains(body, `"name": "runc"`) || !strings.Contains(body, `"cpus": 8`) {
+		t.Fatalf("info: %d %s", st, body)
+	}
+
 	// A node that does not answer: 503 naming it.
 	n.ts.Close()
-	st, _, body := c.do("POST", c.url+"/v1/sandboxes/"+sb.ID+"/pause", c.key, `{}`)
+	st, _, body = c.do("POST", c.url+"/v1/sandboxes/"+sb.ID+"/pause", c.key, `{}`)
 	if st != 503 || !strings.Contains(body, "node n1") {
 		t.Fatalf("unreachable node: %d %s", st, body)
 	}
@@ -551,6 +578,10 @@ func TestNodeLoss(t *testing.T) {
 	st, _, body := c.do("POST", c.url+"/v1/sandboxes/"+ids[0]+"/exec", c.key, `{}`)
 	if st != 410 || !strings.Contains(body, "node_lost") {
 		t.Fatalf("exec on a lost sandbox: %d %s", st, body)
+	}
+	st, _, body = c.do("GET", c.url+"/v1/sandboxes/"+ids[0]+"/events", c.key, "")
+	if st != 200 || !strings.Contains(body, `"reason": "node_lost"`) || !strings.Contains(body, `"to": "lost"`) {
+		t.Fatalf("events of a lost sandbox: %d %s", st, body)
 	}
 	st, _, body = c.do("POST", c.url+"/sandboxes/"+ids[0]+"/pause", "", ``, "X-API-KEY", c.key)
 	if st != 410 || !strings.Contains(body, `"code":410`) {

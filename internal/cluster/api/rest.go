@@ -2,6 +2,8 @@ package api
 
 import (
 	"net/http"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -10,6 +12,8 @@ import (
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/httpx"
+	"github.com/berth-dev/berth/internal/kube"
+	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/pool"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
@@ -31,6 +35,7 @@ func (r *Replica) restRoutes() *http.ServeMux {
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, wire.Health{OK: true})
 	})
+	r.handle(mux, "GET /v1/info", r.info)
 	r.handle(mux, "POST /v1/sandboxes", r.createREST)
 	r.handle(mux, "GET /v1/sandboxes", r.listREST)
 	r.handle(mux, "GET /v1/sandboxes/{id}", r.getREST)
@@ -266,5 +271,28 @@ func (r *Replica) createKey(w http.ResponseWriter, req *http.Request, p auth.Pri
 		return err
 	}
 	writeJSON(w, http.StatusCreated, wire.KeyResponse{Owner: body.Owner, Key: key})
+	return nil
+}
+
+// info is GET /v1/info on a replica: who the key is, and the fleet's
+// runtimes and CPUs as its nodes report them (the replica has neither).
+func (r *Replica) info(w http.ResponseWriter, req *http.Request, p auth.Principal) error {
+	var nl berthv1.NodeList
+	if err := r.cfg.Kube.List(req.Context(), berthv1.Nodes, r.cfg.Namespace, kube.ListOptions{}, &nl); err != nil {
+		return err
+	}
+	out := wire.Info{Version: r.cfg.Version, Owner: p.Owner, Admin: p.Admin, Runtimes: []wire.RuntimeInfo{}}
+	out.Hostname, _ = os.Hostname()
+	seen := map[string]bool{}
+	for _, n := range nl.Items {
+		out.CPUs += int(n.Status.Capacity.CPUMillis / 1000)
+		for _, rt := range n.Status.Runtimes {
+			if !seen[rt.Name] {
+				seen[rt.Name] = true
+				out.Runtimes = append(out.Runtimes, wire.RuntimeInfo{Name: rt.Name, Checkpoint: slices.Contains(rt.Capabilities, "memory-checkpoint")})
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }

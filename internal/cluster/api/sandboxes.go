@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -11,6 +12,7 @@ import (
 	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // proxyREST sends /v1/sandboxes/{id}/... to the sandbox's node, signed for
@@ -20,6 +22,11 @@ func (r *Replica) proxyREST(w http.ResponseWriter, req *http.Request, p auth.Pri
 	sb, err := r.visible(req, scope(req, p), req.PathValue("id"))
 	if err != nil {
 		return err
+	}
+	if sb.State == sandbox.Lost && req.Method == http.MethodGet && req.PathValue("rest") == "events" {
+		// Its node is gone; the store has what the cluster recorded
+		// (the loss itself, and what the node mirrored before).
+		return r.lostEvents(w, req, sb)
 	}
 	var after func(*http.Response) error
 	if req.Method == http.MethodPost && req.PathValue("rest") == "fork" {
@@ -194,4 +201,36 @@ func (r *Replica) recordE2B(ctx context.Context, parent *sandbox.Sandbox, resp *
 // isFork reports whether an E2B path is a fork of {id}.
 func isFork(method, rest string) bool {
 	return method == http.MethodPost && strings.TrimSuffix(rest, "/") == "fork"
+}
+
+// lostEvents answers GET /v1/sandboxes/{id}/events of a lost sandbox from
+// the store, in the node's form (a list of wire.Event).
+func (r *Replica) lostEvents(w http.ResponseWriter, req *http.Request, sb *sandbox.Sandbox) error {
+	f := store.EventFilter{SandboxID: sb.ID}
+	q := req.URL.Query()
+	if a := q.Get("after"); a != "" {
+		n, err := strconv.ParseInt(a, 10, 64)
+		if err != nil {
+			return errs.Field("after", "must be an event sequence number")
+		}
+		f.AfterSeq = n
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 0 {
+			return errs.Field("limit", "must be a non-negative integer")
+		}
+		f.Limit = n
+	}
+	list, err := r.cfg.Store.ListEvents(req.Context(), f)
+	if err != nil {
+		return err
+	}
+	out := make([]wire.Event, 0, len(list))
+	for _, e := range list {
+		out = append(out, wire.Event{Seq: e.Seq, SandboxID: e.SandboxID, Owner: e.Owner, Time: e.Time, Actor: e.Actor,
+			Type: e.Type, From: wire.State(e.From), To: wire.State(e.To), Reason: e.Reason, Message: e.Message, Data: e.Data})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
 }
