@@ -58,7 +58,11 @@ func newCluster(t *testing.T) *cluster {
 		_, _, err := st.ListSandboxes(ctx, store.SandboxFilter{Limit: 1})
 		return err
 	})
-	c := &cluster{t: t, ns: ns, st: st, token: peer.NewToken()}
+	token, err := peer.EnsureToken(ctx, srv.Client, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, ns: ns, st: st, token: token}
 	c.rep, c.url = c.replica()
 	au := newAuth(st, t.TempDir())
 	if c.admin, err = au.EnsureAdminKey(ctx); err != nil {
@@ -636,3 +640,21 @@ func TestRunLoop(t *testing.T) {
 }
 
 func newAuth(st *kubestore.Store, dir string) *auth.Service { return auth.New(st, dir, nil, nil) }
+
+// A node refusing the replica's signature is the channel's fault, not the
+// client's: 503 naming the node, never the node's 401 passed on.
+func TestNodeRefusesToken(t *testing.T) {
+	c := newCluster(t)
+	c.node("strict", 16384, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "bad cluster token", http.StatusUnauthorized)
+	})
+	st, _, body := c.do("POST", c.url+"/v1/sandboxes", c.key, `{}`)
+	if st != 503 || !strings.Contains(body, "node strict refused this replica's cluster token") {
+		t.Fatalf("create on a node refusing the token: %d %s", st, body)
+	}
+	var list wire.ListResponse
+	_, _, body = c.do("GET", c.url+"/v1/sandboxes", c.key, "")
+	if err := json.Unmarshal([]byte(body), &list); err != nil || len(list.Sandboxes) != 0 {
+		t.Fatalf("the refused create left an object: %s", body)
+	}
+}

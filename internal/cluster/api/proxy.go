@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strconv"
+	"strings"
 
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/cluster/peer"
@@ -67,7 +68,20 @@ func (r *Replica) send(ctx context.Context, node string, in *http.Request, body 
 	if len(b) > maxAnswer {
 		return nil, errs.E(errs.Unavailable, "node %s: answer over %d bytes", node, maxAnswer)
 	}
+	if p != nil && resp.StatusCode == http.StatusUnauthorized {
+		return nil, tokenRefused(node, b)
+	}
 	return &nodeAnswer{status: resp.StatusCode, header: resp.Header, body: b}, nil
+}
+
+// tokenRefused: a node refusing a signed request refuses the replica (its
+// cluster token), not the client, whose key the replica checked.
+func tokenRefused(node string, body []byte) error {
+	msg := strings.TrimSpace(string(body))
+	if len(msg) > 200 {
+		msg = msg[:200]
+	}
+	return errs.E(errs.Unavailable, "node %s refused this replica's cluster token (is its %s Secret another namespace's?): %s", node, peer.SecretName, msg)
 }
 
 // errStyle is how an error is written: berth's REST form or E2B's.
@@ -136,14 +150,27 @@ func (r *Replica) proxy(w http.ResponseWriter, req *http.Request, sb *sandbox.Sa
 				peer.Sign(pr.Out, r.cfg.Token, *p)
 			}
 		},
-		Transport:      tr,
-		FlushInterval:  -1,
-		ModifyResponse: after,
+		Transport:     tr,
+		FlushInterval: -1,
+		ModifyResponse: func(resp *http.Response) error {
+			if p != nil && resp.StatusCode == http.StatusUnauthorized {
+				b, _ := readResponse(resp)
+				return tokenRefused(node, b) // to ErrorHandler: 503 naming the node
+			}
+			if after != nil {
+				return after(resp)
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			if req.Context().Err() != nil {
 				return // the client left
 			}
 			r.log.Warn("node did not answer", "node", node, "sandbox_id", sb.ID, "path", req.URL.Path, "err", err)
+			if errs.KindOf(err) == errs.Unavailable {
+				style.write(w, err)
+				return
+			}
 			style.write(w, errs.Wrap(errs.Unavailable, err, "node %s (running sandbox %s) did not answer", node, sb.ID))
 		},
 	}
