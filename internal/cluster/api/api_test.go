@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/cluster/peer"
@@ -31,6 +33,16 @@ import (
 var srv *kubetest.Server
 
 func TestMain(m *testing.M) { kubetest.Main(m, func(s *kubetest.Server) { srv = s }) }
+
+// noLeaks fails t if goroutines started during it outlive its clean-up
+// (proxied streams, upgrades, the loss loop); registered first, it runs last.
+func noLeaks(t *testing.T) {
+	ign := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		http.DefaultClient.CloseIdleConnections()
+		goleak.VerifyNone(t, ign)
+	})
+}
 
 // cluster is one namespace with a replica in front of it.
 type cluster struct {
@@ -376,6 +388,7 @@ func TestCreateRetryAndNoFit(t *testing.T) {
 // Requests about one sandbox go to its node: signed REST, unsigned envd
 // (routed by header or host), streamed as they come, upgrades included.
 func TestProxy(t *testing.T) {
+	noLeaks(t)
 	c := newCluster(t)
 	release := make(chan struct{})
 	n := c.node("n1", 16384, func(w http.ResponseWriter, r *http.Request) {
@@ -410,7 +423,11 @@ func TestProxy(t *testing.T) {
 	// A stream: the first chunk arrives before the node ends the answer.
 	req, _ := http.NewRequestWithContext(t.Context(), "POST", c.url+"/v1/sandboxes/"+sb.ID+"/exec", strings.NewReader(`{"cmd":["ls"]}`))
 	req.Header.Set("Authorization", "Bearer "+c.key)
-	resp, err := http.DefaultClient.Do(req)
+	// A client of its own: nothing else's idle-connection clean-up
+	// (httptest servers closing elsewhere) can touch the stream's connection.
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,6 +526,7 @@ func TestProxy(t *testing.T) {
 // A node whose Lease expired is marked not ready, its sandboxes lost
 // (with their events), requests for them answer 410, and creates avoid it.
 func TestNodeLoss(t *testing.T) {
+	noLeaks(t)
 	c := newCluster(t)
 	ctx := t.Context()
 	gone := c.node("gone", 16384, createdHandler)
@@ -616,6 +634,7 @@ func TestNodeLoss(t *testing.T) {
 
 // Run's loop does the same by itself, and stops with its context.
 func TestRunLoop(t *testing.T) {
+	noLeaks(t)
 	c := newCluster(t)
 	c.node("n", 16384, createdHandler)
 	_, _, body := c.do("POST", c.url+"/v1/sandboxes", c.key, `{}`)
