@@ -44,11 +44,9 @@ func (s *Store) appendEvent(ctx context.Context, ev sandbox.Event, sb *sandbox.S
 }
 
 // eventStored runs after an event's record is written: what SQLite's
-// triggers on events do (the activity timeline's entry) belongs here.
-// kstore-b: its body becomes `return s.eventActivityB(ctx, ev, sb)` when
-// metering_activity.go lands (the Activity subtest needs it).
+// triggers on events do (the activity timeline's entry).
 func (s *Store) eventStored(ctx context.Context, ev sandbox.Event, sb *sandbox.Sandbox) error {
-	return nil
+	return s.eventActivityB(ctx, ev, sb)
 }
 
 // ListEvents selects by sandbox and owner labels, then filters, orders

@@ -378,3 +378,13 @@ func TestTemplateObjectNames(t *testing.T) {
 		t.Errorf("ListTemplates = %d, %v; want the 4 of the store", len(list), err)
 	}
 }
+
+// A sandbox whose extras pass what an object's annotations can hold is
+// refused with a reason, not the API server's field error.
+func TestSandboxTooLarge(t *testing.T) {
+	s := newStore(t, "")
+	sb := &sandbox.Sandbox{ID: "big", Owner: "a", State: sandbox.Creating, Env: map[string]string{"X": strings.Repeat("x", 300<<10)}}
+	if err := s.CreateSandbox(t.Context(), sb); !errs.Is(err, errs.ResourceExhausted) {
+		t.Errorf("CreateSandbox with a 300 KiB env = %v, want ResourceExhausted", err)
+	}
+}

@@ -11,6 +11,19 @@
 // row after, and the order is chosen so a crash between them leaves what a
 // reader can act on (a state without its event, never an event without
 // its state).
+//
+// What stands in for SQLite's constraints and triggers:
+//   - a unique field other than the key is a record keyed by it: an API
+//     key's hash keys the key's own record (its id another); a snapshot's
+//     name per owner, a checkpoint's per sandbox and one open merge per
+//     target are claim records (claim), taken over when the row holding
+//     them is gone, so a crash between two writes never blocks a name;
+//   - ON DELETE CASCADE is the label LabelCascade: DeleteSandbox removes
+//     every record carrying the sandbox's id in one DeleteCollection;
+//   - a sequence is a counter record stepped by a conditional PUT
+//     (nextSeq), whose last version each process caches;
+//   - what a trigger on events did happens in eventStored, after the
+//     event's record is written.
 package kubestore
 
 import (

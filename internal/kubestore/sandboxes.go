@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +31,10 @@ const (
 	// hashes it again).
 	labelToken = "berth.dev/token-hash"
 )
+
+// maxRest keeps annSandbox under the API server's 256 KiB for all of an
+// object's annotations (others' annotations and the keys need the rest).
+const maxRest = 240 << 10
 
 type sandboxRest struct {
 	Message         string            `json:"message,omitempty"`
@@ -74,6 +79,10 @@ func (s *Store) toObject(sb *sandbox.Sandbox, base *berthv1.Sandbox) (*berthv1.S
 	b, err := json.Marshal(rest)
 	if err != nil {
 		return nil, errs.Wrap(errs.Internal, err, "kubernetes store: encode sandbox %s", sb.ID)
+	}
+	if len(b) > maxRest {
+		return nil, errs.E(errs.ResourceExhausted, "sandbox %s: its env and attributes take %d bytes; a Kubernetes object's annotations hold at most %d",
+			sb.ID, len(b), maxRest)
 	}
 	o := *base
 	o.TypeMeta = kube.TypeMeta{APIVersion: berthv1.APIVersion, Kind: "Sandbox"}
@@ -379,6 +388,22 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*sa
 	return out, next, nil
 }
 
+// backoff waits a random while that grows with the attempts before a
+// conflicting write is tried again: writers that lost a race together
+// would otherwise all read and write again in step, and mostly lose again.
+func backoff(ctx context.Context, attempt int) error {
+	if attempt == 0 {
+		return nil
+	}
+	d := time.Duration(rand.Int64N(int64(min(attempt, 10)) * int64(time.Millisecond)))
+	select {
+	case <-ctx.Done():
+		return errs.Wrap(errs.Unavailable, ctx.Err(), "kubernetes store: retrying a conflicting write")
+	case <-time.After(d):
+		return nil
+	}
+}
+
 func cmpKey(t1 int64, id1 string, t2 int64, id2 string) int {
 	switch {
 	case t1 < t2:
@@ -426,7 +451,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, id string, fn func(*sandbox.S
 
 // writeSandbox is UpdateSandbox's loop; change returns fn's error as is.
 func (s *Store) writeSandbox(ctx context.Context, id string, change func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
-	for {
+	for attempt := 0; ; attempt++ {
 		o, err := s.getObject(ctx, id)
 		if err != nil {
 			return nil, err
@@ -449,6 +474,9 @@ func (s *Store) writeSandbox(ctx context.Context, id string, change func(*sandbo
 		}
 		err = s.kc.Update(ctx, berthv1.Sandboxes, s.ns, id, no, nil)
 		if errs.Is(err, errs.Conflict) {
+			if err := backoff(ctx, attempt); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		if errs.Is(err, errs.NotFound) {
