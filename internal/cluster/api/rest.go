@@ -48,9 +48,12 @@ func (r *Replica) restRoutes() *http.ServeMux {
 	r.handle(mux, "GET /v1/templates", r.listTemplates)
 	r.handle(mux, "GET /v1/templates/{name}", r.getTemplate)
 	r.handle(mux, "POST /v1/keys", r.createKey)
-	mux.HandleFunc("/v1/", func(w http.ResponseWriter, req *http.Request) {
+	notServed := func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, errs.E(errs.NotImplemented, "%s %s is not served by a cluster API replica (berth serve --cluster): run it against a node's own API, or on one host", req.Method, req.URL.Path))
-	})
+	}
+	for _, p := range []string{"/v1/", "/ui", "/ui/", "/metrics"} {
+		mux.HandleFunc(p, notServed)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, errs.E(errs.NotFound, "no route for %s %s", req.Method, req.URL.Path))
 	})
