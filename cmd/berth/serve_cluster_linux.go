@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,8 +28,16 @@ import (
 
 // ClusterFlags are `berth serve --cluster`'s own settings.
 type ClusterFlags struct {
+	Cluster    bool
 	Kubeconfig string
 	Namespace  string
+}
+
+// flags adds them to serve's flag set.
+func (cf *ClusterFlags) flags(fs *flag.FlagSet) {
+	fs.BoolVar(&cf.Cluster, "cluster", false, "run as a stateless cluster API replica over the Kubernetes store (docs/CLUSTER.md)")
+	fs.StringVar(&cf.Kubeconfig, "kubeconfig", "", "with --cluster: kubeconfig (default $KUBECONFIG, ~/.kube/config, in-cluster)")
+	fs.StringVar(&cf.Namespace, "namespace", "", "with --cluster: the namespace of berth's objects (default the kubeconfig's)")
 }
 
 // serveCluster is `berth serve --cluster`: a stateless API replica

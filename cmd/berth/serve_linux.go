@@ -151,10 +151,8 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	otlp := pre.String("otlp-endpoint", "", "export OpenTelemetry spans to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (default $"+trace.EnvEndpoint+"; unset: tracing off)")
 	noUserNS := pre.Bool("no-userns", false, "run new runc sandboxes without a user namespace (root inside is root on the host)")
 	activityRetention := pre.Int("activity-retention", 0, "activity entries kept per sandbox, oldest pruned (default 10000)")
-	cluster := pre.Bool("cluster", false, "run as a stateless cluster API replica over the Kubernetes store (docs/CLUSTER.md)")
-	var cf ClusterFlags
-	pre.StringVar(&cf.Kubeconfig, "kubeconfig", "", "with --cluster: kubeconfig (default $KUBECONFIG, ~/.kube/config, in-cluster)")
-	pre.StringVar(&cf.Namespace, "namespace", "", "with --cluster: the namespace of berth's objects (default the kubeconfig's)")
+	var cf ClusterFlags // --cluster (serve_cluster_linux.go)
+	cf.flags(pre)
 	applyNetFlags := networkFlags(pre)
 	applyHostFlags := hostnameFlags(pre)
 	if err := pre.Parse(args); err != nil {
@@ -189,7 +187,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if *cluster {
+	if cf.Cluster {
 		return serveCluster(ctx, cfg, cf, stderr)
 	}
 	return serve(ctx, cfg, stderr)
