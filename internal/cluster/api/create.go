@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -104,12 +105,13 @@ const e2bMaxTimeout = 24 * time.Hour
 func e2bSpec(body []byte, owner, baseTemplate string, v2 bool) (createSpec, error) {
 	var b e2bCreateBody
 	if len(bytes.TrimSpace(body)) > 0 {
-		if err := httpx.DecodeReader(bytes.NewReader(body), &b); err != nil {
-			// DecodeReader is strict; E2B bodies carry fields berth ignores.
-			dec := json.NewDecoder(bytes.NewReader(body))
-			if derr := dec.Decode(&b); derr != nil {
-				return createSpec{}, errs.Field("body", "not a JSON object: %v", derr)
+		// Lenient, as internal/e2b: the SDKs send fields berth ignores.
+		if err := json.Unmarshal(body, &b); err != nil {
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) && te.Field != "" {
+				return createSpec{}, errs.Field(te.Field, "must be %s, got %s", te.Type, te.Value)
 			}
+			return createSpec{}, errs.Field("body", "not a JSON object: %v", err)
 		}
 	}
 	if b.TemplateID == "" {
@@ -124,9 +126,9 @@ func e2bSpec(body []byte, owner, baseTemplate string, v2 bool) (createSpec, erro
 		ttl = 15 * time.Second
 	}
 	if b.Timeout != nil {
-		ttl = min(time.Duration(max(*b.Timeout, 0))*time.Second, e2bMaxTimeout)
-		if *b.Timeout >= int64(e2bMaxTimeout/time.Second) {
-			ttl = e2bMaxTimeout
+		ttl = e2bMaxTimeout // also where the seconds would overflow a Duration
+		if *b.Timeout < int64(e2bMaxTimeout/time.Second) {
+			ttl = time.Duration(max(*b.Timeout, 0)) * time.Second
 		}
 	}
 	if err := sandbox.ValidateLabels("metadata", b.Metadata); err != nil {
