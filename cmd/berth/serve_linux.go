@@ -138,9 +138,13 @@ func envOverride(c *ServeConfig) {
 // runtimes → daemon → handlers. It is the composition root, and the only
 // code of the binary that links the server.
 func runServe(ctx context.Context, args []string, stderr io.Writer) error {
-	cfg, err := parseServe("serve", args, stderr, nil)
+	var cf ClusterFlags // --cluster (serve_cluster_linux.go)
+	cfg, err := parseServe("serve", args, stderr, cf.flags)
 	if err != nil {
 		return err
+	}
+	if cf.Cluster {
+		return serveCluster(ctx, cfg, cf, stderr)
 	}
 	return serve(ctx, cfg, stderr, serveHooks{})
 }

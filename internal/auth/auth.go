@@ -20,6 +20,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/lazyregexp"
+	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -36,9 +37,19 @@ type Principal struct {
 	Cluster bool
 }
 
+// Store is the part of store.Store the service reads and writes: API
+// keys, and sandboxes' token hashes. (Cluster mode's API replica runs it
+// over the Kubernetes store.)
+type Store interface {
+	CreateAPIKey(ctx context.Context, k store.APIKey) error
+	LookupAPIKey(ctx context.Context, hash []byte) (store.APIKey, error)
+	UpdateSandbox(ctx context.Context, id string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
+	SandboxByTokenHash(ctx context.Context, hash string) (*sandbox.Sandbox, error)
+}
+
 // Service authenticates API keys and derives envd tokens.
 type Service struct {
-	store    store.Store
+	store    Store
 	dataDir  string
 	now      func() time.Time
 	tokenKey []byte // HMAC key of envd access tokens
@@ -49,7 +60,7 @@ type Service struct {
 // New builds the service. tokenKey is the content of DATA_DIR/TokenKeyFile
 // (loaded by the caller with the daemon's master-key loader); dataDir holds
 // admin.key; now is the clock of key creation times.
-func New(st store.Store, dataDir string, now func() time.Time, tokenKey []byte) *Service {
+func New(st Store, dataDir string, now func() time.Time, tokenKey []byte) *Service {
 	if now == nil {
 		now = time.Now
 	}
