@@ -68,15 +68,19 @@ type Inputs struct {
 // Decide compares this node's sandboxes with their objects and says what
 // to do, in id order. It is pure: the agent's loop applies the actions.
 func Decide(in Inputs) []Action {
-	local := map[string]*sandbox.Sandbox{}
-	for _, sb := range in.Local {
-		if sb.Attrs.Cluster.Node == in.Node {
-			local[sb.ID] = sb
-		}
-	}
 	objs := map[string]*sandbox.Sandbox{}
 	for _, o := range in.Objects {
 		objs[o.ID] = o
+	}
+	// A local sandbox is the cluster's when it was made for an object (its
+	// Attrs say this node) or when an object bound here names it: a fork
+	// made on this node has no such Attrs, and the replica that forwarded
+	// the fork records its object from the node's answer.
+	local := map[string]*sandbox.Sandbox{}
+	for _, sb := range in.Local {
+		if sb.Attrs.Cluster.Node == in.Node || objs[sb.ID] != nil {
+			local[sb.ID] = sb
+		}
 	}
 	var out []Action
 	for id, sb := range local {

@@ -66,6 +66,10 @@ func TestDecide(t *testing.T) {
 		{name: "ran here, vanished", objects: []*sandbox.Sandbox{sb("a", sandbox.Paused)},
 			want: []Action{{MarkMissing, "a", ReasonMissing}}},
 		{name: "not the cluster's: left alone", local: []*sandbox.Sandbox{sb("p", sandbox.Running, otherNode)}},
+		// A fork made here: no cluster Attrs locally, its object recorded by
+		// the replica that forwarded the fork — mirrored, not marked missing.
+		{name: "fork with an object", local: []*sandbox.Sandbox{sb("f", sandbox.Paused, otherNode, paused)},
+			objects: []*sandbox.Sandbox{sb("f", sandbox.Running)}, want: []Action{{Mirror, "f", ""}}},
 		{name: "several, in id order",
 			local:   []*sandbox.Sandbox{sb("c", sandbox.Running), sb("b", sandbox.Paused, paused)},
 			objects: []*sandbox.Sandbox{sb("b", sandbox.Running), sb("a", sandbox.Creating)},
