@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +12,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 // hostTraces lists what of sandboxes ids is on the host: mounts, loop
@@ -21,9 +27,12 @@ func (s *server) hostTraces(ids []string) []string {
 	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	links, _ := exec.Command("ip", "-o", "link", "show").Output()
 	rc, _ := exec.Command("runc", "--root", filepath.Join(s.dataDir, "runtime", "runc"), "list", "-q").Output()
-	prefix := ""
+	prefix, table := "", ""
 	if i := slices.Index(s.netArgs, "--network-veth-prefix"); i >= 0 {
 		prefix = s.netArgs[i+1]
+	}
+	if i := slices.Index(s.netArgs, "--network-table"); i >= 0 {
+		table = s.netArgs[i+1]
 	}
 	for _, id := range ids {
 		dir := filepath.Join(s.dataDir, "sandboxes", id)
@@ -52,19 +61,28 @@ func (s *server) hostTraces(ids []string) []string {
 		}
 	}
 	if prefix != "" {
-		live := 0
-		for _, line := range strings.Split(string(links), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], prefix) {
-				live++
+		for _, id := range ids {
+			// internal/network's name for the sandbox's host-side veth.
+			h := sha256.Sum256([]byte(table + "/" + id))
+			veth := prefix + hex.EncodeToString(h[:])[:15-len(prefix)]
+			if strings.Contains(string(links), " "+veth+"@") || strings.Contains(string(links), " "+veth+":") {
+				out = append(out, "veth: "+veth)
 			}
-		}
-		// The test's other sandboxes have none: every veth with the
-		// prefix is one of ids'.
-		if live > 0 {
-			out = append(out, "veths with prefix "+prefix+": "+strings.Repeat("x", live))
 		}
 	}
 	return out
+}
+
+// settled waits until nothing of sandboxes ids is left on the host: a
+// delete answers before its teardown ends (internal/daemon/teardown.go).
+func (s *server) settled(ids ...string) {
+	s.t.Helper()
+	testutil.Eventually(s.t, testutil.Within(30*time.Second), func() error {
+		if left := s.hostTraces(ids); len(left) > 0 {
+			return fmt.Errorf("left on the host: %s", strings.Join(left, "; "))
+		}
+		return nil
+	})
 }
 
 // A delete answers before its teardown ends; a daemon killed with -9 in
