@@ -54,7 +54,7 @@ type processKiller interface {
 }
 
 // reclaimer runs the second half of deletes (finishDelete) in the
-// background. Its lock guards only closed and the send on queue.
+// background. Its lock guards open and the send on queue.
 type reclaimer struct {
 	d     *Daemon
 	mu    sync.Mutex
