@@ -40,7 +40,7 @@ type Options struct {
 }
 
 // Names are every metric, in measuring order.
-var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
+var Names = []string{"create-cold", "create-warm", "exec-rtt", "delete", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
 	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases", "oneshot", "cli-call"}
@@ -117,6 +117,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"create-cold"}, r.createCold},
 		{[]string{"create-warm"}, r.createWarm},
 		{[]string{"exec-rtt"}, r.execRTT},
+		{[]string{"delete"}, r.deleteRunning},
 		{[]string{"throughput"}, r.throughput},
 		{[]string{"burst"}, r.burst},
 		{[]string{"density"}, r.density},

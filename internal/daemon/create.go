@@ -357,23 +357,3 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 		LogPath: filepath.Join(d.SandboxDir(sb.ID), "runtime.log"),
 	}
 }
-
-// halt stops PID 1 and unmounts the filesystem, keeping the workspace image.
-func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
-	d.chans.drop(sb.ID)
-	var errList []error
-	if rt, err := d.RuntimeFor(sb); err == nil {
-		if err := rt.Delete(ctx, sb.ID); err != nil {
-			errList = append(errList, err)
-		}
-	} else {
-		errList = append(errList, err)
-	}
-	if err := d.net.Down(ctx, sb); err != nil {
-		errList = append(errList, err)
-	}
-	if err := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
-		errList = append(errList, err)
-	}
-	return errors.Join(errList...)
-}
