@@ -14,7 +14,8 @@ import (
 )
 
 // A layer's blob is its canonical tar: packTar of the stored directory
-// (lexical order, numeric owners, mtimes to the second). It is how layers
+// (lexical order, numeric owners, mtimes to the second, symlinks' at the
+// epoch since extraction does not keep them). It is how layers
 // travel between hosts. The store keeps directories, not the tars they
 // were imported from, so a layer's digest (of its original tar, or its
 // TreeDigest) cannot be checked on a copy; the blob's own sha256 is what
@@ -27,7 +28,7 @@ func (s *Store) WriteBlob(ctx context.Context, w io.Writer, digest string) error
 	if err != nil {
 		return err
 	}
-	return packTar(ctx, w, l.Path, packOptions{})
+	return packTar(ctx, w, l.Path, packOptions{canonical: true})
 }
 
 // BlobDigest is the sha256 (hex) and size of layer digest's blob.

@@ -17,7 +17,8 @@ import (
 func TestBlobTravels(t *testing.T) {
 	ctx := context.Background()
 	a, b := openStore(t), openStore(t)
-	data := mkTar(t, dir("./", 0o755), dir("etc/", 0o755), file("etc/os-release", "ID=test\n"), file("bin/sh", "#!x\n"))
+	data := mkTar(t, dir("./", 0o755), dir("etc/", 0o755), file("etc/os-release", "ID=test\n"), file("bin/sh", "#!x\n"),
+		symlink("etc/link", "os-release"))
 	l, err := a.ImportTar(ctx, bytes.NewReader(data), nil)
 	if err != nil {
 		t.Fatal(err)

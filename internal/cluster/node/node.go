@@ -48,6 +48,7 @@ type Cluster interface {
 	UpdateSandbox(ctx context.Context, id string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
 	DeleteSandbox(ctx context.Context, id string) error
 	PutTemplate(ctx context.Context, t store.Template) (store.Template, error)
+	GetTemplate(ctx context.Context, name string) (store.Template, error)
 }
 
 // Config is one agent's wiring.
@@ -270,11 +271,14 @@ func (a *Agent) create(ctx context.Context, obj *sandbox.Sandbox) {
 	}
 	attrs := sandbox.Attrs{Cluster: obj.Attrs.Cluster}
 	attrs.Cluster.Node = a.cfg.Name
-	_, err := a.cfg.Daemon.Create(ctx, daemon.CreateRequest{
-		ID: obj.ID, Owner: obj.Owner, Actor: "cluster", Template: obj.Template, Runtime: obj.Runtime,
-		TTL: ttl, ExpiryAction: obj.ExpiryAction, Resources: obj.Resources, Labels: obj.Labels, Env: obj.Env,
-		AutoResume: obj.AutoResume, Attrs: attrs,
-	})
+	err := a.ensureTemplate(ctx, obj.Template)
+	if err == nil {
+		_, err = a.cfg.Daemon.Create(ctx, daemon.CreateRequest{
+			ID: obj.ID, Owner: obj.Owner, Actor: "cluster", Template: obj.Template, Runtime: obj.Runtime,
+			TTL: ttl, ExpiryAction: obj.ExpiryAction, Resources: obj.Resources, Labels: obj.Labels, Env: obj.Env,
+			AutoResume: obj.AutoResume, Attrs: attrs,
+		})
+	}
 	switch {
 	case err == nil:
 		log.Info("created the sandbox its object bound to this node")

@@ -93,11 +93,28 @@ func startHost(t *testing.T) *host { return startHostResync(t, 500*time.Millisec
 // startHostResync starts a host whose agent's periodic pass runs every resync.
 func startHostResync(t *testing.T, resync time.Duration) *host {
 	t.Helper()
+	return startHostWith(t, hostOpts{resync: resync})
+}
+
+// hostOpts: ns "" is a fresh namespace, name "" is n1; noTemplate leaves
+// the host without the tiny template.
+type hostOpts struct {
+	resync     time.Duration
+	ns, name   string
+	noTemplate bool
+}
+
+func startHostWith(t *testing.T, o hostOpts) *host {
+	t.Helper()
+	resync := o.resync
 	testutil.RequireRoot(t)
 	runc := testutil.RequireTool(t, "runc")
 	bin := testutil.BuildBinaries(t)
 	ctx := t.Context()
-	ns := srv.Namespace(t)
+	ns := o.ns
+	if ns == "" {
+		ns = srv.Namespace(t)
+	}
 	kc := srv.Client
 	ks, err := kubestore.Open(ctx, kc, ns)
 	if err != nil {
@@ -111,7 +128,10 @@ func startHostResync(t *testing.T, resync time.Duration) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &host{ks: ks, kc: kc, ns: ns, name: "n1", token: token, logs: &lockedWriter{}}
+	if o.name == "" {
+		o.name = "n1"
+	}
+	h := &host{ks: ks, kc: kc, ns: ns, name: o.name, token: token, logs: &lockedWriter{}}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	st, err := store.OpenSQLite(filepath.Join(dataDir, "berth.db"))
 	if err != nil {
@@ -144,20 +164,23 @@ func startHostResync(t *testing.T, resync time.Duration) *host {
 		st.Close()
 		_ = os.RemoveAll(dataDir)
 	})
-	f, err := os.Open(tinyTar(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if h.tpl, err = h.d.Templates().Import(ctx, "tiny", f, "tiny.tar"); err != nil {
-		t.Fatal(err)
+	if !o.noTemplate {
+		f, err := os.Open(tinyTar(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if h.tpl, err = h.d.Templates().Import(ctx, "tiny", f, "tiny.tar"); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	h.id, err = peer.LoadOrCreateIdentity(filepath.Join(dataDir, "peer"), []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler := h.d.Auth().ClusterGate(e2b.New(h.d, log, e2b.Options{}).Handler(server.New(h.d, log))) // serve's routes, without a network
+	handler := node.PeerHandler(h.d, token, // as berth node's peer listener: layers, then serve's routes (without a network)
+		h.d.Auth().ClusterGate(e2b.New(h.d, log, e2b.Options{}).Handler(server.New(h.d, log))))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
