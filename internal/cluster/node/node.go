@@ -36,6 +36,7 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kube"
+	"github.com/berth-dev/berth/internal/placement"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -72,8 +73,10 @@ type Config struct {
 	// Resync is the reconcile period (default 1s).
 	Resync  time.Duration
 	Version string
-	Log     *slog.Logger
-	Now     func() time.Time
+	// PoolSizing sizes the local pools of WarmPool objects (pools.go).
+	PoolSizing PoolSizing
+	Log        *slog.Logger
+	Now        func() time.Time
 }
 
 // Agent runs the loops.
@@ -86,6 +89,7 @@ type Agent struct {
 	tpls     map[string]string // template name → fingerprint published
 	wg       sync.WaitGroup    // creates and deletes under way
 	statusMu sync.Mutex        // one Node status write at a time
+	pools    poolState         // Run's goroutine only
 }
 
 // New checks the config.
@@ -112,7 +116,8 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Name), inflight: map[string]bool{}, tpls: map[string]string{}}, nil
+	return &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Name), inflight: map[string]bool{}, tpls: map[string]string{},
+		pools: poolState{seen: map[string]bool{}, rates: map[string]*placement.Rate{}, managed: map[string]int{}}}, nil
 }
 
 // Register writes the Node and its Lease once (so a replica can place on
@@ -142,6 +147,7 @@ func (a *Agent) Run(ctx context.Context) {
 				a.log.Warn("renew lease", "err", err)
 			}
 			a.publishTemplates(ctx)
+			a.syncPools(ctx)
 			if err := a.writeStatus(ctx); err != nil && ctx.Err() == nil {
 				a.log.Warn("node status", "err", err)
 			}
@@ -239,7 +245,7 @@ func (a *Agent) apply(ctx context.Context, act Action, local, obj *sandbox.Sandb
 }
 
 // background runs a slow step (a create boots a sandbox) off the loop,
-// one per sandbox at a time. It lives on the agent's run, not a request.
+// one per sandbox at a time (or per key: "pool-TEMPLATE", which no id is). It lives on the agent's run, not a request.
 func (a *Agent) background(id string, fn func(context.Context)) {
 	a.mu.Lock()
 	if a.inflight[id] {

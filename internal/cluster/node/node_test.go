@@ -102,6 +102,7 @@ type hostOpts struct {
 	resync     time.Duration
 	ns, name   string
 	noTemplate bool
+	pools      node.PoolSizing
 }
 
 func startHostWith(t *testing.T, o hostOpts) *host {
@@ -192,7 +193,7 @@ func startHostWith(t *testing.T, o hostOpts) *host {
 
 	ag, err := node.New(node.Config{Kube: kc, Namespace: ns, Name: h.name, Daemon: h.d, Local: h.local, Cluster: ks,
 		Address: h.peerURL, CertSHA256: h.id.SHA256, LeaseDuration: 4 * time.Second,
-		CreateGrace: 500 * time.Millisecond, Resync: resync, Version: "test", Log: log})
+		CreateGrace: 500 * time.Millisecond, Resync: resync, Version: "test", PoolSizing: o.pools, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
