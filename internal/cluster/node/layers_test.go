@@ -155,3 +155,32 @@ func TestTamperedLayerRefused(t *testing.T) {
 		t.Errorf("nb's log does not show the refused fetch from na:\n%s", b.logs.String())
 	}
 }
+
+// TestForwardedCreateFetchesTemplate: a replica's signed create reaching a
+// node without the template (the agent's own path held back by a long
+// grace) fetches the layers first and answers 201.
+func TestForwardedCreateFetchesTemplate(t *testing.T) {
+	ns := srv.Namespace(t)
+	a := startHostWith(t, hostOpts{resync: 500 * time.Millisecond, ns: ns, name: "na"})
+	b := startHostWith(t, hostOpts{resync: 500 * time.Millisecond, ns: ns, name: "nb", noTemplate: true, createGrace: time.Hour})
+	ctx := t.Context()
+	obj := b.bind(t, "gus")
+	hc := &http.Client{Transport: peer.Transport(b.id.SHA256), Timeout: 60 * time.Second}
+	t.Cleanup(hc.CloseIdleConnections)
+	req, _ := http.NewRequestWithContext(ctx, "POST", b.peerURL+"/v1/sandboxes", strings.NewReader(`{"template":"tiny"}`))
+	peer.Sign(req, b.token, peer.Principal{Owner: "gus"})
+	req.Header.Set(peer.HeaderSandboxID, obj.ID)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("forwarded create on nb: HTTP %d: %s", resp.StatusCode, body)
+	}
+	b.waitObject(t, obj.ID, func(o *sandbox.Sandbox) bool { return o.State == sandbox.Running }, "running")
+	if !b.d.Layers().HasLayer(a.tpl.Layers[0]) {
+		t.Fatal("nb runs the sandbox without the layer")
+	}
+}

@@ -103,6 +103,8 @@ type hostOpts struct {
 	ns, name   string
 	noTemplate bool
 	pools      node.PoolSizing
+	// createGrace: the agent's (default 500ms).
+	createGrace time.Duration
 }
 
 func startHostWith(t *testing.T, o hostOpts) *host {
@@ -180,23 +182,28 @@ func startHostWith(t *testing.T, o hostOpts) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler := node.PeerHandler(h.d, token, // as berth node's peer listener: layers, then serve's routes (without a network)
-		h.d.Auth().ClusterGate(e2b.New(h.d, log, e2b.Options{}).Handler(server.New(h.d, log))))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: handler, TLSConfig: h.id.ServerTLS(), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = hs.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = hs.Close() })
 	h.peerURL = "https://" + ln.Addr().String()
-
+	grace := o.createGrace
+	if grace == 0 {
+		grace = 500 * time.Millisecond
+	}
 	ag, err := node.New(node.Config{Kube: kc, Namespace: ns, Name: h.name, Daemon: h.d, Local: h.local, Cluster: ks,
 		Address: h.peerURL, CertSHA256: h.id.SHA256, LeaseDuration: 4 * time.Second,
-		CreateGrace: 500 * time.Millisecond, Resync: resync, Version: "test", PoolSizing: o.pools, Log: log})
+		CreateGrace: grace, Resync: resync, Version: "test", PoolSizing: o.pools, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As berth node's peer listener: layers, then serve's routes (without a network).
+	handler := node.PeerHandler(h.d, token, ag.Prefetch(
+		h.d.Auth().ClusterGate(e2b.New(h.d, log, e2b.Options{}).Handler(server.New(h.d, log)))))
+	hs := &http.Server{Handler: handler, TLSConfig: h.id.ServerTLS(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = hs.Close() })
+
 	if err := ag.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
