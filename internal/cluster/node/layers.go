@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/internal/cluster/peer"
@@ -135,9 +136,10 @@ func layerBlobs(o *berthv1.Template) map[string]string {
 
 // recordBlobs adds this node's blob digests of t's layers to t's object for
 // the layers it does not list yet (a merge patch on resourceVersion, so
-// two nodes publishing at once do not overwrite each other). A layer whose
-// recorded blob differs from ours is logged: peers fetching it from here
-// will refuse it and try another node.
+// two nodes publishing at once do not overwrite each other). A layer
+// already listed is not packed again: publishing must not read every
+// layer at each start. A copy here that packs differently is found by a
+// fetching peer, which refuses it and moves on to another node.
 func (a *Agent) recordBlobs(ctx context.Context, t store.Template) error {
 	for attempt := 0; attempt < 3; attempt++ {
 		o, err := a.templateObject(ctx, t.Name)
@@ -147,17 +149,14 @@ func (a *Agent) recordBlobs(ctx context.Context, t store.Template) error {
 		m := layerBlobs(o)
 		added := false
 		for _, l := range t.Layers {
+			if _, ok := m[l]; ok {
+				continue
+			}
 			sum, _, err := a.cfg.Daemon.Layers().BlobDigest(ctx, l)
 			if err != nil {
 				return err
 			}
-			switch prev, ok := m[l]; {
-			case !ok:
-				m[l], added = sum, true
-			case prev != sum:
-				a.log.Warn("this node's copy of a layer packs to another blob than the one recorded; peers will not fetch it from here",
-					"template", t.Name, "layer", l, "blob", sum, "recorded", prev)
-			}
+			m[l], added = sum, true
 		}
 		if !added {
 			return nil
@@ -178,6 +177,17 @@ func (a *Agent) recordBlobs(ctx context.Context, t store.Template) error {
 // else each missing layer is fetched by digest from a node that caches
 // the template, then the template is recorded locally.
 func (a *Agent) ensureTemplate(ctx context.Context, name string) error {
+	// One fetch per template at a time (a forwarded create, the agent's
+	// create and a warm pool may all want it): the others wait and find it.
+	a.mu.Lock()
+	mu := a.fetching[name]
+	if mu == nil {
+		mu = &sync.Mutex{}
+		a.fetching[name] = mu
+	}
+	a.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
 	o, err := a.templateObject(ctx, name)
 	if err != nil {
 		if errs.Is(err, errs.NotFound) {

@@ -85,11 +85,12 @@ type Agent struct {
 	log *slog.Logger
 
 	mu       sync.Mutex
-	inflight map[string]bool   // ids with a create or delete under way
-	tpls     map[string]string // template name → fingerprint published
-	wg       sync.WaitGroup    // creates and deletes under way
-	statusMu sync.Mutex        // one Node status write at a time
-	pools    poolState         // Run's goroutine only
+	inflight map[string]bool        // ids with a create or delete under way
+	tpls     map[string]string      // template name → fingerprint published
+	wg       sync.WaitGroup         // creates and deletes under way
+	statusMu sync.Mutex             // one Node status write at a time
+	pools    poolState              // Run's goroutine only
+	fetching map[string]*sync.Mutex // template name → held while its layers are fetched (under mu)
 }
 
 // New checks the config.
@@ -116,7 +117,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Name), inflight: map[string]bool{}, tpls: map[string]string{},
+	return &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Name), inflight: map[string]bool{}, tpls: map[string]string{}, fetching: map[string]*sync.Mutex{},
 		pools: poolState{seen: map[string]bool{}, rates: map[string]*placement.Rate{}, managed: map[string]int{}}}, nil
 }
 
