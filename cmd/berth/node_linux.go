@@ -147,7 +147,9 @@ func startNode(ctx context.Context, nf nodeFlags, id peer.Identity, d *daemon.Da
 	}
 	// Replicas' requests, each signed with the cluster token (auth's
 	// cluster principal); WriteTimeout 0: exec and watch streams.
-	srv := &http.Server{Handler: handler, TLSConfig: id.ServerTLS(), ReadHeaderTimeout: 10 * time.Second}
+	// The layer endpoint (other nodes fetching templates) goes first; a
+	// forwarded create fetches its template's layers before its route runs.
+	srv := &http.Server{Handler: node.PeerHandler(d, d.Config().ClusterToken, ag.Prefetch(handler)), TLSConfig: id.ServerTLS(), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("peer listener", "err", err)

@@ -20,6 +20,10 @@ type packOptions struct {
 	// fixedTime, when set, replaces every mtime so the tar (and so the
 	// layer digest) depends only on the files' contents.
 	fixedTime *time.Time
+	// canonical drops what extractTar does not restore (a symlink's
+	// mtime), so a layer packs to the same blob on every host it was
+	// extracted on.
+	canonical bool
 	tick      func(entries int64)
 }
 
@@ -76,6 +80,9 @@ func packTar(ctx context.Context, w io.Writer, dir string, opt packOptions) erro
 		hdr.ModTime = hdr.ModTime.Truncate(time.Second)
 		if opt.fixedTime != nil {
 			hdr.ModTime = *opt.fixedTime
+		}
+		if opt.canonical && fi.Mode()&fs.ModeSymlink != 0 {
+			hdr.ModTime = time.Unix(0, 0)
 		}
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.Mode().IsRegular() && st.Nlink > 1 {
 			key := inode{uint64(st.Dev), st.Ino}

@@ -36,6 +36,7 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kube"
+	"github.com/berth-dev/berth/internal/placement"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -48,6 +49,7 @@ type Cluster interface {
 	UpdateSandbox(ctx context.Context, id string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
 	DeleteSandbox(ctx context.Context, id string) error
 	PutTemplate(ctx context.Context, t store.Template) (store.Template, error)
+	GetTemplate(ctx context.Context, name string) (store.Template, error)
 }
 
 // Config is one agent's wiring.
@@ -71,8 +73,10 @@ type Config struct {
 	// Resync is the reconcile period (default 1s).
 	Resync  time.Duration
 	Version string
-	Log     *slog.Logger
-	Now     func() time.Time
+	// PoolSizing sizes the local pools of WarmPool objects (pools.go).
+	PoolSizing PoolSizing
+	Log        *slog.Logger
+	Now        func() time.Time
 }
 
 // Agent runs the loops.
@@ -81,10 +85,12 @@ type Agent struct {
 	log *slog.Logger
 
 	mu       sync.Mutex
-	inflight map[string]bool   // ids with a create or delete under way
-	tpls     map[string]string // template name → fingerprint published
-	wg       sync.WaitGroup    // creates and deletes under way
-	statusMu sync.Mutex        // one Node status write at a time
+	inflight map[string]bool        // ids with a create or delete under way
+	tpls     map[string]string      // template name → fingerprint published
+	wg       sync.WaitGroup         // creates and deletes under way
+	statusMu sync.Mutex             // one Node status write at a time
+	pools    poolState              // Run's goroutine only
+	fetching map[string]*sync.Mutex // template name → held while its layers are fetched (under mu)
 }
 
 // New checks the config.
@@ -111,7 +117,8 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Name), inflight: map[string]bool{}, tpls: map[string]string{}}, nil
+	return &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Name), inflight: map[string]bool{}, tpls: map[string]string{}, fetching: map[string]*sync.Mutex{},
+		pools: poolState{seen: map[string]bool{}, rates: map[string]*placement.Rate{}, managed: map[string]int{}}}, nil
 }
 
 // Register writes the Node and its Lease once (so a replica can place on
@@ -141,6 +148,7 @@ func (a *Agent) Run(ctx context.Context) {
 				a.log.Warn("renew lease", "err", err)
 			}
 			a.publishTemplates(ctx)
+			a.syncPools(ctx)
 			if err := a.writeStatus(ctx); err != nil && ctx.Err() == nil {
 				a.log.Warn("node status", "err", err)
 			}
@@ -238,7 +246,7 @@ func (a *Agent) apply(ctx context.Context, act Action, local, obj *sandbox.Sandb
 }
 
 // background runs a slow step (a create boots a sandbox) off the loop,
-// one per sandbox at a time. It lives on the agent's run, not a request.
+// one per sandbox at a time (or per key: "pool-TEMPLATE", which no id is). It lives on the agent's run, not a request.
 func (a *Agent) background(id string, fn func(context.Context)) {
 	a.mu.Lock()
 	if a.inflight[id] {
@@ -270,11 +278,14 @@ func (a *Agent) create(ctx context.Context, obj *sandbox.Sandbox) {
 	}
 	attrs := sandbox.Attrs{Cluster: obj.Attrs.Cluster}
 	attrs.Cluster.Node = a.cfg.Name
-	_, err := a.cfg.Daemon.Create(ctx, daemon.CreateRequest{
-		ID: obj.ID, Owner: obj.Owner, Actor: "cluster", Template: obj.Template, Runtime: obj.Runtime,
-		TTL: ttl, ExpiryAction: obj.ExpiryAction, Resources: obj.Resources, Labels: obj.Labels, Env: obj.Env,
-		AutoResume: obj.AutoResume, Attrs: attrs,
-	})
+	err := a.ensureTemplate(ctx, obj.Template)
+	if err == nil {
+		_, err = a.cfg.Daemon.Create(ctx, daemon.CreateRequest{
+			ID: obj.ID, Owner: obj.Owner, Actor: "cluster", Template: obj.Template, Runtime: obj.Runtime,
+			TTL: ttl, ExpiryAction: obj.ExpiryAction, Resources: obj.Resources, Labels: obj.Labels, Env: obj.Env,
+			AutoResume: obj.AutoResume, Attrs: attrs,
+		})
+	}
 	switch {
 	case err == nil:
 		log.Info("created the sandbox its object bound to this node")

@@ -93,11 +93,31 @@ func startHost(t *testing.T) *host { return startHostResync(t, 500*time.Millisec
 // startHostResync starts a host whose agent's periodic pass runs every resync.
 func startHostResync(t *testing.T, resync time.Duration) *host {
 	t.Helper()
+	return startHostWith(t, hostOpts{resync: resync})
+}
+
+// hostOpts: ns "" is a fresh namespace, name "" is n1; noTemplate leaves
+// the host without the tiny template.
+type hostOpts struct {
+	resync     time.Duration
+	ns, name   string
+	noTemplate bool
+	pools      node.PoolSizing
+	// createGrace: the agent's (default 500ms).
+	createGrace time.Duration
+}
+
+func startHostWith(t *testing.T, o hostOpts) *host {
+	t.Helper()
+	resync := o.resync
 	testutil.RequireRoot(t)
 	runc := testutil.RequireTool(t, "runc")
 	bin := testutil.BuildBinaries(t)
 	ctx := t.Context()
-	ns := srv.Namespace(t)
+	ns := o.ns
+	if ns == "" {
+		ns = srv.Namespace(t)
+	}
 	kc := srv.Client
 	ks, err := kubestore.Open(ctx, kc, ns)
 	if err != nil {
@@ -111,7 +131,10 @@ func startHostResync(t *testing.T, resync time.Duration) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &host{ks: ks, kc: kc, ns: ns, name: "n1", token: token, logs: &lockedWriter{}}
+	if o.name == "" {
+		o.name = "n1"
+	}
+	h := &host{ks: ks, kc: kc, ns: ns, name: o.name, token: token, logs: &lockedWriter{}}
 	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	st, err := store.OpenSQLite(filepath.Join(dataDir, "berth.db"))
 	if err != nil {
@@ -144,35 +167,43 @@ func startHostResync(t *testing.T, resync time.Duration) *host {
 		st.Close()
 		_ = os.RemoveAll(dataDir)
 	})
-	f, err := os.Open(tinyTar(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if h.tpl, err = h.d.Templates().Import(ctx, "tiny", f, "tiny.tar"); err != nil {
-		t.Fatal(err)
+	if !o.noTemplate {
+		f, err := os.Open(tinyTar(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if h.tpl, err = h.d.Templates().Import(ctx, "tiny", f, "tiny.tar"); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	h.id, err = peer.LoadOrCreateIdentity(filepath.Join(dataDir, "peer"), []string{"127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler := h.d.Auth().ClusterGate(e2b.New(h.d, log, e2b.Options{}).Handler(server.New(h.d, log))) // serve's routes, without a network
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: handler, TLSConfig: h.id.ServerTLS(), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = hs.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = hs.Close() })
 	h.peerURL = "https://" + ln.Addr().String()
-
+	grace := o.createGrace
+	if grace == 0 {
+		grace = 500 * time.Millisecond
+	}
 	ag, err := node.New(node.Config{Kube: kc, Namespace: ns, Name: h.name, Daemon: h.d, Local: h.local, Cluster: ks,
 		Address: h.peerURL, CertSHA256: h.id.SHA256, LeaseDuration: 4 * time.Second,
-		CreateGrace: 500 * time.Millisecond, Resync: resync, Version: "test", Log: log})
+		CreateGrace: grace, Resync: resync, Version: "test", PoolSizing: o.pools, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As berth node's peer listener: layers, then serve's routes (without a network).
+	handler := node.PeerHandler(h.d, token, ag.Prefetch(
+		h.d.Auth().ClusterGate(e2b.New(h.d, log, e2b.Options{}).Handler(server.New(h.d, log)))))
+	hs := &http.Server{Handler: handler, TLSConfig: h.id.ServerTLS(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = hs.Close() })
+
 	if err := ag.Register(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -140,7 +140,7 @@ func (a *Agent) publishTemplates(ctx context.Context) {
 		if done {
 			continue
 		}
-		if _, err := a.cfg.Cluster.PutTemplate(ctx, t); err != nil {
+		if err := a.publish(ctx, t); err != nil {
 			a.log.Warn("publish template", "template", t.Name, "err", err)
 			continue
 		}
