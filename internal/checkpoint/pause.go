@@ -56,6 +56,8 @@ func (s *Service) Pause(ctx context.Context, owner, id string, mode sandbox.Paus
 func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.PauseMode, actor, reason string) (_ *sandbox.Sandbox, err error) {
 	ctx, span := trace.Phase(ctx, "sandbox.pause")
 	defer span.EndErr(&err)
+	ph := newPhases("pause")
+	defer func() { ph.log(ctx, s.log, id, err) }()
 	unlock := s.core.Lock(id)
 	handedOff := false
 	defer func() {
@@ -63,10 +65,12 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 			unlock()
 		}
 	}()
+	ph.mark("lock")
 	sb, err := s.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
+	ph.mark("lookup")
 	if mode == "" {
 		mode = s.DefaultMode(sb)
 	}
@@ -82,6 +86,7 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 		return nil, err
 	}
 	_ = s.cfg.Hooks.Fire(ctx, statehook.Event{Phase: statehook.BeforePause, Sandbox: sb, Actor: actor})
+	ph.mark("hooks_before")
 	// Intent before effect: a crash while pausing is resolved by ReconcilePaused.
 	if _, err := s.core.Transition(ctx, id, sandbox.Pausing, actor, reason, "", func(s *sandbox.Sandbox) error {
 		s.PauseRequested = mode
@@ -89,6 +94,7 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 	}); err != nil {
 		return nil, err
 	}
+	ph.mark("intent_write")
 	s.notifyPaused(id)
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
@@ -116,6 +122,7 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 			return nil, s.pauseRefused(ctx, sb, actor, mode, why, err)
 		}
 	}
+	ph.mark(string(actual))
 	if why != "" {
 		s.core.Event(tctx, sb, "berth", "pause_degraded", "fallback_to_disk", why,
 			map[string]string{"requested": string(mode), "actual": string(actual)})
@@ -127,8 +134,10 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 		s.PauseMillis = time.Since(start).Milliseconds()
 		return nil
 	})
+	ph.mark("state_write")
 	if err == nil {
 		_ = s.cfg.Hooks.Fire(tctx, statehook.Event{Phase: statehook.Paused, Sandbox: out, Actor: actor})
+		ph.mark("hooks_after")
 	}
 	if release != nil {
 		// The image is durable and the processes are gone (RAM freed): answer
@@ -300,12 +309,16 @@ func (s *Service) ResumeCold(ctx context.Context, owner, id string) (*sandbox.Sa
 func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bool) (_ *sandbox.Sandbox, err error) {
 	ctx, span := trace.Phase(ctx, "sandbox.resume", trace.Bool("resume.cold", cold))
 	defer span.EndErr(&err)
+	ph := newPhases("resume")
+	defer func() { ph.log(ctx, s.log, id, err) }()
 	unlock := s.core.Lock(id)
 	defer unlock()
+	ph.mark("lock")
 	sb, err := s.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
+	ph.mark("lookup")
 	span.Set(append(trace.Sandbox(sb), trace.String("resume.paused_with", string(sb.PauseActual)))...)
 	if sb.State == sandbox.Failed {
 		if _, err := os.Stat(filepath.Join(s.core.SandboxDir(id), "disk.img")); err == nil {
@@ -320,13 +333,24 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.core.Transition(ctx, id, sandbox.Resuming, actor, "resuming", "", nil); err != nil {
-		return nil, err
+	thaw, restore, why := resumeFrom(sb.PauseActual, cold)
+	// Intent before effect, except for a thaw: a crash between the thaw and
+	// the Running write below leaves the sandbox Paused (freeze) in the
+	// store, and ReconcilePaused freezes it again to match, so a thaw needs
+	// one store write, not two (each a synchronous commit).
+	intent := func() error {
+		_, err := s.core.Transition(ctx, id, sandbox.Resuming, actor, "resuming", "", nil)
+		ph.mark("intent_write")
+		return err
+	}
+	if !thaw {
+		if err := intent(); err != nil {
+			return nil, err
+		}
 	}
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
 	from, restores := sb.PauseActual, sb.RestoreCount
-	thaw, restore, why := resumeFrom(sb.PauseActual, cold)
 	if why != "" {
 		from = sandbox.PauseDisk
 	}
@@ -334,6 +358,10 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 	case thaw:
 		if err := trace.Do(tctx, "resume.thaw", func(ctx context.Context) error { return rt.Thaw(ctx, id) }); err != nil {
 			from, why = sandbox.PauseDisk, "thaw failed: "+errs.Short(err)
+			// The cold boot below is an effect of its own: its intent first.
+			if err := intent(); err != nil {
+				return nil, err
+			}
 		}
 	case restore:
 		if err := trace.Do(tctx, "resume.restore", func(ctx context.Context) error { return s.restore(ctx, sb, restores+1) }); err != nil {
@@ -354,7 +382,9 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 			return nil, err
 		}
 	}
+	ph.mark(string(from))
 	_ = os.RemoveAll(s.MemoryDir(id))
+	ph.mark("cleanup")
 	if why != "" && sb.PauseActual != sandbox.PauseDisk {
 		s.core.Event(tctx, sb, "berth", "resume_degraded", "cold_boot", why,
 			map[string]string{"paused_with": string(sb.PauseActual), "resumed_from": string(from)})
@@ -365,8 +395,10 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 		s.RestoreCount = restores
 		return nil
 	})
+	ph.mark("state_write")
 	if err == nil {
 		_ = s.cfg.Hooks.Fire(tctx, statehook.Event{Phase: statehook.Resumed, Sandbox: out, Actor: actor})
+		ph.mark("hooks_after")
 	}
 	return out, err
 }
@@ -497,6 +529,16 @@ func (s *Service) ReconcilePaused(ctx context.Context, sb *sandbox.Sandbox, aliv
 	case sandbox.Paused:
 		if sb.PauseActual == sandbox.PauseFreeze {
 			if alive {
+				// A resume may have thawed it and died before recording
+				// Running (ResumeAs writes no intent for a thaw): the store
+				// is the truth, so running processes are frozen again.
+				st, err := rt.State(ctx, sb.ID)
+				if err != nil || st.State == "paused" {
+					return nil
+				}
+				if err := rt.Freeze(ctx, sb.ID); err != nil {
+					return toPausedDisk("freeze_lost")
+				}
 				return nil
 			}
 			// The frozen processes are gone (host reboot?): the disk is still the promise.
