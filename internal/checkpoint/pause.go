@@ -333,24 +333,17 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 	if err != nil {
 		return nil, err
 	}
-	thaw, restore, why := resumeFrom(sb.PauseActual, cold)
-	// Intent before effect, except for a thaw: a crash between the thaw and
-	// the Running write below leaves the sandbox Paused (freeze) in the
-	// store, and ReconcilePaused freezes it again to match, so a thaw needs
-	// one store write, not two (each a synchronous commit).
-	intent := func() error {
-		_, err := s.core.Transition(ctx, id, sandbox.Resuming, actor, "resuming", "", nil)
-		ph.mark("intent_write")
-		return err
+	// The Resuming intent stays even for a thaw, where it costs a commit
+	// (1-1.5 ms) next to a 0.2 ms thaw: the activity timeline and the
+	// events classify a resume by its resuming → running transition.
+	if _, err := s.core.Transition(ctx, id, sandbox.Resuming, actor, "resuming", "", nil); err != nil {
+		return nil, err
 	}
-	if !thaw {
-		if err := intent(); err != nil {
-			return nil, err
-		}
-	}
+	ph.mark("intent_write")
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
 	from, restores := sb.PauseActual, sb.RestoreCount
+	thaw, restore, why := resumeFrom(sb.PauseActual, cold)
 	if why != "" {
 		from = sandbox.PauseDisk
 	}
@@ -358,10 +351,6 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 	case thaw:
 		if err := trace.Do(tctx, "resume.thaw", func(ctx context.Context) error { return rt.Thaw(ctx, id) }); err != nil {
 			from, why = sandbox.PauseDisk, "thaw failed: "+errs.Short(err)
-			// The cold boot below is an effect of its own: its intent first.
-			if err := intent(); err != nil {
-				return nil, err
-			}
 		}
 	case restore:
 		if err := trace.Do(tctx, "resume.restore", func(ctx context.Context) error { return s.restore(ctx, sb, restores+1) }); err != nil {
@@ -529,16 +518,6 @@ func (s *Service) ReconcilePaused(ctx context.Context, sb *sandbox.Sandbox, aliv
 	case sandbox.Paused:
 		if sb.PauseActual == sandbox.PauseFreeze {
 			if alive {
-				// A resume may have thawed it and died before recording
-				// Running (ResumeAs writes no intent for a thaw): the store
-				// is the truth, so running processes are frozen again.
-				st, err := rt.State(ctx, sb.ID)
-				if err != nil || st.State == "paused" {
-					return nil
-				}
-				if err := rt.Freeze(ctx, sb.ID); err != nil {
-					return toPausedDisk("freeze_lost")
-				}
 				return nil
 			}
 			// The frozen processes are gone (host reboot?): the disk is still the promise.

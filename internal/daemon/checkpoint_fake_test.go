@@ -183,8 +183,7 @@ func TestCheckpointFreezeResume(t *testing.T) {
 			t.Errorf("runtime %s called %d times, want %d", op, got, want)
 		}
 	}
-	// A thaw writes no resuming intent (ReconcilePaused refreezes instead).
-	want := []string{"created", "paused", "paused", "resumed"}
+	want := []string{"created", "paused", "paused", "resuming", "resumed"}
 	if got := n.reasons(id); !slices.Equal(got, want) {
 		t.Errorf("events %v, want %v", got, want)
 	}
@@ -832,47 +831,5 @@ func TestCheckpointCrashWhilePaused(t *testing.T) {
 	n.assertRunning(id)
 	if got := n.readUpper(id, "notes"); got != "freeze" {
 		t.Errorf("workspace file after a lost freeze: %q", got)
-	}
-}
-
-// A resume that thawed a frozen sandbox and died before recording Running
-// (a thaw writes no resuming intent) leaves it Paused in the store with
-// its processes running: Reconcile freezes them again, and the next
-// resume thaws them with their memory.
-func TestCheckpointCrashAfterThaw(t *testing.T) {
-	n := newFakeNode(t, fake.Options{})
-	ctx := context.Background()
-	id := n.create("alice").ID
-	n.setMemory(id, "counter", "7")
-	if _, err := n.d.Checkpoints().Pause(ctx, "alice", id, sandbox.PauseFreeze); err != nil {
-		t.Fatal(err)
-	}
-	n.settle(id)
-	n.crash()
-	if err := n.rt.Thaw(ctx, id); err != nil { // what the dead resume did
-		t.Fatal(err)
-	}
-	if got := n.containerState(id); got != "running" {
-		t.Fatalf("container is %s after the thaw, want running", got)
-	}
-	if err := n.d.Reconcile(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := n.get(id); got.State != sandbox.Paused || got.PauseActual != sandbox.PauseFreeze {
-		t.Errorf("after Reconcile: %s actual %q, want paused in freeze", got.State, got.PauseActual)
-	}
-	if got := n.containerState(id); got != "paused" {
-		t.Errorf("container is %s after Reconcile, want frozen again", got)
-	}
-	out, err := n.d.Checkpoints().Resume(ctx, "alice", id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out.ResumedFrom != sandbox.PauseFreeze {
-		t.Errorf("resumed from %q, want freeze", out.ResumedFrom)
-	}
-	n.assertRunning(id)
-	if got := n.memory(id, "counter"); got != "7" {
-		t.Errorf("memory after the second thaw: %q, want 7", got)
 	}
 }
