@@ -97,6 +97,10 @@ type Agent struct {
 	forkKey atomic.Pointer[[]byte]
 
 	procWG sync.WaitGroup // process lifecycles
+
+	// What every exec reads, kept while the files are unchanged (filecache.go).
+	userCache versionedCache[*userDB]
+	envCache  versionedCache[map[string]string]
 }
 
 // New builds an agent; it does not listen yet.
@@ -263,7 +267,9 @@ func Run(ctx context.Context, cfg Config, signals <-chan os.Signal) error {
 }
 
 func (a *Agent) users() (*userDB, error) {
-	return readUserDB(a.cfg.PasswdPath, a.cfg.GroupPath)
+	return a.userCache.get(time.Now(), []string{a.cfg.PasswdPath, a.cfg.GroupPath}, func() (*userDB, error) {
+		return readUserDB(a.cfg.PasswdPath, a.cfg.GroupPath)
+	})
 }
 
 // account resolves the request's user name against the current passwd.

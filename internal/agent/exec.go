@@ -65,22 +65,18 @@ func (a *Agent) planExec(req agentapi.ExecRequest) (startSpec, error) {
 }
 
 // buildEnv layers, lowest first: PATH; HOME/USER/LOGNAME; the daemon's
-// defaults from env.json (re-read on every exec); BERTH_SANDBOX_ID and
+// defaults from env.json (re-read whenever it changed); BERTH_SANDBOX_ID and
 // BERTH_RESTORE_COUNT; the request's env.
 func (a *Agent) buildEnv(acct account, reqEnv map[string]string, tty bool) (map[string]string, error) {
 	env := map[string]string{"PATH": DefaultPath, "HOME": acct.Home, "USER": acct.Name, "LOGNAME": acct.Name}
 	if tty {
 		env["TERM"] = "xterm-256color"
 	}
-	if b, err := os.ReadFile(a.cfg.EnvFile); err == nil {
-		var defaults map[string]string
-		if err := json.Unmarshal(b, &defaults); err != nil {
-			a.log.Warn("ignoring malformed env file", "path", a.cfg.EnvFile, "err", err)
-		}
-		maps.Copy(env, defaults)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, errs.Wrap(errs.Internal, err, "read %s", a.cfg.EnvFile)
+	defaults, err := a.envCache.get(time.Now(), []string{a.cfg.EnvFile}, a.readEnvFile)
+	if err != nil {
+		return nil, err
 	}
+	maps.Copy(env, defaults)
 	if a.cfg.SandboxID != "" {
 		env["BERTH_SANDBOX_ID"] = a.cfg.SandboxID
 	}
@@ -95,6 +91,22 @@ func (a *Agent) buildEnv(acct account, reqEnv map[string]string, tty bool) (map[
 	}
 	maps.Copy(env, reqEnv)
 	return env, nil
+}
+
+// readEnvFile reads the daemon's default env (none when the file is absent).
+func (a *Agent) readEnvFile() (map[string]string, error) {
+	b, err := os.ReadFile(a.cfg.EnvFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, errs.Wrap(errs.Internal, err, "read %s", a.cfg.EnvFile)
+	}
+	var defaults map[string]string
+	if err := json.Unmarshal(b, &defaults); err != nil {
+		a.log.Warn("ignoring malformed env file", "path", a.cfg.EnvFile, "err", err)
+	}
+	return defaults, nil
 }
 
 func envList(env map[string]string) []string {
@@ -284,6 +296,7 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	t0 := time.Now()
 	var req agentapi.ExecRequest
 	if err := decodeJSON(r, &req); err != nil {
 		writeError(w, err)
@@ -294,14 +307,18 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	t1 := time.Now()
 	p, exited, err := a.spawn(spec, req.Tag)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	t2 := time.Now()
 	sub, _, _ := p.subscribe() // before any output is read
 	a.launch(p, exited, time.Duration(req.TimeoutMs)*time.Millisecond)
-	a.log.Info("exec", "pid", p.pid, "argv", spec.argv, "user", spec.acct.Name, "tty", spec.tty != nil)
+	// plan: user, cwd and env resolved; spawn: PATH lookup and fork+exec.
+	a.log.Info("exec", "pid", p.pid, "argv", spec.argv, "user", spec.acct.Name, "tty", spec.tty != nil,
+		"plan_ms", msSince(t0, t1), "spawn_ms", msSince(t1, t2))
 	a.stream(r.Context(), w, p, sub, agentapi.Event{}, keepalive)
 }
 
@@ -334,6 +351,7 @@ func (a *Agent) stream(ctx context.Context, w http.ResponseWriter, p *process, s
 	if err := out.write(agentapi.Event{Type: "start", Pid: p.pid}); err != nil {
 		return
 	}
+
 	if sub == nil {
 		_ = out.write(result)
 		return
@@ -469,3 +487,5 @@ func (a *Agent) handleResize(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
+
+func msSince(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }

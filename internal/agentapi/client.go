@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"os"
 	"strconv"
@@ -257,6 +258,7 @@ type Stream struct {
 	exited bool               // the exit event came: the answer ends right after it
 	cancel context.CancelFunc // ends the request
 	obs    ExecObserver       // nil unless the client has an Observer
+	timing ExecTiming
 }
 
 // Next returns the next event; io.EOF after the exit event. A stream cut
@@ -319,6 +321,19 @@ func newStream(resp *http.Response, cancel context.CancelFunc) *Stream {
 	return &Stream{body: resp.Body, dec: newEventReader(resp.Body), cancel: cancel}
 }
 
+// ExecTiming is where an exec's start went on the daemon's side of the
+// channel: Conn until a connection to the agent was in hand (Reused: one
+// kept alive from an earlier request, else a spare the agent had dialed),
+// Answer until the agent's response headers (it answers once the process
+// has been spawned).
+type ExecTiming struct {
+	Conn, Answer time.Duration
+	Reused       bool
+}
+
+// Timing reports the start of the exec this stream belongs to.
+func (s *Stream) Timing() ExecTiming { return s.timing }
+
 // Exec starts a process and streams its events, "start" first. Closing the
 // stream does not stop the process.
 func (c *Client) Exec(ctx context.Context, req ExecRequest, keepaliveSec int) (*Stream, error) {
@@ -326,13 +341,19 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, keepaliveSec int) (*
 	if err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, err, "encode exec request")
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	var tm ExecTiming
+	t0 := time.Now()
+	ctx, cancel := context.WithCancel(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(ci httptrace.GotConnInfo) { tm.Conn, tm.Reused = time.Since(t0), ci.Reused },
+	}))
 	resp, err := c.do(ctx, http.MethodPost, "/exec", keepaliveQuery(keepaliveSec), bytes.NewReader(b), "application/json")
 	if err != nil {
 		cancel()
 		return nil, err
 	}
+	tm.Answer = time.Since(t0)
 	st := newStream(resp, cancel)
+	st.timing = tm
 	if c.obs != nil {
 		st.obs = c.obs.Exec(req)
 	}

@@ -16,7 +16,7 @@ const (
 	defCreateCold = "Clock starts when POST /v1/sandboxes is sent (no warm pool) and stops when `echo ok`, exec'd through POST /v1/sandboxes/{id}/exec right after the create answered, has streamed back \"ok\" and its exit status. Deletion is outside the clock."
 	defRawRun     = "`RT run` in the foreground of `/bin/echo ok` with the config.json berth generates, over an overlay of the same busybox rootfs on a fresh loop-mounted ext4 workspace; the rootfs is mounted before the clock starts, and the clock stops when the runtime has exited with \"ok\" printed."
 	defCreateWarm = "As create-cold (same request: template, runtime, default resources), but served from a warm pool of 3 of that template and runtime, refilled to 3 outside the clock before every sample; a create not claimed from the pool (no extra.claimed_from_pool) is a failed sample. pool_hits, pool_misses: the pool's counters over the run."
-	defExecRTT    = "Clock starts when POST /v1/sandboxes/{id}/exec of `true` is sent to a running sandbox and stops when its exit event has been read from the stream."
+	defExecRTT    = "Clock starts when POST /v1/sandboxes/{id}/exec of `true` is sent to a running sandbox and stops when its exit event has been read from the stream. Derived sandbox_spawn_ms: the runtime's own floor in the same sandbox, what one fork+exec+wait of /bin/true costs inside it (a shell loop of 200 spawns minus the same loop of none, over 200, p50 of 3 such pairs)."
 	defForkExec   = "fork+exec of the host's `true` and wait for its exit (Go os/exec)."
 	defThroughput = "One sample is one sequential cycle: POST /v1/sandboxes (answers when the agent is ready) then DELETE /v1/sandboxes/{id} answered. per_second = 1000 / mean cycle ms."
 	defDelete     = "Clock starts when DELETE /v1/sandboxes/{id} of a running sandbox (created, and `echo ok` answered, before the clock) is sent and stops when it answers: the sandbox is recorded as deleted and no process of it runs; its unmounts, network detach and directory removal finish after the answer (the daemon's debug log has each step: \"sandbox deleted\" and \"sandbox teardown finished\")."
@@ -66,6 +66,9 @@ func (r *Runner) execRTT(ctx context.Context, rt string) []Metric {
 		}
 		return d, err
 	})
+	if v, ok := r.sandboxSpawn(ctx, sb.ID); ok {
+		m.Derived = map[string]float64{"sandbox_spawn_ms": v}
+	}
 	trueBin, err := exec.LookPath("true")
 	if err != nil {
 		m.Baseline = unavailableBaseline("host fork+exec", defForkExec, err)
@@ -78,6 +81,38 @@ func (r *Runner) execRTT(ctx context.Context, rt string) []Metric {
 	})
 	m.Baseline = baseline("host fork+exec", defForkExec, s, e)
 	return []Metric{m}
+}
+
+// sandboxSpawn is what one fork+exec+wait of /bin/true costs inside
+// sandbox id (see defExecRTT), in ms.
+func (r *Runner) sandboxSpawn(ctx context.Context, id string) (float64, bool) {
+	const n = 200
+	loop := func(k int) (time.Duration, error) {
+		script := fmt.Sprintf("i=0; while [ $i -lt %d ]; do /bin/true; i=$((i+1)); done", k)
+		start := time.Now()
+		res, err := r.c.Exec(ctx, id, "/bin/sh", "-c", script)
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("spawn loop exited %d", res.ExitCode)
+		}
+		return time.Since(start), err
+	}
+	var per []float64
+	for range 3 {
+		with, err := loop(n)
+		if err != nil {
+			return 0, false
+		}
+		without, err := loop(0)
+		if err != nil {
+			return 0, false
+		}
+		per = append(per, ms(with-without)/n)
+	}
+	s := Summarize(per)
+	if s == nil {
+		return 0, false
+	}
+	return s.P50, true
 }
 
 func (r *Runner) throughput(ctx context.Context, rt string) []Metric {

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/agentapi"
@@ -22,6 +24,7 @@ type ExecRequest = wire.ExecRequest
 // per line): start, stdout/stderr/pty data, exit. Closing the stream does
 // not kill the process; it can be re-attached.
 func (s sandboxAPI) exec(w http.ResponseWriter, r *http.Request, p daemon.Principal) (err error) {
+	t0 := time.Now()
 	var req ExecRequest
 	if err := decode(r, &req); err != nil {
 		return err
@@ -37,11 +40,13 @@ func (s sandboxAPI) exec(w http.ResponseWriter, r *http.Request, p daemon.Princi
 	ctx, span := trace.Phase(r.Context(), "sandbox.exec", trace.String("sandbox.id", id), trace.Bool("exec.tty", req.TTY != nil))
 	defer span.EndErr(&err)
 	r = r.WithContext(ctx) // the exit is recorded on this span (pipeEvents)
+	t1 := time.Now()
 	c, err := s.d.Agent(r.Context(), owner(r, p), id)
 	if err != nil {
 		return err
 	}
 	paused := s.d.Checkpoints().PauseSignal(id)
+	t2 := time.Now()
 	startCtx, startSpan := trace.Phase(ctx, "exec.start")
 	st, err := c.Exec(startCtx, agentapi.ExecRequest{
 		Argv: req.Cmd, Shell: req.Shell, Env: req.Env, Cwd: req.Cwd, User: req.User,
@@ -51,9 +56,20 @@ func (s sandboxAPI) exec(w http.ResponseWriter, r *http.Request, p daemon.Princi
 	if err != nil {
 		return err
 	}
-	s.pipeEvents(w, r, st, paused)
+	t3 := time.Now()
+	rel := s.pipeEvents(w, r, st, paused)
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		// The exec's phases, like the boot's: where a round trip goes.
+		tm := st.Timing()
+		s.log.DebugContext(ctx, "exec", "sandbox_id", id, "decode_ms", ms(t1.Sub(t0)), "lookup_ms", ms(t2.Sub(t1)),
+			"conn_ms", ms(tm.Conn), "conn_reused", tm.Reused, "agent_start_ms", ms(tm.Answer-tm.Conn),
+			"first_event_ms", ms(rel.first.Sub(t3)), "exit_ms", ms(rel.exit.Sub(t3)), "relay_ms", ms(rel.relay),
+			"total_ms", ms(time.Since(t0)))
+	}
 	return nil
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func keepalive(r *http.Request) int {
 	n, _ := strconv.Atoi(r.URL.Query().Get("keepalive"))
@@ -65,9 +81,16 @@ type eventStream interface {
 	Close() error
 }
 
+// relayTiming is when a stream's first event and its exit event came from
+// the agent, and how long writing them to the client took in all.
+type relayTiming struct {
+	first, exit time.Time
+	relay       time.Duration
+}
+
 // pipeEvents copies agent events to the client, flushing each, and ends
 // the stream with an error event if the sandbox is paused meanwhile.
-func (s sandboxAPI) pipeEvents(w http.ResponseWriter, r *http.Request, st eventStream, paused <-chan struct{}) {
+func (s sandboxAPI) pipeEvents(w http.ResponseWriter, r *http.Request, st eventStream, paused <-chan struct{}) (tm relayTiming) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
@@ -102,13 +125,19 @@ func (s sandboxAPI) pipeEvents(w http.ResponseWriter, r *http.Request, st eventS
 				}
 				return
 			}
+			now := time.Now()
+			if tm.first.IsZero() {
+				tm.first = now
+			}
 			if ev.Type == "exit" {
+				tm.exit = now
 				trace.Set(r.Context(), trace.Int("process.exit_code", ev.ExitCode), trace.String("process.signal", ev.Signal))
 			}
 			if err := enc.Encode(ev); err != nil {
 				return
 			}
 			_ = rc.Flush()
+			tm.relay += time.Since(now)
 		case <-paused:
 			_ = enc.Encode(agentapi.Event{Type: "error", Error: checkpoint.ErrPaused().Error()})
 			_ = rc.Flush()
