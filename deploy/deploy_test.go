@@ -229,7 +229,9 @@ func TestRBAC(t *testing.T) {
 				node.Labels = map[string]string{"zone": "a"}
 				return kc.Update(ctx, berthv1.Nodes, ns, "n1", node, node)
 			}},
-			{"create its Lease", true, func(ctx context.Context, kc *kube.Client) error { return kc.Create(ctx, kube.Leases, ns, lease("n1"), nil) }},
+			{"create its Lease", true, func(ctx context.Context, kc *kube.Client) error {
+				return kc.Create(ctx, kube.Leases, ns, lease("n1"), nil)
+			}},
 			{"renew its Lease", true, func(ctx context.Context, kc *kube.Client) error {
 				var l kube.Lease
 				if err := kc.Get(ctx, kube.Leases, ns, berthv1.NodeLeaseName("n1"), &l); err != nil {
@@ -253,16 +255,22 @@ func TestRBAC(t *testing.T) {
 				return kc.Create(ctx, berthv1.Templates, ns, &berthv1.Template{TypeMeta: kube.TypeMeta{APIVersion: berthv1.APIVersion, Kind: "Template"},
 					ObjectMeta: kube.ObjectMeta{Name: "tiny"}, Spec: berthv1.TemplateSpec{Name: "tiny"}}, nil)
 			}},
-			{"append an event record", true, func(ctx context.Context, kc *kube.Client) error { return kc.Create(ctx, berthv1.Records, ns, record("ev-node-1"), nil) }},
+			{"append an event record", true, func(ctx context.Context, kc *kube.Client) error {
+				return kc.Create(ctx, berthv1.Records, ns, record("ev-node-1"), nil)
+			}},
 			{"get or create the cluster token", true, func(ctx context.Context, kc *kube.Client) error { _, err := peer.EnsureToken(ctx, kc, ns); return err }},
 			{"delete a sandbox", false, func(ctx context.Context, kc *kube.Client) error {
 				return kc.Delete(ctx, berthv1.Sandboxes, ns, "sbxn1", kube.DeleteOptions{})
 			}},
-			{"create a sandbox", false, func(ctx context.Context, kc *kube.Client) error { return kc.Create(ctx, berthv1.Sandboxes, ns, sandboxObj("forged", "n1"), nil) }},
+			{"create a sandbox", false, func(ctx context.Context, kc *kube.Client) error {
+				return kc.Create(ctx, berthv1.Sandboxes, ns, sandboxObj("forged", "n1"), nil)
+			}},
 			{"delete a record", false, func(ctx context.Context, kc *kube.Client) error {
 				return kc.Delete(ctx, berthv1.Records, ns, "ev-node-1", kube.DeleteOptions{})
 			}},
-			{"delete a Node", false, func(ctx context.Context, kc *kube.Client) error { return kc.Delete(ctx, berthv1.Nodes, ns, "n2", kube.DeleteOptions{}) }},
+			{"delete a Node", false, func(ctx context.Context, kc *kube.Client) error {
+				return kc.Delete(ctx, berthv1.Nodes, ns, "n2", kube.DeleteOptions{})
+			}},
 			{"list Leases", false, func(ctx context.Context, kc *kube.Client) error {
 				var l map[string]any
 				return kc.List(ctx, kube.Leases, ns, kube.ListOptions{}, &l)
@@ -288,7 +296,9 @@ func TestRBAC(t *testing.T) {
 
 	t.Run("berth-api", func(t *testing.T) {
 		run(t, "berth-api", as(t, apiToken), []step{
-			{"create a bound sandbox", true, func(ctx context.Context, kc *kube.Client) error { return kc.Create(ctx, berthv1.Sandboxes, ns, sandboxObj("sbxa2", "n1"), nil) }},
+			{"create a bound sandbox", true, func(ctx context.Context, kc *kube.Client) error {
+				return kc.Create(ctx, berthv1.Sandboxes, ns, sandboxObj("sbxa2", "n1"), nil)
+			}},
 			{"update a sandbox", true, func(ctx context.Context, kc *kube.Client) error { return updateSandbox(ctx, kc, "sbxa2", "lost") }},
 			{"delete a sandbox", true, func(ctx context.Context, kc *kube.Client) error {
 				return kc.Delete(ctx, berthv1.Sandboxes, ns, "sbxa2", kube.DeleteOptions{})
@@ -341,7 +351,9 @@ func TestRBAC(t *testing.T) {
 				l.Spec.RenewTime = &kube.MicroTime{Time: time.Now()}
 				return kc.Update(ctx, kube.Leases, ns, l.Name, &l, nil)
 			}},
-			{"create a Lease", false, func(ctx context.Context, kc *kube.Client) error { return kc.Create(ctx, kube.Leases, ns, lease("n9"), nil) }},
+			{"create a Lease", false, func(ctx context.Context, kc *kube.Client) error {
+				return kc.Create(ctx, kube.Leases, ns, lease("n9"), nil)
+			}},
 			{"read another secret", false, func(ctx context.Context, kc *kube.Client) error {
 				var s kube.Secret
 				return kc.Get(ctx, kube.Secrets, ns, "someone-elses", &s)
