@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -46,6 +47,21 @@ func (c *cluster) sandboxObj(id string) (*berthv1.Sandbox, error) {
 	var sb berthv1.Sandbox
 	err := c.kc.Get(context.Background(), berthv1.Sandboxes, ns, id, &sb)
 	return &sb, err
+}
+
+// kubectl logs what an operator would see (the CRDs' printer columns).
+func (c *cluster) kubectl(args ...string) {
+	bin := srv.Kubectl()
+	if bin == "" {
+		return
+	}
+	cmd := exec.Command(bin, append([]string{"--kubeconfig", srv.Kubeconfig(c.t, "", ns)}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		c.t.Errorf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		return
+	}
+	c.t.Logf("$ kubectl -n %s %s\n%s", ns, strings.Join(args, " "), out)
 }
 
 // startCluster applies deploy/'s namespace and RBAC, starts three nodes
@@ -209,6 +225,8 @@ func TestCluster(t *testing.T) {
 		}
 	}
 	t.Logf("placement: %s", placementSummary(byNode))
+	c.kubectl("get", "nodes.berth.dev")
+	c.kubectl("get", "sandboxes")
 	testutil.Eventually(t, testutil.Within(30*time.Second).Every(250*time.Millisecond), func() error {
 		for _, id := range ids {
 			obj, err := c.sandboxObj(id)
@@ -258,6 +276,7 @@ func TestCluster(t *testing.T) {
 		return nil
 	})
 	t.Logf("%d sandboxes of %s lost %s after SIGKILL (lease %s)", len(lostIDs), victim, time.Since(killed).Round(100*time.Millisecond), leaseDuration)
+	c.kubectl("get", "nodes.berth.dev", "-o", "wide")
 	var vobj berthv1.Node
 	if err := c.kc.Get(ctx, berthv1.Nodes, ns, victim, &vobj); err != nil {
 		t.Fatal(err)
@@ -374,7 +393,7 @@ func TestCluster(t *testing.T) {
 // pauseResumeFork drives one sandbox's lifecycle through the replicas.
 func pauseResumeFork(t *testing.T, c *cluster, alice []*client.Client, id string) {
 	ctx := context.Background()
-	if out, code, err := run(ctx, alice[0], id, "sh", "-c", "echo kept > /root/mark"); err != nil || code != 0 {
+	if out, code, err := run(ctx, alice[0], id, "sh", "-c", "echo kept > /tmp/mark"); err != nil || code != 0 {
 		t.Fatalf("write mark: %q %d %v", out, code, err)
 	}
 	sb, err := alice[0].Sandbox(id).Pause(ctx, wire.PauseFreeze)
@@ -400,7 +419,7 @@ func pauseResumeFork(t *testing.T, c *cluster, alice []*client.Client, id string
 	if _, err := alice[1].Sandbox(id).Resume(ctx); err != nil {
 		t.Fatalf("resume through replica2: %v", err)
 	}
-	if out, _, err := run(ctx, alice[1], id, "cat", "/root/mark"); err != nil || strings.TrimSpace(out) != "kept" {
+	if out, _, err := run(ctx, alice[1], id, "cat", "/tmp/mark"); err != nil || strings.TrimSpace(out) != "kept" {
 		t.Errorf("after resume: %q %v", out, err)
 	}
 	obj, err := c.sandboxObj(id)
@@ -426,7 +445,7 @@ func pauseResumeFork(t *testing.T, c *cluster, alice []*client.Client, id string
 	if !localIDs(t, c.node(obj.Spec.NodeName))[child] {
 		t.Errorf("child %s does not run on %s", child, obj.Spec.NodeName)
 	}
-	if out, _, err := run(ctx, alice[1], child, "cat", "/root/mark"); err != nil || strings.TrimSpace(out) != "kept" {
+	if out, _, err := run(ctx, alice[1], child, "cat", "/tmp/mark"); err != nil || strings.TrimSpace(out) != "kept" {
 		t.Errorf("child reads %q, %v; want the parent's file", out, err)
 	}
 	if err := alice[1].Sandbox(child).Delete(ctx); err != nil {

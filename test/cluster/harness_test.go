@@ -371,5 +371,8 @@ func run(ctx context.Context, c *client.Client, id string, cmd ...string) (strin
 	if err != nil {
 		return "", 0, fmt.Errorf("exec in %s: %w (stderr %q)", id, err, errb.String())
 	}
+	if code != 0 {
+		return out.String(), code, fmt.Errorf("exec %q in %s: exit %d, stderr %q", cmd, id, code, errb.String())
+	}
 	return out.String(), code, nil
 }
