@@ -11,6 +11,19 @@
 // row after, and the order is chosen so a crash between them leaves what a
 // reader can act on (a state without its event, never an event without
 // its state).
+//
+// What stands in for SQLite's constraints and triggers:
+//   - a unique field other than the key is a record keyed by it: an API
+//     key's hash keys the key's own record (its id another); a snapshot's
+//     name per owner, a checkpoint's per sandbox and one open merge per
+//     target are claim records (claim), taken over when the row holding
+//     them is gone, so a crash between two writes never blocks a name;
+//   - ON DELETE CASCADE is the label LabelCascade: DeleteSandbox removes
+//     every record carrying the sandbox's id in one DeleteCollection;
+//   - a sequence is a counter record stepped by a conditional PUT
+//     (nextSeq), whose last version each process caches;
+//   - what a trigger on events did happens in eventStored, after the
+//     event's record is written.
 package kubestore
 
 import (
@@ -20,6 +33,7 @@ import (
 	"encoding/json"
 	"regexp"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -32,11 +46,33 @@ type Store struct {
 	kc  *kube.Client
 	ns  string
 	now func() time.Time
+
+	// seqs caches each counter's record as last written by this process,
+	// so a counter step is one conditional PUT while this replica is the
+	// only writer (a Conflict falls back to GET + PUT).
+	seqMu sync.Mutex
+	seqs  map[string]berthv1.Record
+}
+
+// LabelCascade marks a record that belongs to a sandbox (its value is the
+// sandbox id in LabelValue form): DeleteSandbox removes every record
+// carrying it in one DeleteCollection, which is what SQLite's ON DELETE
+// CASCADE and the store's delete-time triggers do. Events do not carry it
+// (they outlive their sandbox).
+const LabelCascade = "berth.dev/with-sandbox"
+
+// ownedBy returns labels plus the cascade label of sandbox id.
+func ownedBy(id string, labels map[string]string) map[string]string {
+	out := map[string]string{LabelCascade: id}
+	for k, v := range labels {
+		out[k] = v
+	}
+	return out
 }
 
 // Open returns the store of namespace ns (the CRDs must be installed).
 func Open(ctx context.Context, kc *kube.Client, ns string) (*Store, error) {
-	s := &Store{kc: kc, ns: ns, now: time.Now}
+	s := &Store{kc: kc, ns: ns, now: time.Now, seqs: map[string]berthv1.Record{}}
 	var l berthv1.RecordList
 	if err := kc.List(ctx, berthv1.Records, ns, kube.ListOptions{Limit: 1}, &l); err != nil {
 		return nil, errs.Wrap(errs.FailedPrecondition, err, "kubernetes store: are the berth.dev CRDs installed (deploy/crds)?")
@@ -205,33 +241,133 @@ func (s *Store) list(ctx context.Context, table string, match map[string]string)
 // numbers increase and are never handed out twice, even to concurrent
 // writers (a conditional update of the counter's row).
 func (s *Store) nextSeq(ctx context.Context, counter string, n int64) (int64, error) {
+	return s.nextSeqOwned(ctx, counter, n, nil)
+}
+
+// nextSeqOwned is nextSeq whose counter row, when it is created, carries
+// labels (ownedBy: a per-sandbox counter goes with its sandbox).
+func (s *Store) nextSeqOwned(ctx context.Context, counter string, n int64, labels map[string]string) (int64, error) {
+	s.seqMu.Lock()
+	cur, cached := s.seqs[counter]
+	s.seqMu.Unlock()
 	for {
-		var cur berthv1.Record
-		err := s.kc.Get(ctx, berthv1.Records, s.ns, objectName("seq", counter), &cur)
-		if errs.Is(err, errs.NotFound) {
-			rec, _ := s.record("seq", counter, n, nil, n)
-			err := s.kc.Create(ctx, berthv1.Records, s.ns, rec, nil)
-			if err == nil {
-				return 1, nil
+		if !cached {
+			err := s.kc.Get(ctx, berthv1.Records, s.ns, objectName("seq", counter), &cur)
+			if errs.Is(err, errs.NotFound) {
+				rec, _ := s.record("seq", counter, n, labels, n)
+				var out berthv1.Record
+				err := s.kc.Create(ctx, berthv1.Records, s.ns, rec, &out)
+				if err == nil {
+					s.cacheSeq(counter, out)
+					return 1, nil
+				}
+				if errs.Is(err, errs.AlreadyExists) {
+					continue
+				}
+				return 0, err
 			}
-			if errs.Is(err, errs.AlreadyExists) {
-				continue
+			if err != nil {
+				return 0, err
 			}
-			return 0, err
-		}
-		if err != nil {
-			return 0, err
 		}
 		last := cur.Spec.Seq
-		cur.Spec.Seq = last + n
-		cur.Spec.Data = strconv.FormatInt(last+n, 10)
-		err = s.kc.Update(ctx, berthv1.Records, s.ns, cur.Name, &cur, nil)
-		if errs.Is(err, errs.Conflict) {
+		next := cur
+		next.Spec.Seq = last + n
+		next.Spec.Data = strconv.FormatInt(last+n, 10)
+		var out berthv1.Record
+		err := s.kc.Update(ctx, berthv1.Records, s.ns, cur.Name, &next, &out)
+		if errs.Is(err, errs.Conflict) || (cached && errs.Is(err, errs.NotFound)) {
+			cached = false
 			continue
 		}
 		if err != nil {
 			return 0, err
 		}
+		s.cacheSeq(counter, out)
 		return last + 1, nil
 	}
+}
+
+func (s *Store) cacheSeq(counter string, r berthv1.Record) {
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	s.seqs[counter] = r
+}
+
+// claim makes table's row key name holder, a uniqueness constraint across
+// records (a snapshot name of an owner, one open merge of a target). A row
+// already held by holder is fine; one held by another is AlreadyExists
+// unless stale(other) says the holder is gone (a crash between the writes
+// that make and undo a claim), in which case it is taken over.
+func (s *Store) claim(ctx context.Context, table, key, holder string, labels map[string]string, stale func(other string) (bool, error)) error {
+	for {
+		err := s.insert(ctx, table, key, 0, labels, holder)
+		if !errs.Is(err, errs.AlreadyExists) {
+			return err
+		}
+		var other string
+		r, err := s.get(ctx, table, key, &other)
+		if errs.Is(err, errs.NotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if other == holder {
+			return nil
+		}
+		gone := false
+		if stale != nil {
+			if gone, err = stale(other); err != nil {
+				return err
+			}
+		}
+		if !gone {
+			return errs.E(errs.AlreadyExists, "%s %q is taken", table, key)
+		}
+		rec, err := s.record(table, key, 0, labels, holder)
+		if err != nil {
+			return err
+		}
+		rec.ResourceVersion = r.ResourceVersion
+		err = s.kc.Update(ctx, berthv1.Records, s.ns, rec.Name, rec, nil)
+		if errs.Is(err, errs.Conflict) || errs.Is(err, errs.NotFound) {
+			continue
+		}
+		return err
+	}
+}
+
+// release removes table's row key if holder still holds it.
+func (s *Store) release(ctx context.Context, table, key, holder string) error {
+	var other string
+	r, err := s.get(ctx, table, key, &other)
+	if errs.Is(err, errs.NotFound) || (err == nil && other != holder) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	err = s.kc.Delete(ctx, berthv1.Records, s.ns, r.Name, kube.DeleteOptions{ResourceVersion: r.ResourceVersion})
+	if errs.Is(err, errs.NotFound) || errs.Is(err, errs.Conflict) {
+		return nil // gone, or taken over by a newer holder
+	}
+	return err
+}
+
+// pairKey is an unambiguous row key of two strings (owner and name, ...).
+func pairKey(a, b string) string {
+	k, _ := json.Marshal([]string{a, b})
+	return string(k)
+}
+
+// replace writes v over the row r as read (its table, key and seq),
+// conditional on r's resourceVersion: Conflict when it changed since.
+func (s *Store) replace(ctx context.Context, r row, labels map[string]string, v any) error {
+	rec, err := s.record(r.Spec.Table, r.Spec.Key, r.Spec.Seq, labels, v)
+	if err != nil {
+		return err
+	}
+	rec.ResourceVersion = r.ResourceVersion
+	return s.kc.Update(ctx, berthv1.Records, s.ns, rec.Name, rec, nil)
 }
