@@ -43,6 +43,14 @@ func (c *cluster) node(name string) *node {
 	return nil
 }
 
+func (c *cluster) procs() []*proc {
+	var out []*proc
+	for _, n := range c.nodes {
+		out = append(out, &n.proc)
+	}
+	return append(out, c.replicas...)
+}
+
 func (c *cluster) sandboxObj(id string) (*berthv1.Sandbox, error) {
 	var sb berthv1.Sandbox
 	err := c.kc.Get(context.Background(), berthv1.Sandboxes, ns, id, &sb)
@@ -389,6 +397,7 @@ func TestCluster(t *testing.T) {
 		}
 		return nil
 	})
+	checkRBAC(t, c)
 }
 
 // pauseResumeFork drives one sandbox's lifecycle through the replicas.
@@ -500,4 +509,26 @@ func placementSummary(byNode map[string][]string) string {
 func isNotFound(err error) bool {
 	var ce *client.Error
 	return errors.As(err, &ce) && ce.StatusCode == http.StatusNotFound
+}
+
+// checkRBAC: nothing the processes did was refused by deploy/'s Roles,
+// except what the node Role denies on purpose (deleting Sandbox objects:
+// replicas do).
+func checkRBAC(t *testing.T, c *cluster) {
+	for _, p := range c.procs() {
+		denied := 0
+		for _, line := range strings.Split(p.log.String(), "\n") {
+			if !strings.Contains(line, "forbidden") {
+				continue
+			}
+			if strings.Contains(line, `cannot delete resource \"sandboxes\"`) {
+				denied++
+				continue
+			}
+			t.Errorf("%s was refused by RBAC: %s", p.name, line)
+		}
+		if denied > 0 {
+			t.Logf("%s: %d deletes of Sandbox objects refused (the node Role has no delete)", p.name, denied)
+		}
+	}
 }

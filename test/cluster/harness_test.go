@@ -129,7 +129,9 @@ func shortDir(t *testing.T, prefix string) string {
 // admin key is in the data dir.
 func (p *proc) start() {
 	p.t.Helper()
-	p.log = &lockedBuffer{}
+	if p.log == nil { // a restart appends to the same log
+		p.log = &lockedBuffer{}
+	}
 	p.cmd = exec.Command(filepath.Join(p.bin, "berth"), p.args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	// Its own process group, so a SIGKILL of the node is of the node only
