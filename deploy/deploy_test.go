@@ -23,6 +23,7 @@ import (
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/kube/kubetest"
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 var srv *kubetest.Server
@@ -105,7 +106,9 @@ func TestManifestsApply(t *testing.T) {
 	for _, obj := range []string{"namespace/berth", "serviceaccount/berth-api", "serviceaccount/berth-node",
 		"role.rbac.authorization.k8s.io/berth-api", "role.rbac.authorization.k8s.io/berth-node",
 		"rolebinding.rbac.authorization.k8s.io/berth-api", "rolebinding.rbac.authorization.k8s.io/berth-node",
-		"deployment.apps/berth-api", "service/berth-api", "daemonset.apps/berth-node"} {
+		"deployment.apps/berth-api", "service/berth-api", "daemonset.apps/berth-node",
+		"validatingadmissionpolicy.admissionregistration.k8s.io/berth-node-writes-its-own",
+		"validatingadmissionpolicybinding.admissionregistration.k8s.io/berth-node-writes-its-own"} {
 		if !strings.Contains(out, obj+" serverside-applied (server dry run)") {
 			t.Errorf("%s not in the dry run's output:\n%s", obj, out)
 		}
@@ -504,4 +507,89 @@ func TestSchemaRefuses(t *testing.T) {
 	if err := srv.Client.UpdateStatus(ctx, berthv1.Nodes, nsx, "nx", &n, nil); !errs.Is(err, errs.InvalidArgument) || !strings.Contains(err.Error(), "status.certSHA256") {
 		t.Errorf("bad certSHA256: %v", err)
 	}
+}
+
+// TestNodePolicy: with deploy/15-node-policy.yaml in force, a node agent
+// holding its pod's token (bound to a pod on Kubernetes node k8s-a, as a
+// DaemonSet pod's is) writes its own Node object and Lease and is refused
+// another node's; a berth-node token bound to no pod is refused outright.
+func TestNodePolicy(t *testing.T) {
+	applyReal(t)
+	ctx := context.Background()
+	admin := srv.Client
+	policy := filepath.Join(deployDir(t), "15-node-policy.yaml")
+	kubectl(t, "apply", "--server-side", "--field-manager=berth-test", "-f", policy)
+	t.Cleanup(func() { kubectl(t, "delete", "-f", policy) })
+	// The API server loads a new policy asynchronously: wait until it refuses.
+	probe := 0
+	testutil.Eventually(t, testutil.Within(30*time.Second).Every(200*time.Millisecond), func() error {
+		probe++
+		name := fmt.Sprintf("probe%d", probe)
+		err := as(t, nodeToken).Create(ctx, berthv1.Nodes, ns, &berthv1.Node{TypeMeta: kube.TypeMeta{APIVersion: berthv1.APIVersion, Kind: "Node"},
+			ObjectMeta: kube.ObjectMeta{Name: name}}, nil)
+		if err == nil {
+			_ = srv.Client.Delete(ctx, berthv1.Nodes, ns, name, kube.DeleteOptions{})
+			return fmt.Errorf("policy not in force yet")
+		}
+		return nil
+	})
+
+	coreNodes := kube.Resource{Version: "v1", Plural: "nodes"}
+	pods := kube.Resource{Version: "v1", Plural: "pods", Namespaced: true}
+	if err := admin.Create(ctx, coreNodes, "", map[string]any{"apiVersion": "v1", "kind": "Node",
+		"metadata": map[string]any{"name": "k8s-a"}}, nil); err != nil && !errs.Is(err, errs.AlreadyExists) {
+		t.Fatal(err)
+	}
+	var pod struct {
+		Metadata struct{ Name, UID string } `json:"metadata"`
+	}
+	if err := admin.Create(ctx, pods, ns, map[string]any{"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"name": "berth-node-k8s-a"},
+		"spec": map[string]any{"serviceAccountName": "berth-node", "nodeName": "k8s-a",
+			"containers": []any{map[string]any{"name": "berth", "image": "berth:dev"}}}}, &pod); err != nil {
+		t.Fatal(err)
+	}
+	var tr struct {
+		Status struct {
+			Token string `json:"token"`
+		} `json:"status"`
+	}
+	if err := admin.Do(ctx, "POST", "/api/v1/namespaces/"+ns+"/serviceaccounts/berth-node/token", nil, map[string]any{
+		"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+		"spec": map[string]any{"expirationSeconds": 3600,
+			"boundObjectRef": map[string]any{"apiVersion": "v1", "kind": "Pod", "name": pod.Metadata.Name, "uid": pod.Metadata.UID}},
+	}, &tr); err != nil || tr.Status.Token == "" {
+		t.Fatalf("token request: %v", err)
+	}
+	podNode := as(t, tr.Status.Token)
+	nodeObj := func(name string) *berthv1.Node {
+		return &berthv1.Node{TypeMeta: kube.TypeMeta{APIVersion: berthv1.APIVersion, Kind: "Node"}, ObjectMeta: kube.ObjectMeta{Name: name}}
+	}
+	var own berthv1.Node
+	if err := podNode.Create(ctx, berthv1.Nodes, ns, nodeObj("k8s-a"), &own); err != nil {
+		t.Fatalf("own Node: %v", err)
+	}
+	own.Status.Address = "https://10.0.0.5:7443"
+	if err := podNode.UpdateStatus(ctx, berthv1.Nodes, ns, "k8s-a", &own, nil); err != nil {
+		t.Errorf("own Node status: %v", err)
+	}
+	if err := podNode.Create(ctx, kube.Leases, ns, lease("k8s-a"), nil); err != nil {
+		t.Errorf("own Lease: %v", err)
+	}
+	refused := func(what string, err error) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), "may write only") && !strings.Contains(err.Error(), "node-name") {
+			t.Errorf("%s: %v, want refused by the policy", what, err)
+		}
+	}
+	refused("another node's Node", podNode.Create(ctx, berthv1.Nodes, ns, nodeObj("k8s-b"), nil))
+	refused("another node's Lease", podNode.Create(ctx, kube.Leases, ns, lease("k8s-b"), nil))
+	// The admin put n2's Node in TestRBAC; a pod-bound agent cannot touch it.
+	var other berthv1.Node
+	if err := admin.Get(ctx, berthv1.Nodes, ns, "n2", &other); err == nil {
+		other.Status.Address = "https://evil:1"
+		refused("another node's status", podNode.UpdateStatus(ctx, berthv1.Nodes, ns, "n2", &other, nil))
+	}
+	// A berth-node token bound to no pod (the static one) names no node.
+	refused("unbound token", as(t, nodeToken).Create(ctx, berthv1.Nodes, ns, nodeObj("k8s-c"), nil))
 }
