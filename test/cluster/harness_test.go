@@ -63,6 +63,9 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	s.Stop()
 	testutil.RemoveBinaries()
+	if tinyOnce.path != "" {
+		_ = os.RemoveAll(filepath.Dir(tinyOnce.path))
+	}
 	os.Exit(code)
 }
 
