@@ -137,6 +137,11 @@ type CreateRequest struct {
 	// LeaseTTL is how long each lease of a granted secret lives ("": as
 	// long as the sandbox; docs/LEASES.md), e.g. 30m.
 	LeaseTTL string `json:"lease_ttl,omitempty"`
+
+	// ExpectedDuration is how long the sandbox is expected to live, for
+	// cluster placement (docs/CLUSTER.md): a duration (45m, 2h) or a class
+	// (short, interactive, long). One host ignores it.
+	ExpectedDuration string `json:"expected_duration,omitempty"`
 }
 
 // ListResponse is the body of GET /v1/sandboxes; Next is the cursor of the

@@ -14,6 +14,7 @@ import (
 )
 
 func main() {
+	cli.RegisterDaemon("node", nodeUsage, runNode) // node_linux.go
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, runServe)
 	stop()

@@ -138,9 +138,23 @@ func envOverride(c *ServeConfig) {
 // runtimes → daemon → handlers. It is the composition root, and the only
 // code of the binary that links the server.
 func runServe(ctx context.Context, args []string, stderr io.Writer) error {
+	var cf ClusterFlags // --cluster (serve_cluster_linux.go)
+	cfg, err := parseServe("serve", args, stderr, cf.flags)
+	if err != nil {
+		return err
+	}
+	if cf.Cluster {
+		return serveCluster(ctx, cfg, cf, stderr)
+	}
+	return serve(ctx, cfg, stderr, serveHooks{})
+}
+
+// parseServe reads serve's configuration from args; more adds the flags of
+// a command built on serve (`berth node`).
+func parseServe(name string, args []string, stderr io.Writer, more func(*flag.FlagSet)) (ServeConfig, error) {
 	cfg := defaultServeConfig()
 	// The config file is applied before other flags, so find it first.
-	pre := flag.NewFlagSet("serve", flag.ContinueOnError)
+	pre := flag.NewFlagSet(name, flag.ContinueOnError)
 	pre.SetOutput(stderr)
 	cfgFile := pre.String("config", "", "JSON config file")
 	dataDir := pre.String("data-dir", "", "state directory (default /var/lib/berth)")
@@ -153,12 +167,15 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	activityRetention := pre.Int("activity-retention", 0, "activity entries kept per sandbox, oldest pruned (default 10000)")
 	applyNetFlags := networkFlags(pre)
 	applyHostFlags := hostnameFlags(pre)
+	if more != nil {
+		more(pre)
+	}
 	if err := pre.Parse(args); err != nil {
-		return cli.UsageError(err.Error())
+		return cfg, cli.UsageError(err.Error())
 	}
 	if *cfgFile != "" {
 		if err := loadConfigFile(*cfgFile, &cfg); err != nil {
-			return err
+			return cfg, err
 		}
 	}
 	envOverride(&cfg)
@@ -180,12 +197,22 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		cfg.ActivityRetention = *activityRetention
 	}
 	if cfg.ActivityRetention < 0 {
-		return errs.Field("activity_retention", "must not be negative, got %d", cfg.ActivityRetention)
+		return cfg, errs.Field("activity_retention", "must not be negative, got %d", cfg.ActivityRetention)
 	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	return serve(ctx, cfg, stderr)
+	return cfg, cfg.Validate()
+}
+
+// serveHooks are where a command built on serve (`berth node`,
+// node_linux.go) adds to it; zero for `berth serve`.
+type serveHooks struct {
+	// wrapStore wraps the daemon's store before the daemon is built.
+	wrapStore func(store.Store) store.Store
+	// daemon edits the daemon's config.
+	daemon func(*daemon.Config)
+	// started runs once the daemon runs, before the listener opens, with
+	// the HTTP surface; the stop it returns runs at shutdown, before the
+	// daemon closes.
+	started func(ctx context.Context, d *daemon.Daemon, handler http.Handler, log *slog.Logger) (stop func(), err error)
 }
 
 func lookBinary(explicit string, candidates ...string) string {
@@ -206,7 +233,7 @@ func lookBinary(explicit string, candidates ...string) string {
 	return ""
 }
 
-func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
+func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer, hooks serveHooks) error {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(trace.LogHandler(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})))
@@ -246,6 +273,10 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 		return err
 	}
 	defer st.Close()
+	var dst store.Store = st
+	if hooks.wrapStore != nil {
+		dst = hooks.wrapStore(st)
+	}
 	tpl, err := template.Open(cfg.DataDir, log)
 	if err != nil {
 		return err
@@ -285,13 +316,17 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	}
 	defTTL, _ := server.ParseDuration(cfg.DefaultTTL)
 	maxTTL, _ := server.ParseDuration(cfg.MaxTTL)
-	d, err := daemon.New(daemon.Config{
+	dcfg := daemon.Config{
 		DataDir: cfg.DataDir, DefaultRuntime: cfg.Runtime, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTTL: defTTL, MaxTTL: maxTTL, AgentPath: agent, Log: log,
 		Reaper: cfg.Reaper, Quotas: cfg.Quotas, Prices: cfg.Prices, NoUserNS: cfg.NoUserNS,
 		ActivityRetention: cfg.ActivityRetention,
 		CheckpointTimeout: cfg.checkpointTimeout(), CheckpointTimeoutPerGiB: cfg.checkpointTimeoutPerGiB(),
-	}, st, runtimes, tpl)
+	}
+	if hooks.daemon != nil {
+		hooks.daemon(&dcfg)
+	}
+	d, err := daemon.New(dcfg, dst, runtimes, tpl)
 	if err != nil {
 		return err
 	}
@@ -311,11 +346,18 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 	d.Run()
 
 	waitProbe(probed, log)
+	handler := trace.Handler(routes(d, log, cfg.SandboxDomain)) // a span per request when tracing is on
+	if hooks.started != nil {
+		stop, err := hooks.started(ctx, d, handler, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return errs.Wrap(errs.Unavailable, err, "listen")
 	}
-	handler := trace.Handler(routes(d, log, cfg.SandboxDomain)) // a span per request when tracing is on
 	stopTLS, err := startSandboxTLS(cfg.HostnamesServeConfig, cfg.DataDir, handler, log)
 	if err != nil {
 		return err
@@ -350,5 +392,6 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer) error {
 func routes(d *daemon.Daemon, log *slog.Logger, sandboxDomain string) http.Handler {
 	rest := server.New(d, log)
 	d.SelfAPI().SetHandler(rest) // the in-sandbox API serves /v1 as the sandbox (internal/server/self.go)
-	return e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort, Domain: sandboxDomain}).Handler(rest)
+	// Forged cluster headers are refused on every route (auth/cluster.go).
+	return d.Auth().ClusterGate(e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort, Domain: sandboxDomain}).Handler(rest))
 }

@@ -14,12 +14,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
+	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -31,27 +32,42 @@ type Principal struct {
 	// in-sandbox API (docs/STATE.md): the caller is that sandbox itself,
 	// acting for its owner on its own state only. Never set with Admin.
 	Sandbox string
+	// Cluster marks a request an API replica signed with the cluster
+	// token (cluster.go): only such a request may choose a sandbox's id.
+	Cluster bool
+}
+
+// Store is the part of store.Store the service reads and writes: API
+// keys, and sandboxes' token hashes. (Cluster mode's API replica runs it
+// over the Kubernetes store.)
+type Store interface {
+	CreateAPIKey(ctx context.Context, k store.APIKey) error
+	LookupAPIKey(ctx context.Context, hash []byte) (store.APIKey, error)
+	UpdateSandbox(ctx context.Context, id string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
+	SandboxByTokenHash(ctx context.Context, hash string) (*sandbox.Sandbox, error)
 }
 
 // Service authenticates API keys and derives envd tokens.
 type Service struct {
-	store    store.Store
+	store    Store
 	dataDir  string
 	now      func() time.Time
 	tokenKey []byte // HMAC key of envd access tokens
+	// clusterToken verifies replicas' signed requests ("" = single host).
+	clusterToken string
 }
 
 // New builds the service. tokenKey is the content of DATA_DIR/TokenKeyFile
 // (loaded by the caller with the daemon's master-key loader); dataDir holds
 // admin.key; now is the clock of key creation times.
-func New(st store.Store, dataDir string, now func() time.Time, tokenKey []byte) *Service {
+func New(st Store, dataDir string, now func() time.Time, tokenKey []byte) *Service {
 	if now == nil {
 		now = time.Now
 	}
 	return &Service{store: st, dataDir: dataDir, now: now, tokenKey: tokenKey}
 }
 
-var ownerRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var ownerRe = lazyregexp.New(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
 // ValidOwner checks an owner name.
 func ValidOwner(field, owner string) error {

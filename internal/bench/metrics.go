@@ -19,6 +19,8 @@ const (
 	defExecRTT    = "Clock starts when POST /v1/sandboxes/{id}/exec of `true` is sent to a running sandbox and stops when its exit event has been read from the stream."
 	defForkExec   = "fork+exec of the host's `true` and wait for its exit (Go os/exec)."
 	defThroughput = "One sample is one sequential cycle: POST /v1/sandboxes (answers when the agent is ready) then DELETE /v1/sandboxes/{id} answered. per_second = 1000 / mean cycle ms."
+	defDelete     = "Clock starts when DELETE /v1/sandboxes/{id} of a running sandbox (created, and `echo ok` answered, before the clock) is sent and stops when it answers: the sandbox is recorded as deleted and no process of it runs; its unmounts, network detach and directory removal finish after the answer (the daemon's debug log has each step: \"sandbox deleted\" and \"sandbox teardown finished\")."
+	defRawDelete  = "`RT delete --force` of a running container of `sleep` started with `RT run --detach` from the config.json berth generates, over an overlay of the same busybox rootfs on a loop-mounted ext4 workspace; the clock covers that one command."
 	defBurst      = "N creates sent at once, each followed by `echo ok`; one sample per sandbox: from the moment all N were released to its own `echo ok` output. wall_ms: until the last answered; success_rate: sandboxes that answered / N."
 	defPauseFrz   = "Clock starts when POST /v1/sandboxes/{id}/pause {mode: freeze} is sent and stops when it answers (cgroup freezer; memory kept)."
 	defResumeFrz  = "Clock starts when POST /v1/sandboxes/{id}/resume of a frozen sandbox is sent and stops when a following `echo ok` exec has returned its output."
@@ -93,6 +95,34 @@ func (r *Runner) throughput(ctx context.Context, rt string) []Metric {
 	})
 	if s := Summarize(m.Samples); s != nil && s.Mean > 0 {
 		m.Derived = map[string]float64{"per_second": 1000 / s.Mean}
+	}
+	return []Metric{m}
+}
+
+func (r *Runner) deleteRunning(ctx context.Context, rt string) []Metric {
+	m := Metric{Name: "delete", Runtime: rt, Unit: "ms", Definition: defDelete, Available: true}
+	m.Samples, m.Errors = r.measure(ctx, func(ctx context.Context) (time.Duration, error) {
+		sb, err := r.create(ctx, rt)
+		if err != nil {
+			return 0, err
+		}
+		if err := r.c.EchoOK(ctx, sb.ID); err != nil {
+			r.remove(ctx, sb.ID)
+			return 0, err
+		}
+		start := time.Now()
+		if err := r.c.Delete(ctx, sb.ID); err != nil {
+			r.remove(ctx, sb.ID)
+			return 0, err
+		}
+		return time.Since(start), nil
+	})
+	bname := rt + " delete --force"
+	if r.raw == nil {
+		m.Baseline = unavailableBaseline(bname, strings.ReplaceAll(defRawDelete, "RT", rt), r.rawEr)
+	} else {
+		s, e := r.measure(ctx, func(ctx context.Context) (time.Duration, error) { return r.raw.DeleteRunning(ctx, rt) })
+		m.Baseline = baseline(bname, strings.ReplaceAll(defRawDelete, "RT", rt), s, e)
 	}
 	return []Metric{m}
 }

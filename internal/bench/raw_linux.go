@@ -315,3 +315,36 @@ func tailString(s string, n int) string {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// DeleteRunning is the delete baseline: a container of `sleep` started
+// detached (`RT run --detach`) over the same kind of root filesystem, then
+// `RT delete --force` of it while it runs, timed alone. The rootfs is
+// prepared and the container started before the clock; its unmount is
+// outside it.
+func (x *Raw) DeleteRunning(ctx context.Context, rt string) (time.Duration, error) {
+	id := newID("bd")
+	dir, cleanup, err := x.bundle(ctx, rt, id, []string{"/bin/sleep", "1000000"}, 512)
+	if err != nil {
+		return 0, err
+	}
+	defer cleanup()
+	c, err := x.cmd(ctx, rt, "run", "--detach", "--bundle", dir, id)
+	if err != nil {
+		return 0, err
+	}
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer devnull.Close()
+	logf := filepath.Join(dir, "runtime.log")
+	c.Args = append([]string{c.Args[0], "--log", logf}, c.Args[1:]...)
+	c.Stdin, c.Stdout, c.Stderr = devnull, devnull, devnull // a detached container's stdio must not be a pipe
+	if err := c.Run(); err != nil {
+		b, _ := os.ReadFile(logf)
+		return 0, fmt.Errorf("%s run --detach: %v: %s", rt, err, oneLine(tailString(string(b), 400), 400))
+	}
+	start := time.Now()
+	err = x.run(ctx, rt, "delete", "--force", id)
+	return time.Since(start), err
+}

@@ -130,3 +130,12 @@ func TestWant(t *testing.T) {
 		t.Error("an unknown --only name must be rejected")
 	}
 }
+
+// Without podman the one-shot baseline is not available, and says why.
+func TestPodmanMissing(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	p, err := newPodmanEnv(t.Context(), "x")
+	if p != nil || err == nil || err.Error() != "podman is not installed" {
+		t.Fatalf("newPodmanEnv without podman = %v, %v", p, err)
+	}
+}

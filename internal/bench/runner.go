@@ -30,14 +30,20 @@ type Options struct {
 	E2BTemplate string
 	Command     string
 	Self        bool
+	// BerthBin is the berth CLI the one-shot and cli-call rows run as
+	// whole processes; "" makes them not available.
+	BerthBin string
+	// RuntimeBins are the runtime binaries found on the host (RuntimeBinaries):
+	// the one-shot baseline hands runsc's to podman --runtime.
+	RuntimeBins map[string]string
 	Log         io.Writer // progress
 }
 
 // Names are every metric, in measuring order.
-var Names = []string{"create-cold", "create-warm", "exec-rtt", "throughput", "burst", "density",
+var Names = []string{"create-cold", "create-warm", "exec-rtt", "delete", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
-	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases"}
+	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases", "oneshot", "cli-call"}
 
 // Runner measures against one server.
 type Runner struct {
@@ -48,6 +54,10 @@ type Runner struct {
 	info  wire.Info
 	label string // every sandbox the run creates carries berth-bench=<label>
 	out   []Metric
+
+	podmanOnce sync.Once // oneshot.go: the podman baseline's image, imported once
+	pod        *podmanEnv
+	podErr     error
 }
 
 // NewRunner checks the options against the server. raw may be nil, with
@@ -99,6 +109,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		}
 	}
 	defer r.cleanup()
+	defer func() { r.pod.close() }()
 	perRuntime := []struct {
 		names []string
 		run   func(ctx context.Context, rt string) []Metric
@@ -106,6 +117,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"create-cold"}, r.createCold},
 		{[]string{"create-warm"}, r.createWarm},
 		{[]string{"exec-rtt"}, r.execRTT},
+		{[]string{"delete"}, r.deleteRunning},
 		{[]string{"throughput"}, r.throughput},
 		{[]string{"burst"}, r.burst},
 		{[]string{"density"}, r.density},
@@ -124,6 +136,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"audit-visible"}, r.auditVisible},     // audit.go
 		{[]string{"self-api-rtt"}, r.selfAPIRTT},        // selfapi.go
 		{[]string{"pause-resume-leases"}, r.leasePause}, // leases.go
+		{[]string{"oneshot"}, r.oneshot},                // oneshot.go
 	}
 	for _, g := range perRuntime {
 		if !slices.ContainsFunc(g.names, r.want) {
@@ -158,7 +171,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		name string
 		run  func(context.Context) Metric
 	}{{"code-interpreter-tti", r.ciTTI}, {"code-interpreter-tti-warm", r.ciTTIWarm}, {"code-interpreter-rtt", r.ciRTT},
-		{"audit-verify", r.auditVerify}} { // codeinterp.go, audit.go
+		{"audit-verify", r.auditVerify}, {"cli-call", r.cliCall}} { // codeinterp.go, audit.go, oneshot.go
 		if r.want(ci.name) {
 			r.logf("measuring %s", ci.name)
 			m := ci.run(ctx)

@@ -127,6 +127,15 @@ func (s *SelfServer) Stop() error {
 			}
 		}
 	}
+	// A delete answers before its teardown ends: let the server finish
+	// them (a stopping server drains them for 20 s only; Reconcile would
+	// finish the rest at a next start this data dir never has).
+	for ctx.Err() == nil {
+		if es, err := os.ReadDir(filepath.Join(s.DataDir, "sandboxes")); err != nil || len(es) == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.done:

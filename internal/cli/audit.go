@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -80,7 +79,7 @@ func runAuditList(e *env, verb string, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, page)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEQ\tTIME\tACTOR\tACTION\tSANDBOX\tDETAIL")
 	for _, en := range page.Entries {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", en.Seq, en.Time.Local().Format("2006-01-02 15:04:05.000"),

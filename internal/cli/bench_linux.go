@@ -55,6 +55,11 @@ func runBench(e *env, args []string) error {
 	}
 	opts := bench.Options{Only: onlyList, Runs: *runs, Warmups: *warm, Template: *tpl, Burst: *burst,
 		E2BTemplate: *e2bTpl, Self: *self, Log: e.stderr, Command: "berth bench " + strings.Join(args, " ")}
+	// The one-shot and cli-call rows run this very binary as the CLI.
+	if exe, err := os.Executable(); err == nil {
+		opts.BerthBin = exe
+	}
+	opts.RuntimeBins, _ = bench.RuntimeBinaries(defaultCacheDir)
 
 	var c *bench.Client
 	if *self {
@@ -100,7 +105,7 @@ func runBench(e *env, args []string) error {
 	}
 	var raw *bench.Raw
 	var rawErr error
-	if wanted("create-cold") || wanted("pause-memory") || wanted("resume-memory") {
+	if wanted("create-cold") || wanted("delete") || wanted("pause-memory") || wanted("resume-memory") {
 		bins, criu := bench.RuntimeBinaries(defaultCacheDir)
 		if raw, rawErr = bench.NewRaw(bins, criu); raw != nil {
 			defer raw.Close()

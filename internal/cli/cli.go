@@ -49,6 +49,12 @@ func runServe(e *env, args []string) error {
 	return e.serve(e.ctx, args, e.stderr)
 }
 
+// RegisterDaemon adds a verb that, like serve, the composition root
+// provides (`berth node`), so this package does not link it.
+func RegisterDaemon(name, usage string, run ServeFunc) {
+	register(name, usage, func(e *env, args []string) error { return run(e.ctx, args, e.stderr) })
+}
+
 type command struct {
 	name  string
 	usage string

@@ -3,9 +3,10 @@ package cli
 import (
 	"fmt"
 	"io"
-	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/berth-dev/berth/internal/lazyregexp"
 )
 
 // Shell completion is derived from the verb table that `berth help` prints:
@@ -22,9 +23,9 @@ type verbSpec struct {
 }
 
 var (
-	parenRe = regexp.MustCompile(`\([^()]*\)`)
-	flagRe  = regexp.MustCompile(`(?:^|[\s\[|])(--?[a-z][a-z0-9-]*)`)
-	subRe   = regexp.MustCompile(`^[a-z][a-z-]*(\|[a-z][a-z-]*)*$`)
+	parenRe = lazyregexp.New(`\([^()]*\)`)
+	flagRe  = lazyregexp.New(`(?:^|[\s\[|])(--?[a-z][a-z0-9-]*)`)
+	subRe   = lazyregexp.New(`^[a-z][a-z-]*(\|[a-z][a-z-]*)*$`)
 )
 
 // specFor reads a verb's subcommands and flags off its usage line.

@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -55,7 +54,7 @@ func runCost(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, ser)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "%s\tRESERVED\tACTIVE\tRESERVED PER BUCKET (%s)\n", strings.ToUpper(ser.By), time.Duration(ser.StepSeconds)*time.Second)
 	for _, l := range ser.Lines {
 		fmt.Fprintf(tw, "%s\t%.4f\t%.4f\t%s\n", l.Key, l.TotalReserved, l.TotalActive, spark(l.Reserved))
@@ -148,7 +147,7 @@ func runBuilds(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, list)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TEMPLATE\tKIND\tRESULT\tSTARTED\tDURATION\tFINGERPRINT\tSOURCE / ERROR")
 	for _, b := range list {
 		detail := b.Source

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/client"
@@ -141,7 +140,7 @@ func describeChange(c wire.DiffChange) string {
 }
 
 func writeDiffStat(w io.Writer, r wire.DiffResult) error {
-	tw := tabwriter.NewWriter(w, 2, 4, 1, ' ', 0)
+	tw := newTabWriter(w, 2, 4, 1, ' ', 0)
 	for _, c := range r.Changes {
 		fmt.Fprintf(tw, " %s\t| %s\n", printable(c.Path), describeChange(c))
 	}
@@ -204,7 +203,7 @@ func runCompare(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, res)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tCHECK\tMS\tFILES\t+LINES\t-LINES\tCOST\tNOTE")
 	for _, ch := range res.Children {
 		verdict, ms := "-", "-"

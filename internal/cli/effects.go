@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -48,7 +47,7 @@ func runEffects(e *env, args []string) error {
 }
 
 func printEffects(w io.Writer, list []wire.Effect) error {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tWHEN\tMETHOD\tHOST\tPATH\tSTATE\tSTATUS\tKEY\tREPLAY\tFROM")
 	now := time.Now()
 	for _, ef := range list {

@@ -3,7 +3,6 @@ package cli
 import (
 	"flag"
 	"fmt"
-	"text/tabwriter"
 	"time"
 )
 
@@ -50,7 +49,7 @@ func runLeases(e *env, sub string, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, list)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "LEASE\tSANDBOX\tGEN\tSECRET\tSCOPE\tSTATE\tREASON\tISSUED\tEXPIRES")
 	for _, l := range list {
 		exp := "with sandbox"

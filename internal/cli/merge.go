@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"text/tabwriter"
 
 	"github.com/berth-dev/berth/api/wire"
 )
@@ -156,7 +155,7 @@ func runConflicts(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, list)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tPATH\tKIND\tBASE\tOURS\tTHEIRS\tMESSAGE")
 	for _, cf := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cf.ID, cf.Path, cf.Kind, side(cf.Base), side(cf.Ours), side(cf.Theirs), cf.Message)

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -124,7 +123,7 @@ func runEvents(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, list)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TIME\tSANDBOX\tTYPE\tFROM\tTO\tACTOR\tREASON\tMESSAGE")
 	for _, ev := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", ev.Time.Local().Format(time.DateTime), ev.SandboxID, ev.Type,
@@ -155,7 +154,7 @@ func runTemplate(e *env, args []string) error {
 		if *asJSON {
 			return printJSON(e.stdout, list)
 		}
-		tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+		tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tSTATE\tFINGERPRINT\tLAYERS\tSOURCE\tPROGRESS")
 		for _, t := range list {
 			detail := t.Progress
@@ -240,7 +239,7 @@ func runInfo(e *env, args []string) error {
 		return printJSON(e.stdout, in)
 	}
 	fmt.Fprintf(e.stdout, "berth %s on %s (%d CPUs), you are %s\n", in.Version, in.Hostname, in.CPUs, in.Owner)
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUNTIME\tDEFAULT\tISOLATION\tFREEZE\tMEMORY CHECKPOINT")
 	for _, r := range in.Runtimes {
 		cp := "yes"

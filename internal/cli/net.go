@@ -7,7 +7,6 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -74,7 +73,7 @@ func runNetShow(e *env, args []string) error {
 }
 
 func printNetwork(w io.Writer, info *wire.NetworkInfo) error {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "sandbox\t%s\n", info.SandboxID)
 	fmt.Fprintf(tw, "mode\t%s\n", info.Policy.Mode)
 	for _, r := range info.Policy.Allow {
@@ -134,7 +133,7 @@ func runNetLog(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, all)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TIME\tPROTO\tDESTINATION\tHOST\tVERDICT\tRULE\tOUT\tIN")
 	for _, en := range all {
 		dst := en.DstIP
@@ -211,7 +210,7 @@ func runSecret(e *env, args []string) error {
 		if *asJSON {
 			return printJSON(e.stdout, list)
 		}
-		tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+		tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAME\tHOST\tHEADER\tUPDATED")
 		for _, s := range list {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, s.Host, s.Header, s.UpdatedAt.Local().Format(time.RFC3339))

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -63,7 +62,7 @@ func runNote(e *env, args []string) error {
 		if *asJSON {
 			return printJSON(e.stdout, wire.NoteList{Notes: all})
 		}
-		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		tw := newTabWriter(e.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "SEQ\tCREATED\tTRIGGER\tFILES\tREPOS\tCONTEXT\tREASON")
 		for _, x := range all {
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\n", x.Seq, x.CreatedAt.Local().Format(time.DateTime), x.Trigger,

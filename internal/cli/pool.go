@@ -3,7 +3,6 @@ package cli
 import (
 	"flag"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -59,7 +58,7 @@ func runPool(e *env, args []string) error {
 		if *asJSON {
 			return printJSON(e.stdout, list)
 		}
-		tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+		tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "TEMPLATE\tRUNTIME\tCPU\tMEMORY\tREADY/TARGET\tSTARTING\tHITS\tMISSES\tCLAIM P50\tIDLE MEMORY\tSTATE")
 		for _, p := range list {
 			state := p.State

@@ -8,7 +8,6 @@ import (
 	"io"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -64,6 +63,7 @@ func runCreate(e *env, args []string) error {
 	var secrets multi
 	fs.Var(&secrets, "secret", "grant secret NAME: env NAME holds a placeholder, the proxy injects the value (repeatable)")
 	fs.StringVar(&req.LeaseTTL, "lease-ttl", "", "how long each lease of a granted secret lives, e.g. 30m (default: as long as the sandbox)")
+	fs.StringVar(&req.ExpectedDuration, "expected-duration", "", "expected lifetime for cluster placement: a duration (45m) or short, interactive, long")
 	fs.StringVar(&req.FromSnapshot, "from-snapshot", "", "start from this snapshot's files (berth snapshot ls)")
 	fs.StringVar(&req.IdlePolicy, "idle-policy", "", "reaper idle policy name, or never (default: the template's or server's)")
 	asJSON := fs.Bool("json", false, "print the sandbox as JSON")
@@ -129,7 +129,7 @@ func runList(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, all)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tTEMPLATE\tRUNTIME\tOWNER\tCREATED\tEXPIRES\tLABELS")
 	now := time.Now()
 	for _, sb := range all {

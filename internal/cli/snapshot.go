@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/client"
@@ -34,7 +33,7 @@ func runSnapshot(e *env, args []string) error {
 		if *asJSON {
 			return printJSON(e.stdout, list)
 		}
-		tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+		tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tNAME\tSOURCE\tTEMPLATE\tRUNTIME\tLAYERS\tMEMORY\tOWNER\tCREATED")
 		now := time.Now()
 		for _, s := range list {

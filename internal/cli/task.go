@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -163,7 +162,7 @@ func printLedger(w io.Writer, l wire.TaskLedger) {
 	if rb := l.Rollback; rb != nil {
 		printRollback(w, rb)
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := newTabWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TASK\tNAME\tSTEP\tSTATUS\tDONE\tWAITING\tFORKED")
 	for _, t := range l.Tasks {
 		cur, status, done := "-", "-", 0
@@ -209,7 +208,7 @@ func printTask(w io.Writer, t wire.Task) {
 	if t.Forked != nil {
 		fmt.Fprintf(w, "forked from %s at step %d (%s)\n", t.Forked.Parent, t.Forked.AtStep, t.Forked.StepName)
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := newTabWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "#\tSTEP\tSTATUS\tATTEMPTS\tSTARTED\tENDED\tOUTPUT")
 	ts := func(t time.Time) string {
 		if t.IsZero() {
@@ -240,7 +239,7 @@ func printTask(w io.Writer, t wire.Task) {
 }
 
 func printHistory(w io.Writer, h []wire.TaskChange) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := newTabWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEQ\tTIME\tACTOR\tCHANGE")
 	for _, c := range h {
 		what := c.Op

@@ -3,7 +3,6 @@ package cli
 import (
 	"flag"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -79,7 +78,7 @@ func runTimeline(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, tl)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEQ\tID\tNAME\tMODE\tBYTES\tENTRIES\tHEAD\tCREATED")
 	now := time.Now()
 	for _, ck := range tl.Checkpoints {

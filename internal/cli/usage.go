@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
@@ -40,7 +39,7 @@ func runUsage(e *env, args []string) error {
 		lines, first = rep.Sandboxes, "SANDBOX"
 	}
 	cur := rep.Prices.Currency
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "%s\tCPU-S\tMEM GIB-S\tMEM AVG/PEAK MIB\tRUNNING\tFROZEN\tPAUSED\tSTOPPED\tDISK GIB-H\tRESERVED %s\tACTIVE %s\n", first, cur, cur)
 	for _, l := range lines {
 		name := l.Owner
@@ -80,7 +79,7 @@ func runReport(e *env, args []string) error {
 	if *asJSON {
 		return printJSON(e.stdout, rep)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tID\tOWNER\tSTATE\tAGE\tIDLE\tRESERVED COST\tACTIVE COST")
 	for _, o := range rep.Items {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1fd\t%.1fd\t%.4f\t%.4f\n", o.Kind, o.ID, o.Owner, o.State, o.AgeDays, o.IdleDays, o.CostReserved, o.CostActive)
@@ -142,7 +141,7 @@ func runQuota(e *env, args []string) error {
 		}
 		return fmt.Sprintf("%g/%g", used, v)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	tw := newTabWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "OWNER\tSOURCE\tSANDBOXES\tCPU\tMEMORY MIB\tDISK MIB\tSNAPSHOTS")
 	for _, q := range out {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Owner, q.Source,

@@ -51,6 +51,13 @@ type Config struct {
 	// ActivityRetention is how many activity entries each sandbox keeps
 	// (oldest pruned); 0 = activity.DefaultRetention.
 	ActivityRetention int
+
+	// ClusterToken verifies API replicas' signed requests (`berth node`,
+	// internal/cluster/peer); "" on one host, where any cluster header is
+	// refused. ClusterNode is this host's Node name: sandboxes created with
+	// a replica's id are bound to it (Attrs.Cluster.Node).
+	ClusterToken string
+	ClusterNode  string
 }
 
 // Filesystem is the lifecycle core's view of a sandbox's root filesystem

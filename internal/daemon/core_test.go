@@ -19,9 +19,11 @@ import (
 // expiry, the watch, reconcile after a crash) over fakeNode: no root, no
 // kernel, no sleeps; time moves only when the test moves it.
 
-// assertGone checks that nothing of sandbox id is left on the host.
+// assertGone checks that nothing of sandbox id is left on the host, once
+// the background half of deletes has run.
 func (n *fakeNode) assertGone(id string) {
 	n.t.Helper()
+	n.d.reclaimer.settle()
 	if _, err := n.rt.State(context.Background(), id); !errs.Is(err, errs.NotFound) {
 		n.t.Errorf("container %s still known to the runtime: %v", id, err)
 	}
@@ -202,6 +204,7 @@ func TestCoreExpiry(t *testing.T) {
 		t.Errorf("%s is %s (%s) at its expiry, want stopped: expired", stop.ID, sb.State, sb.Reason)
 	}
 	n.assertHalted(stop.ID)
+	n.d.reclaimer.settle()
 	if _, err := n.st.GetSandbox(ctx, del.ID); !errs.Is(err, errs.NotFound) {
 		t.Errorf("sandbox with expiry action delete still stored: %v", err)
 	}

@@ -119,6 +119,9 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sand
 		}
 		req.Template, req.Attrs = tpl, attrs
 	}
+	if req.ID != "" && !sandbox.ValidID(req.ID) {
+		return nil, errs.Field("id", "must be 1-64 lowercase letters and digits, got %q", req.ID)
+	}
 	tpl, err := d.normalize(ctx, &req)
 	if err != nil {
 		return nil, err
@@ -127,7 +130,11 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sand
 	if err != nil {
 		return nil, err
 	}
-	claimed, hit := claimFromPool(ctx, d.poolSvc, req, tpl)
+	var claimed *sandbox.Sandbox
+	hit := false
+	if req.ID == "" { // a pool member has an id of its own
+		claimed, hit = claimFromPool(ctx, d.poolSvc, req, tpl)
+	}
 	release()
 	if hit { // warm pool hit (pool.go)
 		span.Set(append(trace.Sandbox(claimed), trace.Bool("pool.hit", true))...)
@@ -137,12 +144,22 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sand
 		return nil, err
 	}
 	now := d.cfg.Now()
+	id := req.ID
+	if id == "" {
+		id = sandbox.NewID()
+	}
 	sb := &sandbox.Sandbox{
-		ID: sandbox.NewID(), Owner: req.Owner, Template: tpl.Name, TemplateID: tpl.Fingerprint,
+		ID: id, Owner: req.Owner, Template: tpl.Name, TemplateID: tpl.Fingerprint,
 		Runtime: req.Runtime, State: sandbox.Creating, Labels: req.Labels, Env: withTemplateEnv(tpl, req.Env),
 		Resources: req.Resources, CreatedAt: now, ExpiresAt: now.Add(req.TTL),
 		ExpiryAction: req.ExpiryAction, AutoResume: req.AutoResume,
 		Attrs: checkpoint.WithPinnedLayers(req.Attrs, tpl), // the layers are the sandbox's for life
+	}
+	if req.ID != "" && d.cfg.ClusterNode != "" { // the node agent mirrors and reconciles these
+		sb.Attrs.Cluster.Node = d.cfg.ClusterNode
+		if sb.Attrs.Cluster.BoundAt.IsZero() {
+			sb.Attrs.Cluster.BoundAt = now
+		}
 	}
 	sb.AccessTokenHash = d.auth.EnvdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {
@@ -339,24 +356,4 @@ func (d *Daemon) spec(sb *sandbox.Sandbox, tpl *store.Template, root string) run
 		// The runtime's log is in the bundle dir, which the sandbox never sees.
 		LogPath: filepath.Join(d.SandboxDir(sb.ID), "runtime.log"),
 	}
-}
-
-// halt stops PID 1 and unmounts the filesystem, keeping the workspace image.
-func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
-	d.chans.drop(sb.ID)
-	var errList []error
-	if rt, err := d.RuntimeFor(sb); err == nil {
-		if err := rt.Delete(ctx, sb.ID); err != nil {
-			errList = append(errList, err)
-		}
-	} else {
-		errList = append(errList, err)
-	}
-	if err := d.net.Down(ctx, sb); err != nil {
-		errList = append(errList, err)
-	}
-	if err := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
-		errList = append(errList, err)
-	}
-	return errors.Join(errList...)
 }

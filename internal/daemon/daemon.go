@@ -146,6 +146,8 @@ type Daemon struct {
 	effects *effects.Service  // the side-effect ledger (effects.go)
 	leases  *leases.Service   // credential leases (leases.go)
 
+	reclaimer *reclaimer // the background half of deletes (teardown.go)
+
 	// bg is the daemon's lifetime: sandboxes and background loops live on it,
 	// never on a request's context.
 	bg     context.Context
@@ -199,6 +201,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		locks:  map[string]*sync.Mutex{},
 		bg:     bg, cancel: cancel,
 	}
+	d.auth.SetClusterToken(cfg.ClusterToken) // "" on one host: cluster headers refused
 	wireCore(d, chanKey)
 	if d.audit, err = newAudit(d); err != nil {
 		return nil, err
@@ -230,6 +233,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.lineage.SetCheckpoints(d.tl) // `berth diff A --checkpoint C`
 	d.notes = notes.New(notesCore{d}, st, notes.Config{Log: cfg.Log, Now: cfg.Now})
 	d.hooks.Register("notes", d.notes)
+	d.reclaimer = startReclaimer(d) // last: an error above must leave no worker behind
 	return d, nil
 }
 
@@ -270,6 +274,11 @@ func (d *Daemon) Timeline() *timeline.Service { return d.tl }
 // Close stops background loops. Sandboxes keep running: a daemon restart
 // reconciles and adopts them.
 func (d *Daemon) Close() {
+	// Deletes already answered finish first, at most reclaimDrain; the
+	// next start's Reconcile finishes any left.
+	if !d.reclaimer.close(reclaimDrain) {
+		d.log.Warn("teardowns of deleted sandboxes left for the next start", "bound", reclaimDrain.String())
+	}
 	d.cancel()
 	d.wg.Wait()
 	d.net.Release()

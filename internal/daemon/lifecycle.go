@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"os"
 	"slices"
 	"time"
 
@@ -109,45 +108,55 @@ func (d *Daemon) Start(ctx context.Context, owner, id, actor string) (*sandbox.S
 }
 
 // Delete removes every trace of a sandbox on the host: processes, mounts,
-// cgroups, sockets, directories. The record is kept as an event trail.
+// cgroups, sockets, directories. The record is kept as an event trail. It
+// answers once the sandbox is recorded as deleted and its processes are
+// dead; the rest of the teardown finishes in the background (teardown.go).
 func (d *Daemon) Delete(ctx context.Context, owner, id string) error {
 	return d.delete(ctx, owner, id, owner, "deleted")
 }
 
+// DeleteAs is Delete as the admin by actor, whose reason the events
+// record (cluster mode's node agent deleting a sandbox whose object is
+// gone or lost).
+func (d *Daemon) DeleteAs(ctx context.Context, id, actor, reason string) error {
+	return d.delete(ctx, "", id, actor, reason)
+}
+
 func (d *Daemon) delete(ctx context.Context, owner, id, actor, reason string) error {
+	ph := startPhases()
+	// Looked up before the lock too: a sandbox already deleted answers
+	// not_found at once, not after its background teardown (which holds
+	// the lock).
+	if _, err := d.Visible(ctx, owner, id); err != nil {
+		return err
+	}
 	unlock := d.Lock(id)
 	defer unlock()
 	sb, err := d.Visible(ctx, owner, id)
 	if err != nil {
 		return err
 	}
+	ph.mark("lock_ms")
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
 	d.merges.TargetDeleted(tctx, id) // its open merge is aborted (internal/merges)
-	if err := d.destroy(tctx, sb); err != nil {
+	ph.mark("merges_ms")
+	if _, err := d.endProcesses(tctx, sb); err != nil {
 		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "delete sandbox %s", id)
 	}
+	ph.mark("kill_ms")
+	// From here the daemon owes the teardown, across a crash too
+	// (Reconcile finishes a deleted row).
 	if _, err := d.Transition(tctx, id, sandbox.Deleted, actor, reason, "", nil); err != nil {
 		return err
 	}
-	if err := d.tl.Forget(tctx, id); err != nil { // its checkpoints and their layers
-		d.log.Warn("forget timeline", "sandbox_id", id, "err", err)
+	ph.mark("transition_ms")
+	if !d.reclaimer.enqueue(sb) {
+		d.reclaim(d.bg, sb) // queue full or closing: this delete does it
+		ph.mark("inline_teardown_ms")
 	}
-	d.locksMu.Lock()
-	delete(d.locks, id)
-	d.locksMu.Unlock()
-	return d.store.DeleteSandbox(tctx, id)
-}
-
-// destroy halts a sandbox and removes its directory.
-func (d *Daemon) destroy(ctx context.Context, sb *sandbox.Sandbox) error {
-	if err := d.halt(ctx, sb); err != nil {
-		return err
-	}
-	if err := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
-		return err
-	}
-	return os.RemoveAll(d.SandboxDir(sb.ID))
+	ph.log(ctx, d.log, "sandbox deleted", "sandbox_id", id, "runtime", sb.Runtime)
+	return nil
 }
 
 // SetExpiry moves a sandbox's expiry (shorter or longer, capped at the server maximum).

@@ -11,6 +11,11 @@ import (
 // CreateRequest is everything a caller may ask for at create time. Zero
 // values mean "server default".
 type CreateRequest struct {
+	// ID is the sandbox's id when the caller chose it (cluster mode: the
+	// Sandbox object's name, from a replica's signed request); "" = a new one.
+	// A sandbox made with one is bound to Config.ClusterNode and never
+	// comes from a warm pool (a member has an id of its own).
+	ID           string
 	Owner        string
 	Actor        string // who asked (owner name, "e2b", "reaper", ...), for events
 	Template     string // template name; "" = server default ("default")

@@ -2,12 +2,12 @@ package e2b
 
 import (
 	"net/http"
-	"regexp"
 	"strconv"
 	"time"
 
 	"github.com/berth-dev/berth/internal/audit"
 	"github.com/berth-dev/berth/internal/httpx"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 )
 
 // audited runs an authenticated control-plane request and appends one
@@ -34,4 +34,4 @@ func (s *Server) audited(w http.ResponseWriter, r *http.Request, owner string, h
 		Data: map[string]string{"surface": "e2b", "method": r.Method, "route": r.Pattern, "status": strconv.Itoa(status)}})
 }
 
-var sandboxIDRe = regexp.MustCompile(`"sandboxID":\s*"([a-z0-9]{1,64})"`)
+var sandboxIDRe = lazyregexp.New(`"sandboxID":\s*"([a-z0-9]{1,64})"`)

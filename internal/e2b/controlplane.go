@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/httpx"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -51,6 +52,15 @@ func notImplemented(w http.ResponseWriter, r *http.Request) {
 
 type ownerKey struct{}
 
+// principalKey holds the whole principal (a replica's signed request is
+// the only one that may choose a sandbox's id: auth.GivenSandboxID).
+type principalKey struct{}
+
+func principalFrom(ctx context.Context) auth.Principal {
+	p, _ := ctx.Value(principalKey{}).(auth.Principal)
+	return p
+}
+
 func ownerFrom(ctx context.Context) string {
 	o, _ := ctx.Value(ownerKey{}).(string)
 	return o
@@ -59,18 +69,28 @@ func ownerFrom(ctx context.Context) string {
 // authed resolves X-API-KEY to an owner.
 func (s *Server) authed(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// An API replica's signed request acts as the principal it names
+		// (cluster mode); with no cluster headers, the key decides.
+		p, cluster, err := s.d.Auth().ClusterPrincipal(r)
 		key := r.Header.Get(headerAPIKey)
-		if key == "" {
-			writeStatus(w, http.StatusUnauthorized, "missing X-API-KEY header")
-			return
+		if err == nil && !cluster {
+			if key == "" {
+				writeStatus(w, http.StatusUnauthorized, "missing X-API-KEY header")
+				return
+			}
+			p, err = s.d.Auth().Authenticate(r.Context(), key)
 		}
-		p, err := s.d.Auth().Authenticate(r.Context(), key)
+		if err == nil && p.Owner == "" {
+			// An owner "" would be the daemon's every-owner view; E2B has none.
+			err = errs.E(errs.Unauthenticated, "a cluster request to the E2B API must name an owner")
+		}
 		if err != nil {
 			s.writeAPIError(w, r, err)
 			return
 		}
 		// E2B has no admin view: even the admin key sees its own sandboxes.
-		s.audited(w, r.WithContext(context.WithValue(r.Context(), ownerKey{}, p.Owner)), p.Owner, h) // audit.go
+		ctx := context.WithValue(context.WithValue(r.Context(), ownerKey{}, p.Owner), principalKey{}, p)
+		s.audited(w, r.WithContext(ctx), p.Owner, h) // audit.go
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
@@ -164,6 +165,9 @@ func (s *Server) handleCreate(v2 bool) http.HandlerFunc {
 			return
 		}
 		req, err := s.createRequest(ownerFrom(r.Context()), body, v2)
+		if err == nil {
+			req.ID, err = auth.GivenSandboxID(r, principalFrom(r.Context()))
+		}
 		if err == nil {
 			err = s.createFromSnapshot(r.Context(), body.TemplateID, &req)
 		}

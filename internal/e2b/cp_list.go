@@ -16,6 +16,10 @@ const maxListLimit = 100
 
 // listFilter translates the GET /v2/sandboxes query (§3.5).
 func (s *Server) listFilter(owner string, q url.Values) (daemon.ListFilter, error) {
+	return listFilterFor(owner, s.opts.BaseTemplate, q)
+}
+
+func listFilterFor(owner, baseTemplate string, q url.Values) (daemon.ListFilter, error) {
 	f := daemon.ListFilter{Owner: owner, Limit: maxListLimit, Order: "desc"}
 	var states []string
 	for _, v := range q["state"] {
@@ -52,7 +56,7 @@ func (s *Server) listFilter(owner string, q url.Values) (daemon.ListFilter, erro
 	}
 	if v := q.Get("template"); v != "" {
 		if v == "base" {
-			v = s.opts.BaseTemplate
+			v = baseTemplate
 		}
 		f.Template = v
 	}

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
@@ -143,6 +144,15 @@ func publicPort(sb *sandbox.Sandbox, port string, hostRouted bool) bool {
 // of them is stripped before the request is relayed (portProxy), so none
 // reaches the sandbox.
 func (s *Server) authorizePort(ctx context.Context, r *http.Request, sb *sandbox.Sandbox, keyOK bool) error {
+	// A replica's signed request stands for the owner's key (cluster mode).
+	if p, ok, err := s.d.Auth().ClusterPrincipal(r); err != nil {
+		return err
+	} else if ok && keyOK {
+		if p.Admin || p.Owner == sb.Owner {
+			return nil
+		}
+		return errors.New("the cluster principal does not grant sandbox " + strconv.Quote(sb.ID) + " (only its owner does)")
+	}
 	if key := r.Header.Get(headerAPIKey); key != "" && keyOK {
 		p, err := s.d.Auth().Authenticate(ctx, key)
 		if err == nil && (p.Admin || p.Owner == sb.Owner) {
@@ -201,6 +211,7 @@ func (s *Server) portProxy() http.Handler {
 				for _, h := range []string{headerSandboxID, headerSandboxPort, headerAccessToken, headerTrafficToken, headerAPIKey} {
 					out.Header.Del(h)
 				}
+				peer.Strip(out.Header) // the cluster token never reaches a sandbox
 				pr.SetXForwarded()
 			},
 			Transport: transport,

@@ -333,6 +333,25 @@ func TestPortsAuthorize(t *testing.T) {
 			}
 		})
 	}
+	// A replica's signed principal (cluster mode) stands for a key.
+	for _, tc := range []struct {
+		name string
+		p    auth.Principal
+		id   string
+		kind errs.Kind
+	}{
+		{"cluster owner", auth.Principal{Owner: "alice", Cluster: true}, "sb1", 0},
+		{"cluster admin", auth.Principal{Admin: true, Cluster: true}, "sb1", 0},
+		{"cluster other tenant", auth.Principal{Owner: "bob", Cluster: true}, "sb1", errs.PermissionDenied},
+		{"cluster, not running", auth.Principal{Owner: "alice", Cluster: true}, "sb2", errs.Unavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := h.AuthorizePortAs(ctx, tc.p, tc.id, "8080")
+			if tc.kind == 0 && err != nil || tc.kind != 0 && !errs.Is(err, tc.kind) {
+				t.Errorf("AuthorizePortAs = %v, want kind %v", err, tc.kind)
+			}
+		})
+	}
 	// Exposing again replaces the token.
 	if _, tok2, err := h.ExposePort(ctx, "alice", "sb1", 8080, true); err != nil || tok2 == tok {
 		t.Fatalf("re-expose: %q, %v", tok2, err)

@@ -129,6 +129,16 @@ func (h *Service) Ports(ctx context.Context, owner, id string) ([]PortInfo, erro
 // the owner's (or the admin) API key, or the port's token. A port that is
 // not exposed, or a sandbox the caller cannot see, is NotFound.
 func (h *Service) AuthorizePort(ctx context.Context, apiKey, token, id, port string) error {
+	return h.authorizePort(ctx, nil, apiKey, token, id, port)
+}
+
+// AuthorizePortAs is AuthorizePort for a caller already authenticated as
+// p (cluster mode: an API replica's signed request): its owner or the admin.
+func (h *Service) AuthorizePortAs(ctx context.Context, p auth.Principal, id, port string) error {
+	return h.authorizePort(ctx, &p, "", "", id, port)
+}
+
+func (h *Service) authorizePort(ctx context.Context, caller *auth.Principal, apiKey, token, id, port string) error {
 	n, err := parsePort(port)
 	if err != nil {
 		return err
@@ -140,6 +150,12 @@ func (h *Service) AuthorizePort(ctx context.Context, apiKey, token, id, port str
 	e, ok := portEntries(sb)[strconv.Itoa(n)]
 	if !ok {
 		return errs.E(errs.NotFound, "port %d of sandbox %s is not exposed", n, id)
+	}
+	if caller != nil {
+		if caller.Admin || caller.Owner == sb.Owner {
+			return h.portReady(sb)
+		}
+		return errs.E(errs.PermissionDenied, "%s may not reach port %d of sandbox %s", caller.Owner, n, id)
 	}
 	if apiKey != "" {
 		if p, err := h.authn.Authenticate(ctx, apiKey); err == nil && (p.Admin || p.Owner == sb.Owner) {

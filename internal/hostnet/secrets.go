@@ -2,11 +2,11 @@ package hostnet
 
 import (
 	"context"
-	"regexp"
 	"time"
 
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -24,7 +24,7 @@ type SecretInfo struct {
 const DefaultSecretHeader = "Authorization: Bearer {{value}}"
 
 // A secret's name is the env var that holds its placeholder in a sandbox.
-var secretNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+var secretNameRe = lazyregexp.New(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
 
 func secretAAD(owner, name string) []byte { return []byte(owner + "/" + name) }
 

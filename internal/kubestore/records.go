@@ -31,7 +31,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"regexp"
 	"strconv"
 	"sync"
 	"time"
@@ -39,6 +38,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 )
 
 // Store is the Kubernetes-backed store of one namespace.
@@ -83,7 +83,7 @@ func Open(ctx context.Context, kc *kube.Client, ns string) (*Store, error) {
 // Close releases nothing: the API server holds the state.
 func (s *Store) Close() error { return nil }
 
-var labelValueRe = regexp.MustCompile(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)
+var labelValueRe = lazyregexp.New(`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`)
 
 // LabelValue is v in a form a label value may take: v itself when it is
 // one (≤ 63 characters of the allowed set), else "h." and a hash. Selecting

@@ -120,6 +120,10 @@ type Manager struct {
 	sbs   map[string]*record
 	moved map[string]string // Reattached
 	lost  map[string]string
+	gen   uint64 // changes of sbs that a ruleset load must render (loads.go)
+
+	nftMu sync.Mutex // one ruleset load at a time, in order (loads.go)
+	loads *loads
 }
 
 // record is one attached sandbox, persisted in StateDir/network.json.
@@ -147,7 +151,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := checkPlanConfig(plan); err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, err, "network config")
 	}
-	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}, moved: map[string]string{}, lost: map[string]string{}}
+	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}, moved: map[string]string{}, lost: map[string]string{}, loads: newLoads()}
 	b, err := os.ReadFile(m.statePath())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -203,24 +207,44 @@ func (m *Manager) Setup(ctx context.Context) error {
 
 // Attach creates the sandbox's namespace, veth, address, route and rules.
 // On error nothing is left behind.
-func (m *Manager) Attach(ctx context.Context, id string, pol Policy) (att Attachment, err error) {
-	if !sandbox.ValidID(id) {
-		return Attachment{}, errs.Field("sandbox_id", "%q is not a sandbox id", id)
-	}
-	if err := pol.Validate(); err != nil {
+func (m *Manager) Attach(ctx context.Context, id string, pol Policy) (Attachment, error) {
+	att, gen, err := m.attach(ctx, id, pol)
+	if err != nil {
 		return Attachment{}, err
 	}
+	// The ruleset with this sandbox in it, loaded with the changes of
+	// the attaches and detaches beside it (loads.go).
+	if err := m.sync(ctx, gen); err != nil {
+		m.mu.Lock()
+		derr := m.detachLocked(ctx, id)
+		dgen := m.changedLocked()
+		m.mu.Unlock()
+		return Attachment{}, errors.Join(err, derr, m.sync(ctx, dgen))
+	}
+	m.log.Info("network attached", "sandbox_id", id, "ip", att.IP.String(), "mode", string(pol.Mode))
+	return att, nil
+}
+
+// attach is Attach up to the ruleset load, under m.mu; gen is the change
+// that load must render.
+func (m *Manager) attach(ctx context.Context, id string, pol Policy) (att Attachment, gen uint64, err error) {
+	if !sandbox.ValidID(id) {
+		return Attachment{}, 0, errs.Field("sandbox_id", "%q is not a sandbox id", id)
+	}
+	if err := pol.Validate(); err != nil {
+		return Attachment{}, 0, err
+	}
 	if m.cfg.Egress == nil {
-		return Attachment{}, errs.E(errs.FailedPrecondition, "network: no egress proxy configured")
+		return Attachment{}, 0, errs.E(errs.FailedPrecondition, "network: no egress proxy configured")
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.sbs[id]; ok {
-		return Attachment{}, errs.E(errs.AlreadyExists, "sandbox %s already has a network", id)
+		return Attachment{}, 0, errs.E(errs.AlreadyExists, "sandbox %s already has a network", id)
 	}
 	ip, err := m.allocLocked()
 	if err != nil {
-		return Attachment{}, err
+		return Attachment{}, 0, err
 	}
 	r := &record{IP: ip, Veth: m.vethName(id), Policy: pol}
 	// Intent first: after a crash, Reconcile finds and removes what follows.
@@ -229,29 +253,25 @@ func (m *Manager) Attach(ctx context.Context, id string, pol Policy) (att Attach
 	defer cleanup.Unwind(ctx, 30*time.Second, &err)
 	cleanup.Push(func(context.Context) error { delete(m.sbs, id); return m.saveLocked() })
 	if err = m.saveLocked(); err != nil {
-		return Attachment{}, err
+		return Attachment{}, 0, err
 	}
 	nsPath := m.netnsPath(id)
 	if err = createNetns(ctx, nsPath); err != nil {
-		return Attachment{}, err
+		return Attachment{}, 0, err
 	}
 	cleanup.Push(func(context.Context) error { return deleteNetns(nsPath) })
 	if err = createVeth(ctx, r.Veth, nsPath, m.cfg.BridgeName); err != nil {
-		return Attachment{}, err
+		return Attachment{}, 0, err
 	}
 	cleanup.Push(func(ctx context.Context) error { return deleteLink(ctx, r.Veth) })
 	if err = configureInside(ctx, nsPath, netip.PrefixFrom(ip, m.cfg.Subnet.Bits()), m.cfg.Gateway()); err != nil {
-		return Attachment{}, err
+		return Attachment{}, 0, err
 	}
 	if err = m.cfg.Egress.SetSandbox(id, ip, pol); err != nil {
-		return Attachment{}, err
+		return Attachment{}, 0, err
 	}
 	cleanup.Push(func(context.Context) error { m.cfg.Egress.RemoveSandbox(id); return nil })
-	if err = m.applyLocked(ctx); err != nil {
-		return Attachment{}, err
-	}
-	m.log.Info("network attached", "sandbox_id", id, "ip", ip.String(), "mode", string(pol.Mode))
-	return m.attachmentLocked(id, r), nil
+	return m.attachmentLocked(id, r), m.changedLocked(), nil
 }
 
 // Get returns the attachment of a sandbox.
@@ -303,9 +323,15 @@ func (m *Manager) UpdatePolicy(ctx context.Context, id string, pol Policy) error
 // not an error.
 func (m *Manager) Detach(ctx context.Context, id string) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.detachLocked(ctx, id)
+	err := m.detachLocked(ctx, id)
+	gen := m.changedLocked()
+	m.mu.Unlock()
+	return errors.Join(err, m.sync(ctx, gen))
 }
+
+// detachLocked removes a sandbox's attachment; the ruleset without it is
+// loaded by the caller (Detach's sync, Reconcile's final load, Teardown's
+// removal of the tables).
 
 func (m *Manager) detachLocked(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -317,7 +343,7 @@ func (m *Manager) detachLocked(ctx context.Context, id string) error {
 	var errList []error
 	if known {
 		delete(m.sbs, id)
-		errList = append(errList, m.applyLocked(ctx), deleteLink(ctx, r.Veth))
+		errList = append(errList, deleteLink(ctx, r.Veth))
 	} else {
 		errList = append(errList, deleteLink(ctx, m.vethName(id)))
 	}
@@ -407,16 +433,27 @@ func DialSandbox(ctx context.Context, sandboxIP netip.Addr, port uint16) (net.Co
 	return c, nil
 }
 
+// applyLocked loads the ruleset of the current state at once, in order
+// with the group-committed loads (loads.go).
 func (m *Manager) applyLocked(ctx context.Context) error {
+	script, err := m.planLocked()
+	if err != nil {
+		return err
+	}
+	m.nftMu.Lock()
+	err = nftApply(ctx, script)
+	m.nftMu.Unlock()
+	m.loads.note(m.gen, err)
+	return err
+}
+
+// planLocked renders the ruleset of every attached sandbox.
+func (m *Manager) planLocked() (string, error) {
 	sbs := make([]SandboxNet, 0, len(m.sbs))
 	for id, r := range m.sbs {
 		sbs = append(sbs, SandboxNet{ID: id, IP: r.IP, Veth: r.Veth, Policy: r.Policy})
 	}
-	script, err := Plan(m.plan, sbs)
-	if err != nil {
-		return err
-	}
-	return nftApply(ctx, script)
+	return Plan(m.plan, sbs)
 }
 
 // allocLocked picks the lowest free address after the gateway.

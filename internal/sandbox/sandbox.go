@@ -2,13 +2,13 @@ package sandbox
 
 import (
 	"crypto/rand"
-	"regexp"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 )
 
 // ExpiryAction is what happens when a sandbox reaches its expiry.
@@ -101,7 +101,7 @@ func NewID() string {
 	return string(out)
 }
 
-var idRe = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+var idRe = lazyregexp.New(`^[a-z0-9]{1,64}$`)
 
 // ValidID reports whether s is syntactically a sandbox id.
 func ValidID(s string) bool { return idRe.MatchString(s) }

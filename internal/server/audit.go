@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"net/http"
-	"regexp"
 	"strconv"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/httpx"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -69,7 +69,7 @@ func (s *Server) audited(pattern string, h handler, w http.ResponseWriter, r *ht
 	return err
 }
 
-var createdIDRe = regexp.MustCompile(`"id":\s*"([a-z0-9]{1,64})"`)
+var createdIDRe = lazyregexp.New(`"id":\s*"([a-z0-9]{1,64})"`)
 
 // createdID is the id in the first bytes of a create's answer.
 func createdID(w *httpx.Recorder) string {

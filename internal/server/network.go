@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
 )
@@ -157,7 +158,14 @@ func (s netAPI) portProxy(w http.ResponseWriter, r *http.Request) {
 		token = r.Header.Get(portTokenHeader)
 	}
 	key := apiKey(r)
-	if err := s.d.Net().AuthorizePort(r.Context(), key, token, id, port); err != nil {
+	// A replica's signed request is authorized as its principal (cluster mode).
+	cp, cluster, err := s.d.Auth().ClusterPrincipal(r)
+	if err == nil && cluster {
+		err = s.d.Net().AuthorizePortAs(r.Context(), cp, id, port)
+	} else if err == nil {
+		err = s.d.Net().AuthorizePort(r.Context(), key, token, id, port)
+	}
+	if err != nil {
 		writeError(w, err)
 		return
 	}
@@ -174,6 +182,7 @@ func (s netAPI) portProxy(w http.ResponseWriter, r *http.Request) {
 			out.Host = pr.In.Host
 			out.Header.Del("X-API-Key")
 			out.Header.Del(portTokenHeader)
+			peer.Strip(out.Header) // the cluster token never reaches a sandbox
 			if key != "" && strings.HasPrefix(out.Header.Get("Authorization"), "Bearer "+key) {
 				out.Header.Del("Authorization")
 			}

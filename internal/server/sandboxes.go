@@ -54,8 +54,12 @@ func (s sandboxAPI) createSandbox(w http.ResponseWriter, r *http.Request, p daem
 	if err != nil || leaseTTL < 0 {
 		return errs.Field("lease_ttl", "must be a positive duration like 30m, 2h or 1d, got %q", req.LeaseTTL)
 	}
+	id, err := auth.GivenSandboxID(r, p) // a replica's choice (cluster mode)
+	if err != nil {
+		return err
+	}
 	sb, err := s.d.Create(r.Context(), daemon.CreateRequest{
-		Owner: own, Actor: p.Owner, Template: req.Template, Runtime: req.Runtime, TTL: ttl,
+		ID: id, Owner: own, Actor: p.Owner, Template: req.Template, Runtime: req.Runtime, TTL: ttl,
 		ExpiryAction: sandbox.ExpiryAction(req.ExpiryAction),
 		Resources: sandbox.Resources{CPUMillis: int(req.CPU * 1000), MemoryMiB: req.MemoryMiB,
 			DiskMiB: req.DiskMiB, Pids: req.Pids},

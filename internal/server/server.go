@@ -216,6 +216,11 @@ func (s *Server) authenticate(r *http.Request) (daemon.Principal, error) {
 	if p, ok := selfPrincipal(r); ok { // from inside a sandbox (ServeSelf, self.go)
 		return p, nil
 	}
+	// An API replica's signed request acts as the principal it names;
+	// cluster headers that do not verify are refused (auth/cluster.go).
+	if p, ok, err := s.d.Auth().ClusterPrincipal(r); err != nil || ok {
+		return p, err
+	}
 	key := apiKey(r)
 	if key == "" {
 		k, err := s.d.Console().Authorize(r)

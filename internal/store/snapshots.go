@@ -4,10 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"regexp"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 )
 
 // Snapshot is an immutable capture of a sandbox: its filesystem as a new
@@ -27,7 +27,7 @@ type Snapshot struct {
 	Extra         map[string]string
 }
 
-var snapshotIDRe = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+var snapshotIDRe = lazyregexp.New(`^[a-z0-9]{1,64}$`)
 
 const snapshotCols = `id, owner, name, source_sandbox, template, template_id, runtime, layers, memory_path, created_at, extra`
 

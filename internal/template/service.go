@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"regexp"
 	"strings"
 	"sync"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -93,7 +93,7 @@ func (s *Service) store() store.Store { return s.core.Store() }
 
 func (s *Service) work() *templateWork { return &s.tplWork }
 
-var templateNameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var templateNameRe = lazyregexp.New(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
 // ValidName checks a template name.
 func ValidName(name string) error {

@@ -15,12 +15,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 )
 
 // Store is the content-addressed layer store under <dataDir>/layers.
@@ -58,7 +58,7 @@ type Layer struct {
 
 const tmpPrefix = ".tmp-"
 
-var digestRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+var digestRE = lazyregexp.New(`^[0-9a-f]{64}$`)
 
 // ValidateDigest checks a layer digest: 64 lowercase hex characters (no
 // "sha256:" prefix).

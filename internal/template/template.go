@@ -13,11 +13,11 @@ package template
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -73,7 +73,7 @@ const (
 	PhaseCached    = "cached"
 )
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var nameRE = lazyregexp.New(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
 // ValidateName checks a template name: 1–63 chars of lowercase letters,
 // digits, '.', '_' and '-', starting with a letter or digit.

@@ -1,12 +1,12 @@
 package timeline
 
 import (
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -18,7 +18,7 @@ const (
 	ModeFiles  = "files"  // files only
 )
 
-var nameRe = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+var nameRe = lazyregexp.New(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
 // validName checks a checkpoint name: 1-63 chars of lowercase letters,
 // digits, '.', '_', '-', not all digits (a number names a seq).

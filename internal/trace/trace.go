@@ -22,7 +22,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -88,9 +87,9 @@ func Start(ctx context.Context, endpoint string, attrs ...attribute.KeyValue) (s
 	if err != nil {
 		return nil, err
 	}
-	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(u))
+	exp, err := newOTLPExporter(u) // otlp.go
 	if err != nil {
-		return nil, errs.Wrap(errs.InvalidArgument, err, "otlp_endpoint")
+		return nil, err
 	}
 	res, err := resource.Merge(resource.Default(),
 		resource.NewSchemaless(append([]attribute.KeyValue{attribute.String("service.name", ServiceName)}, attrs...)...))

@@ -26,7 +26,7 @@ func TestBenchSelf(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "bench", "--self", "--runs", "3", "--runtime", "runc",
-		"--only", "create-cold,exec-rtt,throughput,pause-freeze", "--json", out)
+		"--only", "create-cold,exec-rtt,delete,throughput,pause-freeze", "--json", out)
 	cmd.Env = append(os.Environ(), "BERTH_URL=http://127.0.0.1:1", "BERTH_API_KEY=unused")
 	b, err := cmd.CombinedOutput()
 	if err != nil {
@@ -52,7 +52,7 @@ func TestBenchSelf(t *testing.T) {
 	for _, m := range rep.Metrics {
 		got[m.Name] = m
 	}
-	for name, wantBaseline := range map[string]bool{"create-cold": true, "exec-rtt": true, "throughput": false,
+	for name, wantBaseline := range map[string]bool{"create-cold": true, "exec-rtt": true, "delete": true, "throughput": false,
 		"pause-freeze": false, "resume-freeze": false} {
 		m, ok := got[name]
 		if !ok {
@@ -71,7 +71,7 @@ func TestBenchSelf(t *testing.T) {
 		}
 	}
 	for _, m := range rep.Metrics {
-		if !slices.Contains([]string{"create-cold", "exec-rtt", "throughput", "pause-freeze", "resume-freeze"}, m.Name) {
+		if !slices.Contains([]string{"create-cold", "exec-rtt", "delete", "throughput", "pause-freeze", "resume-freeze"}, m.Name) {
 			t.Errorf("unselected metric %s measured", m.Name)
 		}
 	}

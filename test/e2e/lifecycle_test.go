@@ -129,6 +129,7 @@ func TestLifecycleThroughCLI(t *testing.T) {
 		if _, code := s.run("inspect", id); code != 3 {
 			t.Fatalf("inspect after rm: exit %d, want 3", code)
 		}
+		s.settled(id) // the teardown ends after the answer
 		if _, err := os.Stat(filepath.Join(s.dataDir, "sandboxes", id)); !os.IsNotExist(err) {
 			t.Fatalf("sandbox dir still there: %v", err)
 		}

@@ -157,9 +157,12 @@ func TestSandboxKeepsItsLayers(t *testing.T) {
 	}
 
 	// Deleted, they release their layers; the template's current ones stay.
+	var gone []string
 	for _, id := range ids {
 		s.must("rm", "-f", id)
+		gone = append(gone, id)
 	}
+	s.settled(gone...) // their overlays are unmounted after the answer
 	collectLayers(t, s)
 	current := map[string]bool{}
 	for _, dg := range templateLayers(t, s, "pinned") {

@@ -275,12 +275,17 @@ func TestTimelineQuotaAndDelete(t *testing.T) {
 		t.Fatalf("%d delta layers stored for 2 checkpoints", added)
 	}
 	s.must("rm", id)
-	if after := dirNames(t, filepath.Join(s.dataDir, "layers")); strings.Join(after, ",") != strings.Join(layersBefore, ",") {
-		t.Errorf("layers after deleting the sandbox: %v, before its checkpoints: %v", after, layersBefore)
-	}
-	if left := dirNames(t, filepath.Join(s.dataDir, "checkpoints")); len(left) != 0 {
-		t.Errorf("checkpoint dirs left: %v", left)
-	}
+	// The checkpoints go with the rest of the teardown, after the answer
+	// (internal/daemon/teardown.go).
+	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+		if after := dirNames(t, filepath.Join(s.dataDir, "layers")); strings.Join(after, ",") != strings.Join(layersBefore, ",") {
+			return fmt.Errorf("layers after deleting the sandbox: %v, before its checkpoints: %v", after, layersBefore)
+		}
+		if left := dirNames(t, filepath.Join(s.dataDir, "checkpoints")); len(left) != 0 {
+			return fmt.Errorf("checkpoint dirs left: %v", left)
+		}
+		return nil
+	})
 	if code, _ := s.api(s.key, "GET", "/v1/sandboxes/"+id+"/checkpoints", nil); code != 404 {
 		t.Errorf("timeline of a deleted sandbox: %d", code)
 	}

@@ -2,13 +2,13 @@ package oci
 
 import (
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/runtime"
 )
 
@@ -52,7 +52,7 @@ var readonlyPaths = []string{
 
 // idPattern is the sandbox id alphabet (sandbox package: lowercase letters
 // and digits); runsc and cgroup paths need nothing more.
-var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+var idPattern = lazyregexp.New(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 // CgroupPath is the cgroup (v1: under every controller's mount) of a sandbox.
 // Absolute, so it does not depend on the daemon's own cgroup.
