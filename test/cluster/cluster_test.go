@@ -337,7 +337,10 @@ func TestCluster(t *testing.T) {
 		if len(still) > 0 {
 			return fmt.Errorf("%s still has %d lost sandboxes locally: %v", victim, len(still), still)
 		}
-		containers := vn.runtimeContainers(t)
+		containers, err := vn.runtimeContainers()
+		if err != nil {
+			return err
+		}
 		for _, id := range lostIDs {
 			for _, ctr := range containers {
 				if strings.Contains(ctr, id) {
@@ -391,7 +394,11 @@ func TestCluster(t *testing.T) {
 			if l := localIDs(t, n); len(l) > 0 {
 				return fmt.Errorf("%s still runs %d sandboxes", n.name, len(l))
 			}
-			if ctrs := n.runtimeContainers(t); len(ctrs) > 0 {
+			ctrs, err := n.runtimeContainers()
+			if err != nil {
+				return err
+			}
+			if len(ctrs) > 0 {
 				return fmt.Errorf("%s: runc still lists %v", n.name, ctrs)
 			}
 		}

@@ -249,17 +249,22 @@ func (n *node) setArgs(kubeconfig string) {
 
 const leaseDuration = 6 * time.Second
 
-// runtimeContainers lists the runc containers under the node's data dir.
-func (n *node) runtimeContainers(t *testing.T) []string {
-	t.Helper()
-	out, err := exec.Command("runc", "--root", filepath.Join(n.dataDir, "runtime", "runc"), "list", "-q").Output()
-	if err != nil && !os.IsNotExist(err) {
-		if _, serr := os.Stat(filepath.Join(n.dataDir, "runtime", "runc")); serr != nil {
-			return nil
-		}
-		t.Fatalf("runc list: %v", err)
+// runtimeContainers lists the runc containers under the node's data dir
+// (none before runc made its root). runc list can fail while a container
+// is being deleted under it: callers waiting for a state retry on error.
+func (n *node) runtimeContainers() ([]string, error) {
+	root := filepath.Join(n.dataDir, "runtime", "runc")
+	if _, err := os.Stat(root); err != nil {
+		return nil, nil
 	}
-	return strings.Fields(string(out))
+	var stderr strings.Builder
+	cmd := exec.Command("runc", "--root", root, "list", "-q")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("runc list on %s: %v: %s", n.name, err, stderr.String())
+	}
+	return strings.Fields(string(out)), nil
 }
 
 // cleanup deletes whatever containers and mounts the node left (a failed
@@ -271,7 +276,8 @@ func (n *node) cleanup(t *testing.T) {
 		t.Logf("== %s log:\n%s", n.name, n.tail())
 	}
 	root := filepath.Join(n.dataDir, "runtime", "runc")
-	for _, c := range n.runtimeContainers(t) {
+	ctrs, _ := n.runtimeContainers()
+	for _, c := range ctrs {
 		_ = exec.Command("runc", "--root", root, "delete", "--force", c).Run()
 	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
