@@ -92,7 +92,7 @@ type SandboxSpec struct {
 
 // NetworkPolicy is a sandbox's egress policy.
 type NetworkPolicy struct {
-	Mode    string   `json:"mode,omitempty"` // none | allowlist | open
+	Mode    string   `json:"mode,omitempty"` // egress.Mode: deny-all | allow-all | rules
 	Allow   []string `json:"allow,omitempty"`
 	Deny    []string `json:"deny,omitempty"`
 	Secrets []string `json:"secrets,omitempty"`

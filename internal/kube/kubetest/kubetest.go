@@ -169,7 +169,10 @@ func Start(opts Options) (_ *Server, err error) {
 		"--authorization-mode", "RBAC", "--anonymous-auth=false",
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", saPub, "--service-account-signing-key-file", saKey,
-		"--service-cluster-ip-range", "10.0.0.0/24", "--disable-admission-plugins", "ServiceAccount")
+		"--service-cluster-ip-range", "10.0.0.0/24", "--disable-admission-plugins", "ServiceAccount",
+		// As every real cluster's (kubeadm, kind, managed ones): berth's
+		// node DaemonSet is privileged, and its dry run must be judged so.
+		"--allow-privileged=true")
 	s.Config = kube.Config{Server: fmt.Sprintf("https://127.0.0.1:%d", secure), Token: AdminToken, Insecure: true, Namespace: "default"}
 	if s.Client, err = kube.New(s.Config); err != nil {
 		return nil, err
