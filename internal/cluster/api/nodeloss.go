@@ -76,6 +76,9 @@ func (r *Replica) DetectLoss(ctx context.Context) error {
 			errList = append(errList, err)
 		}
 	}
+	if err := r.collectDeleted(ctx); err != nil {
+		errList = append(errList, err)
+	}
 	return errors.Join(errList...)
 }
 

@@ -156,8 +156,9 @@ func TestBerthNodeBinary(t *testing.T) {
 		t.Fatalf("signed delete: %d %s", code, out)
 	}
 	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
-		if _, err := ks.GetSandbox(ctx, obj.ID); !errs.Is(err, errs.NotFound) {
-			return fmt.Errorf("object still there: %v", err)
+		// The node marks the object deleted; a replica removes it.
+		if o, err := ks.GetSandbox(ctx, obj.ID); !errs.Is(err, errs.NotFound) && (err != nil || o.State != sandbox.Deleted) {
+			return fmt.Errorf("object not marked deleted: %v", err)
 		}
 		return nil
 	})

@@ -19,7 +19,8 @@ const (
 	// DeleteLocal stops and deletes the local sandbox (its object is gone,
 	// lost or deleted: never resurrected).
 	DeleteLocal ActionKind = "delete_local"
-	// DeleteObject removes the object of a sandbox this node deleted.
+	// DeleteObject marks deleted the object of a sandbox this node deleted
+	// (a replica removes it: nodes may not delete objects).
 	DeleteObject ActionKind = "delete_object"
 	// MarkMissing fails an object whose sandbox this node does not have
 	// (and did not just delete): the node lost it, e.g. its data dir.
@@ -87,7 +88,7 @@ func Decide(in Inputs) []Action {
 		o := objs[id]
 		switch {
 		case sb.State == sandbox.Deleted:
-			if o != nil && o.State != sandbox.Lost {
+			if o != nil && o.State != sandbox.Lost && o.State != sandbox.Deleted {
 				out = append(out, Action{DeleteObject, id, ReasonObjectDeleted})
 			}
 		case o == nil:
@@ -108,7 +109,10 @@ func Decide(in Inputs) []Action {
 		case o.State == sandbox.Lost || o.State == sandbox.Failed:
 			// Lost: only a delete ends it. Failed: a create that failed
 			// (here or on the forwarded request) is not retried.
-		case in.Removed[id] || o.State == sandbox.Deleted:
+		case o.State == sandbox.Deleted:
+			// Marked by this node (or a replica's delete in flight): a
+			// replica removes the object.
+		case in.Removed[id]:
 			out = append(out, Action{DeleteObject, id, ReasonObjectDeleted})
 		case o.State == sandbox.Creating || o.State == "pending":
 			if !o.ExpiresAt.IsZero() && !in.Now.Before(o.ExpiresAt) {

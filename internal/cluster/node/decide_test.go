@@ -61,7 +61,10 @@ func TestDecide(t *testing.T) {
 		{name: "deleted here, row in its deleted state", local: []*sandbox.Sandbox{sb("a", sandbox.Deleted)}, objects: []*sandbox.Sandbox{sb("a", sandbox.Running)},
 			want: []Action{{DeleteObject, "a", ReasonObjectDeleted}}},
 		{name: "deleted here while the object was marked lost", local: []*sandbox.Sandbox{sb("a", sandbox.Deleted)}, objects: []*sandbox.Sandbox{sb("a", sandbox.Lost)}},
-		{name: "object deleted, local gone", objects: []*sandbox.Sandbox{sb("a", sandbox.Deleted)},
+		// Marked deleted (by this node, or a replica's delete in flight):
+		// a replica removes the object, the node does nothing more.
+		{name: "object deleted, local gone", objects: []*sandbox.Sandbox{sb("a", sandbox.Deleted)}},
+		{name: "removed here, object not marked yet", objects: []*sandbox.Sandbox{sb("a", sandbox.Running)}, removed: map[string]bool{"a": true},
 			want: []Action{{DeleteObject, "a", ReasonObjectDeleted}}},
 		{name: "ran here, vanished", objects: []*sandbox.Sandbox{sb("a", sandbox.Paused)},
 			want: []Action{{MarkMissing, "a", ReasonMissing}}},

@@ -214,13 +214,22 @@ func (a *Agent) apply(ctx context.Context, act Action, local, obj *sandbox.Sandb
 			log.Warn("mirror sandbox state", "err", err)
 		}
 	case DeleteObject:
-		err := a.cfg.Cluster.DeleteSandbox(ctx, act.ID)
-		if err == nil || errs.Is(err, errs.NotFound) {
+		// Marked, not deleted: a node may not delete Sandbox objects
+		// (deploy/'s node Role); a replica removes the object and its rows
+		// (internal/cluster/api collect.go).
+		_, err := a.cfg.Cluster.UpdateSandbox(ctx, act.ID, func(o *sandbox.Sandbox) error {
+			if o.State == sandbox.Lost || o.State == sandbox.Deleted || o.Attrs.Cluster.Node != a.cfg.Name {
+				return errSkip
+			}
+			o.State, o.Reason = sandbox.Deleted, act.Reason
+			return nil
+		})
+		if err == nil || errors.Is(err, errSkip) || errs.Is(err, errs.NotFound) {
 			a.cfg.Local.Forget(act.ID)
-			log.Info("sandbox object removed: deleted on this node")
+			log.Info("sandbox object marked deleted: deleted on this node")
 			return
 		}
-		log.Warn("delete sandbox object", "err", err)
+		log.Warn("mark sandbox object deleted", "err", err)
 	case MarkMissing, MarkFailed:
 		msg := "this node has no such sandbox (its local state was lost); it is not created again"
 		if act.Kind == MarkFailed {

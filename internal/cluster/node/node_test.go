@@ -419,13 +419,14 @@ func TestNodeServesReplicas(t *testing.T) {
 		t.Fatalf("signed E2B create: %d %s", code, out)
 	}
 
-	// A local delete removes the object.
+	// A local delete marks the object deleted (a replica removes it).
 	if err := h.d.Delete(ctx, "bob", obj.ID); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
-		if _, err := h.ks.GetSandbox(ctx, obj.ID); !errs.Is(err, errs.NotFound) {
-			return fmt.Errorf("object still there: %v", err)
+		// The node marks the object deleted; a replica removes it.
+		if o, err := h.ks.GetSandbox(ctx, obj.ID); !errs.Is(err, errs.NotFound) && (err != nil || o.State != sandbox.Deleted) {
+			return fmt.Errorf("object not marked deleted: %v", err)
 		}
 		return nil
 	})
