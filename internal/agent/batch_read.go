@@ -147,4 +147,3 @@ func (t *treeWriter) file(dfd int, name string, h *tar.Header) error {
 	_, err = io.CopyN(t.tw, f, st.Size)
 	return err
 }
-

@@ -25,11 +25,11 @@ const (
 // flushed to the sandbox's disk by one syncfs(2) of the filesystem holding
 // the target directory: one barrier for the batch, not one per file.
 type BatchResult struct {
-	Dir     string      `json:"dir"`
-	Files   int         `json:"files"`
-	Dirs    int         `json:"dirs"`
-	Bytes   int64       `json:"bytes"`
-	Durable string      `json:"durable"`
+	Dir     string       `json:"dir"`
+	Files   int          `json:"files"`
+	Dirs    int          `json:"dirs"`
+	Bytes   int64        `json:"bytes"`
+	Durable string       `json:"durable"`
 	Entries []BatchEntry `json:"entries"`
 }
 
