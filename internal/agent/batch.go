@@ -163,8 +163,9 @@ func (b *batchWriter) dir(rel string, perm os.FileMode) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	fd, err := unix.Openat(pfd, base, flags, 0)
+	var st unix.Stat_t
+	err = unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
+	created := false
 	if errors.Is(err, unix.ENOENT) {
 		if perm == 0 {
 			perm = 0o755
@@ -172,21 +173,26 @@ func (b *batchWriter) dir(rel string, perm os.FileMode) (int, error) {
 		if err = unix.Mkdirat(pfd, base, uint32(perm)); err != nil && !errors.Is(err, unix.EEXIST) {
 			return -1, b.entryError(err, rel)
 		}
-		fd, err = unix.Openat(pfd, base, flags, 0)
-		if err == nil {
-			// fchown/fchmod on the descriptor: the directory we opened, not
-			// whatever the name points at by now.
-			if err = unix.Fchown(fd, b.acct.UID, b.acct.GID); err == nil {
-				err = unix.Fchmod(fd, uint32(perm))
-			}
-			if err != nil {
-				_ = unix.Close(fd)
-				return -1, b.entryError(err, rel)
-			}
-		}
+		created = err == nil
+		err = unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
 	}
 	if err != nil {
 		return -1, b.entryError(err, rel)
+	}
+	fd, err := openDirBeneath(pfd, base, &st)
+	if err != nil {
+		return -1, b.entryError(err, rel)
+	}
+	if created {
+		// fchown/fchmod on the descriptor: the directory we made, not
+		// whatever the name points at by now.
+		if err = unix.Fchown(fd, b.acct.UID, b.acct.GID); err == nil {
+			err = unix.Fchmod(fd, uint32(perm))
+		}
+		if err != nil {
+			_ = unix.Close(fd)
+			return -1, b.entryError(err, rel)
+		}
 	}
 	if len(b.dirs) >= maxOpenBatchDirs {
 		b.dropDirs()
@@ -275,6 +281,44 @@ func (b *batchWriter) file(rel string, perm os.FileMode, body io.Reader) (int64,
 	}
 	done = true
 	return n, nil
+}
+
+// openDirBeneath opens the directory name beneath pfd, which lstat
+// described as st, and checks that the descriptor is that same inode.
+// O_NOFOLLOW alone is not enough: under gVisor, openat with
+// O_DIRECTORY|O_NOFOLLOW follows a final symbolic link (see also api.go;
+// this package's e2e attack test caught it writing /etc/passwd), and the
+// lstat-then-open window lets a directory be swapped for a link between the
+// two calls. The identity check closes both.
+func openDirBeneath(pfd int, name string, st *unix.Stat_t) (int, error) {
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return -1, unix.ELOOP
+		}
+		return -1, unix.ENOTDIR
+	}
+	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := sameInode(fd, st); err != nil {
+		_ = unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// sameInode reports ELOOP when the open fd is not the inode st described
+// (the name was swapped, for a link or anything else, between the two).
+func sameInode(fd int, st *unix.Stat_t) error {
+	var got unix.Stat_t
+	if err := unix.Fstat(fd, &got); err != nil {
+		return err
+	}
+	if got.Dev != st.Dev || got.Ino != st.Ino {
+		return unix.ELOOP
+	}
+	return nil
 }
 
 // entryError classifies err met at rel (the entry or one of its parents),

@@ -90,9 +90,9 @@ func (t *treeWriter) walk(fd int, rel string) error {
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFDIR:
 			h.Typeflag, h.Name = tar.TypeDir, child+"/"
-			cfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			cfd, err := openDirBeneath(fd, name, &st)
 			if err != nil {
-				return err // swapped for a link since the stat: cut
+				return err // swapped since the stat: cut
 			}
 			if err := t.tw.WriteHeader(h); err != nil {
 				_ = unix.Close(cfd)
@@ -112,7 +112,7 @@ func (t *treeWriter) walk(fd int, rel string) error {
 				return err
 			}
 		case unix.S_IFREG:
-			if err := t.file(fd, name, h); err != nil {
+			if err := t.file(fd, name, h, &st); err != nil {
 				return err
 			}
 		}
@@ -120,7 +120,7 @@ func (t *treeWriter) walk(fd int, rel string) error {
 	return nil
 }
 
-func (t *treeWriter) file(dfd int, name string, h *tar.Header) error {
+func (t *treeWriter) file(dfd int, name string, h *tar.Header, lst *unix.Stat_t) error {
 	// O_NONBLOCK: a FIFO swapped in after the stat must not hang the walk.
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -128,12 +128,12 @@ func (t *treeWriter) file(dfd int, name string, h *tar.Header) error {
 	}
 	f := os.NewFile(uintptr(fd), h.Name)
 	defer f.Close()
+	if err := sameInode(fd, lst); err != nil {
+		return errs.Field("path", "%s changed during the walk", h.Name)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return errs.Field("path", "%s changed type during the walk", h.Name)
 	}
 	h.Typeflag, h.Size = tar.TypeReg, st.Size
 	if t.bytes += st.Size; t.bytes > agentapi.MaxBatchBytes {
