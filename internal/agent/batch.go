@@ -41,6 +41,8 @@ type batchWriter struct {
 	rootf *os.File
 	dirs  map[string]int // relative dir ("" = root) → open descriptor
 	cur   string         // the entry being written, for errors
+	devOf map[int]uint64 // open descriptor → its filesystem
+	syncs map[uint64]int // every filesystem a file was written to → a descriptor on it to syncfs
 	res   agentapi.BatchResult
 }
 
@@ -72,7 +74,14 @@ func (a *Agent) handleWriteBatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fsError(err, root))
 		return
 	}
-	b := &batchWriter{root: root, acct: acct, meta: meta, rootf: rootf, dirs: map[string]int{"": int(rootf.Fd())}}
+	var rst unix.Stat_t
+	if err := unix.Fstat(int(rootf.Fd()), &rst); err != nil {
+		rootf.Close()
+		writeError(w, fsError(err, root))
+		return
+	}
+	b := &batchWriter{root: root, acct: acct, meta: meta, rootf: rootf, dirs: map[string]int{"": int(rootf.Fd())},
+		devOf: map[int]uint64{int(rootf.Fd()): rst.Dev}, syncs: map[uint64]int{}}
 	defer b.close()
 	b.res = agentapi.BatchResult{Dir: root, Entries: []agentapi.BatchEntry{}}
 	err = b.run(tar.NewReader(r.Body))
@@ -84,10 +93,13 @@ func (a *Agent) handleWriteBatch(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	// The one barrier: contents, inodes and names of the whole batch.
-	if err := unix.Syncfs(int(rootf.Fd())); err != nil {
-		writeError(w, fsError(err, root))
-		return
+	// The one barrier: contents, inodes and names of the whole batch — one
+	// syncfs per filesystem written to (a mount beneath the root is another).
+	for _, fd := range b.syncs {
+		if err := unix.Syncfs(fd); err != nil {
+			writeError(w, fsError(err, root))
+			return
+		}
 	}
 	b.res.Durable = "syncfs"
 	writeJSON(w, http.StatusOK, b.res)
@@ -98,6 +110,9 @@ func (b *batchWriter) close() {
 		if rel != "" {
 			_ = unix.Close(fd)
 		}
+	}
+	for _, fd := range b.syncs {
+		_ = unix.Close(fd)
 	}
 	_ = b.rootf.Close()
 }
@@ -184,6 +199,10 @@ func (b *batchWriter) dir(rel string, perm os.FileMode) (int, error) {
 		return -1, b.entryError(err, rel)
 	}
 	if created {
+		if err := b.touch(pfd, rel); err != nil {
+			_ = unix.Close(fd)
+			return -1, err
+		}
 		// fchown/fchmod on the descriptor: the directory we made, not
 		// whatever the name points at by now.
 		if err = unix.Fchown(fd, b.acct.UID, b.acct.GID); err == nil {
@@ -198,6 +217,7 @@ func (b *batchWriter) dir(rel string, perm os.FileMode) (int, error) {
 		b.dropDirs()
 	}
 	b.dirs[rel] = fd
+	b.devOf[fd] = st.Dev
 	return fd, nil
 }
 
@@ -207,6 +227,7 @@ func (b *batchWriter) dropDirs() {
 		if rel != "" {
 			_ = unix.Close(fd)
 			delete(b.dirs, rel)
+			delete(b.devOf, fd)
 		}
 	}
 }
@@ -280,7 +301,21 @@ func (b *batchWriter) file(rel string, perm os.FileMode, body io.Reader) (int64,
 		return 0, b.entryError(err, rel)
 	}
 	done = true
-	return n, nil
+	return n, b.touch(dfd, rel)
+}
+
+// touch records that the filesystem of the open directory fd was written to.
+func (b *batchWriter) touch(fd int, rel string) error {
+	dev := b.devOf[fd]
+	if _, ok := b.syncs[dev]; ok {
+		return nil
+	}
+	sfd, err := unix.Dup(fd)
+	if err != nil {
+		return b.entryError(err, rel)
+	}
+	b.syncs[dev] = sfd
+	return nil
 }
 
 // openDirBeneath opens the directory name beneath pfd, which lstat
