@@ -245,9 +245,6 @@ func (b *batchWriter) file(rel string, perm os.FileMode, body io.Reader) (int64,
 	if err != nil {
 		return 0, err
 	}
-	if perm == 0 {
-		perm = 0o644
-	}
 	kind := "n"
 	var st unix.Stat_t
 	if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
@@ -255,6 +252,12 @@ func (b *batchWriter) file(rel string, perm os.FileMode, body io.Reader) (int64,
 			return 0, errs.Field("entry", "%q is a directory in the sandbox", rel)
 		}
 		kind = "e"
+		if perm == 0 && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			perm = os.FileMode(st.Mode & 0o777) // mode 0: keep the replaced file's, as PUT /files does
+		}
+	}
+	if perm == 0 {
+		perm = 0o644
 	}
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
