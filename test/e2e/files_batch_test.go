@@ -156,8 +156,8 @@ func TestFilesBatchAttackedFromInside(t *testing.T) {
 			if a.code == http.StatusOK {
 				// Written into the directory it had opened (now sub.old), and f
 				// replaced the link.
-				if out := s.must("exec", id, "--", "sh", "-c", "test -L /home/user/m/f && echo link; cat /home/user/m/f"); out != "second" {
-					t.Fatalf("f after the swap: %q", out)
+				if out := s.must("exec", id, "--", "sh", "-c", "test -L /home/user/m/f && echo link; cat /home/user/m/f /home/user/m/sub.old/passwd"); out != "second\npwned" {
+					t.Fatalf("f and sub.old/passwd after the swaps: %q", out)
 				}
 			}
 
