@@ -2,8 +2,8 @@ package wire
 
 // BatchResult answers POST /v1/sandboxes/{id}/files:batch. Durable "syncfs":
 // when it is returned every file and directory of the batch (contents and
-// names) was flushed to the sandbox's disk by one syncfs(2) of the
-// filesystem holding Dir — one barrier for the batch.
+// names) was flushed to the sandbox's disk by one syncfs(2) of each
+// filesystem the batch wrote to — one barrier for the batch.
 type BatchResult struct {
 	Dir     string       `json:"dir"`
 	Files   int          `json:"files"`

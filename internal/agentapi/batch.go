@@ -22,8 +22,8 @@ const (
 
 // BatchResult answers a batch upload. Durable "syncfs" means that when it is
 // returned every file and directory of the batch (contents and names) was
-// flushed to the sandbox's disk by one syncfs(2) of the filesystem holding
-// the target directory: one barrier for the batch, not one per file.
+// flushed to the sandbox's disk by one syncfs(2) of each filesystem the
+// batch wrote to: one barrier for the batch, not one per file.
 type BatchResult struct {
 	Dir     string       `json:"dir"`
 	Files   int          `json:"files"`
