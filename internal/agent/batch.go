@@ -84,7 +84,10 @@ func (a *Agent) handleWriteBatch(w http.ResponseWriter, r *http.Request) {
 		devOf: map[int]uint64{int(rootf.Fd()): rst.Dev}, syncs: map[uint64]int{}}
 	defer b.close()
 	b.res = agentapi.BatchResult{Dir: root, Entries: []agentapi.BatchEntry{}}
+	start := time.Now()
 	err = b.run(tar.NewReader(r.Body))
+	synced := time.Now()
+	b.res.WriteMS = ms(synced.Sub(start))
 	if b.res.Files > 0 || b.res.Dirs > 0 {
 		a.lastWrite.Store(time.Now().UnixNano())
 	}
@@ -102,6 +105,7 @@ func (a *Agent) handleWriteBatch(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	b.res.Durable = "syncfs"
+	b.res.SyncMS = ms(time.Since(synced))
 	writeJSON(w, http.StatusOK, b.res)
 }
 
@@ -372,3 +376,5 @@ func (b *batchWriter) entryError(err error, rel string) error {
 	}
 	return errs.Wrap(errs.KindOf(fsError(err, full)), fsError(err, full), "entry %q", b.cur)
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -31,6 +31,10 @@ type BatchResult struct {
 	Bytes   int64        `json:"bytes"`
 	Durable string       `json:"durable"`
 	Entries []BatchEntry `json:"entries"`
+	// WriteMS and SyncMS are the agent's own split of the batch: receiving
+	// and writing the entries, then the syncfs barrier.
+	WriteMS float64 `json:"write_ms"`
+	SyncMS  float64 `json:"sync_ms"`
 }
 
 // BatchEntry is one file or directory a batch wrote; Path is absolute.
