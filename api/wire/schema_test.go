@@ -92,6 +92,8 @@ var operations = map[string]body{
 	"POST /v1/sandboxes/{id}/processes/{pid}/resize":      {req: wire.ResizeRequest{}},
 	"GET /v1/sandboxes/{id}/files":                        {},
 	"PUT /v1/sandboxes/{id}/files":                        {resp: wire.EntryInfo{}},
+	"POST /v1/sandboxes/{id}/files:batch":                 {resp: wire.BatchResult{}},
+	"GET /v1/sandboxes/{id}/files:batch":                  {},
 	"POST /v1/sandboxes/{id}/fs/{op}": {
 		oneOf{wire.PathRequest{}, wire.ListRequest{}, wire.MoveRequest{}},
 		oneOf{wire.EntryInfo{}, []wire.EntryInfo{}},

@@ -133,6 +133,8 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("POST /processes/{pid}/resize", a.handleResize)
 	mux.HandleFunc("GET /files", a.handleReadFile)
 	mux.HandleFunc("PUT /files", a.handleWriteFile)
+	mux.HandleFunc("POST /files/batch", a.handleWriteBatch)
+	mux.HandleFunc("GET /files/batch", a.handleReadBatch)
 	mux.HandleFunc("POST /fs/stat", a.handleStat)
 	mux.HandleFunc("POST /fs/list", a.handleList)
 	mux.HandleFunc("POST /fs/mkdir", a.handleMkdir)

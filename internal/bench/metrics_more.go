@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"archive/tar"
 	"bytes"
 	"cmp"
 	"context"
@@ -19,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-dev/berth/api/wire"
 )
 
@@ -29,6 +32,8 @@ const (
 	defDown64    = "Clock starts when GET /v1/sandboxes/{id}/files of the 64 MiB file is sent and stops when every byte has been written to a host file and fsynced."
 	defDownSm    = "As download-64MiB for the 1000 files of 4 KiB, one after another, each written and fsynced on the host; one sample is all 1000."
 	defHostWrite = "The same bytes written to new files in a host temp directory, each file and the directory fsynced."
+	defUploadBat = "The same 1000 files of 4 KiB as upload-1000x4KiB in one POST /v1/sandboxes/{id}/files:batch (a tar built in memory outside the clock, into a fresh directory per sample); the clock starts when the request is sent and stops when it answers: every file written by the agent inside the sandbox (temporary name, chown, rename) and one syncfs(2) of the workspace for the whole batch. Baseline: host write+fsync of the same 1000 files (each file and the directory fsynced), the issue's reference; derived host_syncfs_ms: the same 1000 files written on the host followed by one syncfs, the same durability promise as the batch; agent_write_ms and agent_sync_ms: p50 of the agent's own split of each batch (write_ms, sync_ms of the answer)."
+	defDownBat   = "GET /v1/sandboxes/{id}/files:batch of the directory of 1000 files of 4 KiB: the clock starts when the request is sent and stops when the whole tar has been read and every file written to a host directory and fsynced (and the directory). Baseline: host write+fsync of the same files."
 	defFork      = "A sandbox with 100 MiB written to its workspace is forked 10 times; the clock starts when POST /v1/sandboxes/{id}/fork is sent and stops when every child has returned `echo ok` output."
 	defCpWS      = "cp -a of a host directory holding the same 100 MiB, 10 times."
 	defPauseMem  = "A sandbox (memory limit 2 GiB) whose dd holds 1 GiB of random bytes resident; clock starts when POST /v1/sandboxes/{id}/pause {mode: memory} is sent and stops when it answers with pause_mode memory (checkpoint durable on disk, RAM freed)."
@@ -300,7 +305,9 @@ func (r *Runner) fileIO(ctx context.Context, rt string) []Metric {
 	u4 := Metric{Name: "upload-1000x4KiB", Runtime: rt, Unit: "ms", Definition: defUploadSm, Available: true}
 	d64 := Metric{Name: "download-64MiB", Runtime: rt, Unit: "ms", Definition: defDown64, Available: true}
 	d4 := Metric{Name: "download-1000x4KiB", Runtime: rt, Unit: "ms", Definition: defDownSm, Available: true}
-	all := []*Metric{&u64, &u4, &d64, &d4}
+	ub := Metric{Name: "upload-1000x4KiB-batch", Runtime: rt, Unit: "ms", Definition: defUploadBat, Available: true}
+	db := Metric{Name: "download-1000x4KiB-batch", Runtime: rt, Unit: "ms", Definition: defDownBat, Available: true}
+	all := []*Metric{&u64, &u4, &d64, &d4, &ub, &db}
 	fail := func(err error) []Metric {
 		out := []Metric{}
 		for _, m := range all {
@@ -391,6 +398,33 @@ func (r *Runner) fileIO(ctx context.Context, rt string) []Metric {
 			return nil
 		})
 	})
+	var smallTar bytes.Buffer
+	{
+		tw := tar.NewWriter(&smallTar)
+		for i := range 1000 {
+			_ = tw.WriteHeader(&tar.Header{Name: fmt.Sprintf("f%04d", i), Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(small))})
+			_, _ = tw.Write(small)
+		}
+		_ = tw.Close()
+	}
+	batchN := 0
+	var agentWrite, agentSync []float64
+	ub.Samples, ub.Errors = r.measure(ctx, func(ctx context.Context) (time.Duration, error) {
+		batchN++
+		dir := fmt.Sprintf("/home/user/batch%d", batchN)
+		return timed(func() error {
+			res, err := r.c.Sandbox(sb.ID).WriteFiles(ctx, dir, "", bytes.NewReader(smallTar.Bytes()))
+			if err == nil && res.Files != 1000 {
+				err = fmt.Errorf("batch wrote %d files, want 1000", res.Files)
+			}
+			agentWrite, agentSync = append(agentWrite, res.WriteMS), append(agentSync, res.SyncMS)
+			return err
+		})
+	})
+	db.Samples, db.Errors = r.measure(ctx, func(ctx context.Context) (time.Duration, error) {
+		dir := hostDir()
+		return timed(func() error { return untarSynced(ctx, r.c, sb.ID, "/home/user/small", dir) })
+	})
 	hostBig := func(ctx context.Context) (time.Duration, error) {
 		dir := hostDir()
 		return timed(func() error {
@@ -420,16 +454,29 @@ func (r *Runner) fileIO(ctx context.Context, rt string) []Metric {
 	s, e = r.measure(ctx, hostSmall)
 	u4.Baseline = baseline("host write+fsync", defHostWrite, s, e)
 	d4.Baseline = baseline("host write+fsync", defHostWrite, s, e)
+	ub.Baseline = baseline("host write+fsync", defHostWrite, s, e)
+	db.Baseline = baseline("host write+fsync", defHostWrite, s, e)
+	hs, _ := r.measure(ctx, func(ctx context.Context) (time.Duration, error) {
+		dir := hostDir()
+		return timed(func() error { return writeSyncfs(dir, small) })
+	})
 	for _, m := range all {
 		mib := 64.0
-		if strings.HasSuffix(m.Name, "x4KiB") {
+		if strings.Contains(m.Name, "x4KiB") {
 			mib = 1000 * 4.0 / 1024
 		}
 		if s := Summarize(m.Samples); s != nil && s.P50 > 0 {
 			m.Derived = map[string]float64{"mib_per_s": mib / (s.P50 / 1000)}
 		}
 	}
-	return []Metric{u64, u4, d64, d4}
+	if s := Summarize(hs); s != nil && ub.Derived != nil {
+		ub.Derived["host_syncfs_ms"] = s.P50
+	}
+	// The agent's own split (the warm-up's included): where a batch's time goes.
+	if w, y := Summarize(agentWrite), Summarize(agentSync); w != nil && y != nil && ub.Derived != nil {
+		ub.Derived["agent_write_ms"], ub.Derived["agent_sync_ms"] = w.P50, y.P50
+	}
+	return []Metric{u64, u4, d64, d4, ub, db}
 }
 
 func (r *Runner) memoryPause(ctx context.Context, rt string) []Metric {
@@ -649,4 +696,57 @@ func (r *Runner) e2bRun(ctx context.Context, m Metric, poolSize int) Metric {
 	m.Samples = res.Samples
 	m.Definition += " Template: " + r.o.E2BTemplate + "."
 	return m
+}
+
+// writeSyncfs writes 1000 copies of data to new files in dir and makes them
+// durable with one syncfs, the batch API's promise, on the host.
+func writeSyncfs(dir string, data []byte) error {
+	for i := range 1000 {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%04d", i)), data, 0o644); err != nil {
+			return err
+		}
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return unix.Syncfs(int(d.Fd()))
+}
+
+// untarSynced downloads the tree beneath path as a tar into dir, each file
+// fsynced, then the directory.
+func untarSynced(ctx context.Context, c *Client, id, path, dir string) error {
+	body, err := c.Sandbox(id).ReadFiles(ctx, path, "")
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	tr := tar.NewReader(body)
+	n := 0
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if h.Typeflag != tar.TypeReg || strings.Contains(h.Name, "/") {
+			continue
+		}
+		if err := writeSynced(filepath.Join(dir, filepath.Base(h.Name)), tr); err != nil {
+			return err
+		}
+		n++
+	}
+	if n != 1000 {
+		return fmt.Errorf("the tar held %d files, want 1000", n)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

@@ -75,7 +75,7 @@ func init() {
 	register("ls", "ls [--state S] [--label k=v]... [--owner O] [--json]", runList)
 	register("inspect", "inspect ID", runInspect)
 	register("exec", "exec [-i] [-t] [--env K=V]... [--cwd DIR] [--user U] [--timeout D] ID -- CMD...", runExec)
-	register("cp", "cp [--user U] SRC DST   (either side may be ID:/path; - is stdin/stdout)", runCp)
+	register("cp", "cp [--user U] SRC DST   (either side may be ID:/path; - is stdin/stdout; a directory is copied as a tree in one batch)", runCp)
 	register("stop", "stop ID", runStop)
 	register("start", "start ID", runStart)
 	register("rm", "rm [-f] ID...", runRm)

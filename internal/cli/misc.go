@@ -56,7 +56,10 @@ func runCp(e *env, args []string) error {
 				return err
 			}
 			if st.IsDir() {
-				return errs.Field("src", "%s is a directory; berth cp copies single files (tar it and pipe: tar c dir | berth exec -i ID -- tar x)", pos[0])
+				if strings.HasSuffix(dstPath, "/") {
+					dstPath += filepath.Base(filepath.Clean(pos[0]))
+				}
+				return cpTreeUp(e.ctx, c.Sandbox(dstID), pos[0], dstPath, *user, e.stderr)
 			}
 			mode = st.Mode().Perm()
 			in = f
@@ -66,6 +69,15 @@ func runCp(e *env, args []string) error {
 		}
 		_, err := c.Sandbox(dstID).WriteFile(e.ctx, dstPath, in, client.WriteFileOptions{User: *user, Mode: uint32(mode)})
 		return err
+	}
+	if pos[1] != "-" {
+		if st, err := c.Sandbox(srcID).Stat(e.ctx, srcPath, *user); err == nil && st.Type == "dir" {
+			dst := pos[1]
+			if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+				dst = filepath.Join(dst, filepath.Base(st.Path))
+			}
+			return cpTreeDown(e.ctx, c.Sandbox(srcID), srcPath, dst, *user, e.stderr)
+		}
 	}
 	body, err := c.Sandbox(srcID).ReadFile(e.ctx, srcPath, *user)
 	if err != nil {

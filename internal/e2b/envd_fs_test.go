@@ -174,6 +174,35 @@ func TestEnvdFilesREST(t *testing.T) {
 		}
 	}
 
+	// Absolute small parts go through the agent's batch: a planted link on
+	// the way is refused (the entry named), not followed, and the parts
+	// before it have landed.
+	outside := filepath.Join(e.dir, "outside")
+	if err := os.MkdirAll(outside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, root+"/x/link"); err != nil {
+		t.Fatal(err)
+	}
+	buf.Reset()
+	mw = multipart.NewWriter(&buf)
+	for _, name := range []string{root + "/x/first.txt", root + "/x/link/evil.txt"} {
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Disposition", `form-data; name="file"; filename="`+name+`"`)
+		pw, _ := mw.CreatePart(h)
+		_, _ = pw.Write([]byte("e"))
+	}
+	_ = mw.Close()
+	if resp, body := e.request("POST", "/files", &buf, http.Header{"Content-Type": {mw.FormDataContentType()}}); resp.StatusCode != 400 || !bytes.Contains(body, []byte("link/evil.txt")) {
+		t.Errorf("multipart through a planted link: %d %s, want 400 naming the entry", resp.StatusCode, body)
+	}
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Errorf("written through the planted link: %v", ents)
+	}
+	if got, err := os.ReadFile(root + "/x/first.txt"); err != nil || string(got) != "e" {
+		t.Errorf("the part before the refused one: %q %v", got, err)
+	}
+
 	// The same target twice is a 400.
 	buf.Reset()
 	mw = multipart.NewWriter(&buf)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"io"
+	"mime"
 	"net/http"
 	"os"
 	"strconv"
@@ -127,6 +128,55 @@ func (s sandboxAPI) fsOp(w http.ResponseWriter, r *http.Request, p daemon.Princi
 		writeJSON(w, http.StatusOK, e)
 	default:
 		return errs.Field("op", "must be one of stat, list, mkdir, move, remove; got %q", op)
+	}
+	return nil
+}
+
+// writeBatch serves POST /v1/sandboxes/{id}/files:batch: a tar body written
+// beneath the directory ?path= by the agent, inside the sandbox, with one
+// syncfs barrier for the whole batch (agentapi.BatchResult says what the
+// answer promises). The body streams through; nothing is buffered here.
+func (s sandboxAPI) writeBatch(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	q := r.URL.Query()
+	if q.Get("path") == "" {
+		return errs.Field("path", "must be set: the directory the tar's entries are written beneath")
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/x-tar" {
+		return errs.Field("Content-Type", "must be application/x-tar, got %q", r.Header.Get("Content-Type"))
+	}
+	c, err := s.d.Agent(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	res, err := c.WriteBatch(r.Context(), q.Get("path"), q.Get("user"), nil, r.Body)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// readBatch serves GET /v1/sandboxes/{id}/files:batch: the tree beneath
+// ?path= as a tar. A stream the agent cuts is cut here too, so a client never
+// reads a partial tree as a whole one.
+func (s sandboxAPI) readBatch(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
+	q := r.URL.Query()
+	if q.Get("path") == "" {
+		return errs.Field("path", "must be set")
+	}
+	c, err := s.d.Agent(r.Context(), owner(r, p), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	rc, err := c.ReadBatch(r.Context(), q.Get("path"), q.Get("user"))
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.WriteHeader(http.StatusOK)
+	if _, err := io.Copy(w, rc); err != nil {
+		panic(http.ErrAbortHandler)
 	}
 	return nil
 }

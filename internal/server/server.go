@@ -122,6 +122,8 @@ func (s *Server) routes() {
 
 	s.handle("GET /v1/sandboxes/{id}/files", sb.readFile)
 	s.handle("PUT /v1/sandboxes/{id}/files", sb.writeFile)
+	s.handle("POST /v1/sandboxes/{id}/files:batch", sb.writeBatch)
+	s.handle("GET /v1/sandboxes/{id}/files:batch", sb.readBatch)
 	s.handle("POST /v1/sandboxes/{id}/fs/{op}", sb.fsOp)
 
 	s.handle("GET /v1/events", adm.allEvents)
