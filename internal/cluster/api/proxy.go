@@ -32,6 +32,12 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // (bounded): creates, whose answer the replica looks at. p signs it (nil:
 // unsigned); id, when set, is the sandbox id the node must use.
 func (r *Replica) send(ctx context.Context, node string, in *http.Request, body []byte, p *peer.Principal, id string) (*nodeAnswer, error) {
+	return r.sendLimit(ctx, node, in, body, p, id, maxAnswer)
+}
+
+// sendLimit is send reading at most limit bytes of the answer (a fan-out
+// shares its budget among the nodes it asks).
+func (r *Replica) sendLimit(ctx context.Context, node string, in *http.Request, body []byte, p *peer.Principal, id string, limit int64) (*nodeAnswer, error) {
 	base, tr, err := r.nodes.endpoint(ctx, node)
 	if err != nil {
 		return nil, err
@@ -61,12 +67,12 @@ func (r *Replica) send(ctx context.Context, node string, in *http.Request, body 
 		return nil, errs.Wrap(errs.Unavailable, err, "node %s did not answer", node)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		return nil, errs.Wrap(errs.Unavailable, err, "node %s: read answer", node)
 	}
-	if len(b) > maxAnswer {
-		return nil, errs.E(errs.Unavailable, "node %s: answer over %d bytes", node, maxAnswer)
+	if int64(len(b)) > limit {
+		return nil, errs.E(errs.Unavailable, "node %s: answer over %d bytes", node, limit)
 	}
 	if p != nil && resp.StatusCode == http.StatusUnauthorized {
 		return nil, tokenRefused(node, b)

@@ -48,6 +48,10 @@ func (r *Replica) restRoutes() *http.ServeMux {
 	r.handle(mux, "GET /v1/templates", r.listTemplates)
 	r.handle(mux, "GET /v1/templates/{name}", r.getTemplate)
 	r.handle(mux, "POST /v1/keys", r.createKey)
+	// Metering lives in each node's journal: asked of every node, merged
+	// (fanout.go).
+	r.handle(mux, "GET /v1/usage", r.usage)
+	r.handle(mux, "GET /v1/reports/orphans", r.orphans)
 	notServed := func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, errs.E(errs.NotImplemented, "%s %s is not served by a cluster API replica (berth serve --cluster): run it against a node's own API, or on one host", req.Method, req.URL.Path))
 	}
