@@ -48,7 +48,7 @@ func TestFanOutUsageAndOrphans(t *testing.T) {
 	prices := wire.Prices{Currency: "USD", VCPUHour: 0.05}
 	tmplOrphan := wire.Orphan{Kind: "template", ID: "old", State: "ready", IdleDays: 30}
 	n1 := c.node("n1", 16384, usageNode(wire.UsageReport{Since: since, Prices: prices,
-		Owners: []wire.UsageLine{{Owner: "alice", Sandboxes: 1, CPUSeconds: 10, MemGiBSeconds: 100, RunningSeconds: 100, MemPeakMiB: 512, CostActive: 1}},
+		Owners:    []wire.UsageLine{{Owner: "alice", Sandboxes: 1, CPUSeconds: 10, MemGiBSeconds: 100, RunningSeconds: 100, MemPeakMiB: 512, CostActive: 1}},
 		Sandboxes: []wire.UsageLine{{SandboxID: "s1", Owner: "alice", CPUSeconds: 10, MemGiBSeconds: 100, RunningSeconds: 100, MemPeakMiB: 512, CostActive: 1}}},
 		wire.OrphanReport{Days: 7, Items: []wire.Orphan{tmplOrphan, {Kind: "sandbox", ID: "s1", Owner: "alice", IdleDays: 8}}}))
 	c.node("n2", 16384, usageNode(wire.UsageReport{Since: since, Prices: prices,
