@@ -139,10 +139,8 @@ func serveMerged[T any](r *Replica, w http.ResponseWriter, in *http.Request, p a
 		}
 		parts = append(parts, v)
 	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
-		w.Header().Set(HeaderUnanswered, strings.Join(missing, ","))
-	}
+	slices.Sort(missing)
+	setUnanswered(w, missing)
 	writeJSON(w, http.StatusOK, merge(parts))
 	return nil
 }

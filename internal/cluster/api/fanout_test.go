@@ -140,3 +140,61 @@ func TestFanOutNoNodeAnswers(t *testing.T) {
 		t.Fatalf("usage with its only node failing: %d %s", st, body)
 	}
 }
+
+// Quotas are the store's (set through one replica, read through
+// another); their use is the Sandbox objects' and the snapshots the
+// nodes hold.
+func TestQuotas(t *testing.T) {
+	c := newCluster(t)
+	snapNode := func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/snapshots" {
+			p, _, _ := peer.Verify(r, c.token)
+			list := []wire.Snapshot{{ID: "sn1", Owner: "alice"}, {ID: "sn2", Owner: "bob"}}
+			if !p.Admin {
+				list = list[:1] // a node scopes a tenant's list
+			}
+			_ = json.NewEncoder(w).Encode(list)
+			return
+		}
+		createdHandler(w, r)
+	}
+	c.node("n1", 65536, snapNode)
+	c.node("n2", 65536, snapNode)
+	c.create(`{"memory_mib":1024,"cpu":2}`)
+	c.create(`{"memory_mib":2048,"cpu":1}`)
+
+	if st, _, body := c.do("PUT", c.url+"/v1/quotas/alice", c.key, `{"sandboxes":3}`); st != 403 {
+		t.Fatalf("a tenant setting its quota: %d %s", st, body)
+	}
+	if st, _, body := c.do("PUT", c.url+"/v1/quotas/alice", c.admin, `{"sandboxes":-1}`); st != 400 || !strings.Contains(body, "sandboxes") {
+		t.Fatalf("a negative limit: %d %s", st, body)
+	}
+	if st, _, body := c.do("PUT", c.url+"/v1/quotas/alice", c.admin, `{"sandboxes":3,"memory_mib":8192}`); st != 200 {
+		t.Fatalf("set alice's quota: %d %s", st, body)
+	}
+	_, url2 := c.replica()
+	st, hdr, body := c.do("GET", url2+"/v1/quotas/alice", c.key, "")
+	var qi wire.QuotaInfo
+	if err := json.Unmarshal([]byte(body), &qi); st != 200 || err != nil {
+		t.Fatalf("alice's quota on another replica: %d %s", st, body)
+	}
+	want := wire.QuotaInfo{Owner: "alice", Source: "stored", Limits: wire.QuotaLimits{Sandboxes: 3, MemoryMiB: 8192},
+		Use: wire.QuotaUse{Sandboxes: 2, CPU: 3, MemoryMiB: 3072, DiskMiB: qi.Use.DiskMiB, Snapshots: 2}}
+	if d := cmp.Diff(want, qi); d != "" || hdr.Get(HeaderUnanswered) != "" {
+		t.Errorf("alice's quota (-want +got):\n%s\nunanswered %q", d, hdr.Get(HeaderUnanswered))
+	}
+	if st, _, _ := c.do("GET", c.url+"/v1/quotas/bob", c.key, ""); st != 403 {
+		t.Fatalf("alice reads bob's quota: %d", st)
+	}
+	_, _, body = c.do("GET", c.url+"/v1/quotas", c.admin, "")
+	var list []wire.QuotaInfo
+	if err := json.Unmarshal([]byte(body), &list); err != nil || len(list) != 1 || list[0].Owner != "alice" || list[0].Use.Snapshots != 2 {
+		t.Fatalf("admin's quota list: %s", body)
+	}
+	if st, _, body := c.do("DELETE", c.url+"/v1/quotas/alice", c.admin, ""); st != 204 {
+		t.Fatalf("delete alice's quota: %d %s", st, body)
+	}
+	if _, _, body := c.do("GET", c.url+"/v1/quotas/alice", c.admin, ""); !strings.Contains(body, `"source": "none"`) {
+		t.Fatalf("alice's quota after delete: %s", body)
+	}
+}
