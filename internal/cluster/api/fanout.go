@@ -43,37 +43,32 @@ type fanReply struct {
 }
 
 // fanOut sends a copy of in (no body) signed as p to every alive node at
-// once and returns the 2xx answers, in node-name order, and the names of
-// the nodes that are missing from them. A node's 4xx answer (other than
-// a refused signature, which send turns into Unavailable) is the request's
-// fault, the same on every node: it is returned as refused, to be sent on.
-func (r *Replica) fanOut(ctx context.Context, in *http.Request, p auth.Principal) (replies []fanReply, missing []string, refused *nodeAnswer, err error) {
+// once and returns the answers that came, in node-name order, and the
+// names of the nodes missing from them: not alive, over the node bound,
+// failed to answer, or answered 5xx or 429 (a node's trouble, not the
+// request's). It is Unavailable when nodes were asked and none answered.
+func (r *Replica) fanOut(ctx context.Context, in *http.Request, p auth.Principal) (replies []fanReply, missing []string, err error) {
 	var nl berthv1.NodeList
 	if err := r.cfg.Kube.List(ctx, berthv1.Nodes, r.cfg.Namespace, kube.ListOptions{}, &nl); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	r.nodes.put(nl.Items)
 	leases, err := r.leases(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	slices.SortFunc(nl.Items, func(a, b berthv1.Node) int { return strings.Compare(a.Name, b.Name) })
 	var ask []string
 	for i := range nl.Items {
 		n := &nl.Items[i]
-		// A cordoned node takes no new sandboxes but still holds usage,
-		// snapshots and history: alive is enough to be asked.
-		c := kube.FindCondition(n.Status.Conditions, berthv1.CondNodeReady)
-		exp := leaseExpiry(leases[n.Name])
-		alive := c != nil && c.Status == "True" && !exp.IsZero() && r.now().Before(exp)
-		if !alive || len(ask) == fanOutMaxNodes {
+		if !r.alive(n, leases[n.Name]) || len(ask) == fanOutMaxNodes {
 			missing = append(missing, n.Name)
 			continue
 		}
 		ask = append(ask, n.Name)
 	}
 	if len(ask) == 0 {
-		return nil, missing, nil, nil
+		return nil, missing, nil
 	}
 	limit := int64(fanOutMaxBytes / len(ask))
 	pp := peer.Principal{Owner: p.Owner, Admin: p.Admin}
@@ -89,7 +84,7 @@ func (r *Replica) fanOut(ctx context.Context, in *http.Request, p auth.Principal
 	}
 	wg.Wait()
 	if ctx.Err() != nil {
-		return nil, nil, nil, errs.Wrap(errs.Unavailable, ctx.Err(), "fan-out to the nodes")
+		return nil, nil, errs.Wrap(errs.Unavailable, ctx.Err(), "fan-out to the nodes")
 	}
 	for i, node := range ask {
 		a := answers[i]
@@ -97,32 +92,52 @@ func (r *Replica) fanOut(ctx context.Context, in *http.Request, p auth.Principal
 		case errsBy[i] != nil:
 			r.log.WarnContext(ctx, "node did not answer a fan-out", "node", node, "path", in.URL.Path, "err", errsBy[i])
 			missing = append(missing, node)
-		case a.status >= 200 && a.status < 300:
-			replies = append(replies, fanReply{node: node, ans: a})
-		case a.status >= 400 && a.status < 500 && a.status != http.StatusTooManyRequests:
-			if refused == nil {
-				refused = a
-			}
-		default:
+		case a.status >= 500 || a.status == http.StatusTooManyRequests:
 			r.log.WarnContext(ctx, "node failed a fan-out", "node", node, "path", in.URL.Path, "status", a.status)
 			missing = append(missing, node)
+		default:
+			replies = append(replies, fanReply{node: node, ans: a})
 		}
 	}
 	slices.Sort(missing)
-	if refused == nil && len(replies) == 0 {
-		return nil, missing, nil, errs.E(errs.Unavailable, "no node answered %s %s (asked %s)", in.Method, in.URL.Path, strings.Join(ask, ", "))
+	if len(replies) == 0 {
+		return nil, missing, errs.E(errs.Unavailable, "no node answered %s %s (asked %s)", in.Method, in.URL.Path, strings.Join(ask, ", "))
 	}
-	return replies, missing, refused, nil
+	return replies, missing, nil
+}
+
+// alive: the node's agent is running (Ready True, Lease fresh). A
+// cordoned node takes no new sandboxes but still holds usage, snapshots
+// and history: alive is enough to be asked.
+func (r *Replica) alive(n *berthv1.Node, lease *kube.Lease) bool {
+	c := kube.FindCondition(n.Status.Conditions, berthv1.CondNodeReady)
+	exp := leaseExpiry(lease)
+	return c != nil && c.Status == "True" && !exp.IsZero() && r.now().Before(exp)
+}
+
+// split sorts fan-out answers into the 2xx ones and the first refusal
+// (4xx): a refusal is the request's fault, the same on every node, and is
+// sent on as the answer.
+func split(replies []fanReply) (ok []fanReply, refused *nodeAnswer) {
+	for _, rp := range replies {
+		if rp.ans.status >= 200 && rp.ans.status < 300 {
+			ok = append(ok, rp)
+		} else if refused == nil {
+			refused = rp.ans
+		}
+	}
+	return ok, refused
 }
 
 // serveMerged fans in out, decodes each node's answer as T, merges them
 // with merge and writes the result, naming the missing nodes in
 // HeaderUnanswered.
 func serveMerged[T any](r *Replica, w http.ResponseWriter, in *http.Request, p auth.Principal, merge func([]T) T) error {
-	replies, missing, refused, err := r.fanOut(in.Context(), in, p)
+	replies, missing, err := r.fanOut(in.Context(), in, p)
 	if err != nil {
 		return err
 	}
+	replies, refused := split(replies)
 	if refused != nil {
 		refused.write(w)
 		return nil

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -196,5 +197,70 @@ func TestQuotas(t *testing.T) {
 	}
 	if _, _, body := c.do("GET", c.url+"/v1/quotas/alice", c.admin, ""); !strings.Contains(body, `"source": "none"`) {
 		t.Fatalf("alice's quota after delete: %s", body)
+	}
+}
+
+// A template build goes to the node with the most free memory (or the
+// one ?node= names), signed as the admin, its tar streamed there and its
+// progress back; the build history is every node's, newest first.
+func TestTemplateBuildForwardAndHistory(t *testing.T) {
+	noLeaks(t)
+	c := newCluster(t)
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	builder := func(name string, started time.Time) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case r.URL.Path == "/v1/builds":
+				_ = json.NewEncoder(w).Encode(wire.TemplateBuildList{Builds: []wire.TemplateBuild{
+					{Seq: 1, Template: name, Kind: "build", StartedAt: started, Result: "ready"}}})
+			case strings.HasSuffix(r.URL.Path, "/build"):
+				b, _ := io.ReadAll(r.Body)
+				w.Header().Set("Content-Type", "application/x-ndjson")
+				_, _ = io.WriteString(w, `{"step":"context","bytes":`+strconv.Itoa(len(b))+"}\n")
+				w.(http.Flusher).Flush()
+				_, _ = io.WriteString(w, `{"done":true,"node":"`+name+`"}`+"\n")
+			default:
+				http.NotFound(w, r)
+			}
+		}
+	}
+	small := c.node("a-small", 16384, builder("a-small", t0))
+	big := c.node("b-big", 65536, builder("b-big", t0.Add(time.Hour)))
+
+	tarBody := strings.Repeat("x", 300<<10)
+	st, hdr, body := c.do("POST", c.url+"/v1/templates/py/build?dockerfile=Dockerfile", c.admin, tarBody)
+	if st != 200 || hdr.Get(HeaderNode) != "b-big" || !strings.Contains(body, `"bytes":307200`) || !strings.Contains(body, `"node":"b-big"`) {
+		t.Fatalf("build: %d node %q %s", st, hdr.Get(HeaderNode), body)
+	}
+	rb := big.requests()
+	if len(rb) != 1 || !rb[0].signed || rb[0].principal != (peer.Principal{Owner: "admin", Admin: true}) || rb[0].header.Get("X-Api-Key") != "" {
+		t.Fatalf("b-big saw %+v", rb)
+	}
+	if st, hdr, body := c.do("POST", c.url+"/v1/templates/py/build?node=a-small", c.admin, "tar"); st != 200 || hdr.Get(HeaderNode) != "a-small" {
+		t.Fatalf("build on a named node: %d %q %s", st, hdr.Get(HeaderNode), body)
+	}
+	if len(small.requests()) != 1 {
+		t.Fatalf("a-small saw %d requests, want 1", len(small.requests()))
+	}
+	if st, _, body := c.do("POST", c.url+"/v1/templates/py/build?node=nope", c.admin, "tar"); st != 400 || !strings.Contains(body, "node") {
+		t.Fatalf("build on an unknown node: %d %s", st, body)
+	}
+	if st, _, _ := c.do("PUT", c.url+"/v1/templates/py/tar", c.key, "tar"); st != 403 {
+		t.Fatalf("a tenant importing a template: %d", st)
+	}
+	c.renew("b-big", time.Now().Add(-time.Minute), 40)
+	if st, _, body := c.do("POST", c.url+"/v1/templates/py/build?node=b-big", c.admin, "tar"); st != 503 || !strings.Contains(body, "b-big") {
+		t.Fatalf("build on a node whose lease ran out: %d %s", st, body)
+	}
+	c.renew("b-big", time.Now(), 40)
+
+	_, _, body = c.do("GET", c.url+"/v1/builds", c.admin, "")
+	var bl wire.TemplateBuildList
+	if err := json.Unmarshal([]byte(body), &bl); err != nil || len(bl.Builds) != 2 || bl.Builds[0].Template != "b-big" || bl.Builds[1].Template != "a-small" {
+		t.Fatalf("merged builds: %s", body)
+	}
+	_, _, body = c.do("GET", c.url+"/v1/builds?limit=1", c.admin, "")
+	if err := json.Unmarshal([]byte(body), &bl); err != nil || len(bl.Builds) != 1 || bl.Builds[0].Template != "b-big" {
+		t.Fatalf("merged builds, limit 1: %s", body)
 	}
 }

@@ -137,6 +137,12 @@ func (r *Replica) proxy(w http.ResponseWriter, req *http.Request, sb *sandbox.Sa
 		style.write(w, errs.E(errs.FailedPrecondition, "sandbox %s is not bound to a node yet", sb.ID))
 		return
 	}
+	r.proxyNode(w, req, node, "running sandbox "+sb.ID, p, style, after)
+}
+
+// proxyNode is proxy to a named node; about says in errors and logs what
+// the node was chosen for.
+func (r *Replica) proxyNode(w http.ResponseWriter, req *http.Request, node, about string, p *peer.Principal, style errStyle, after func(*http.Response) error) {
 	base, tr, err := r.nodes.endpoint(req.Context(), node)
 	if err != nil {
 		style.write(w, err)
@@ -172,12 +178,12 @@ func (r *Replica) proxy(w http.ResponseWriter, req *http.Request, sb *sandbox.Sa
 			if req.Context().Err() != nil {
 				return // the client left
 			}
-			r.log.Warn("node did not answer", "node", node, "sandbox_id", sb.ID, "path", req.URL.Path, "err", err)
+			r.log.Warn("node did not answer", "node", node, "about", about, "path", req.URL.Path, "err", err)
 			if errs.KindOf(err) == errs.Unavailable {
 				style.write(w, err)
 				return
 			}
-			style.write(w, errs.Wrap(errs.Unavailable, err, "node %s (running sandbox %s) did not answer", node, sb.ID))
+			style.write(w, errs.Wrap(errs.Unavailable, err, "node %s (%s) did not answer", node, about))
 		},
 	}
 	rp.ServeHTTP(w, req)

@@ -184,7 +184,7 @@ func (r *Replica) snapshotCounts(in *http.Request, p auth.Principal, owner strin
 		q.Set("owner", owner)
 	}
 	g := getRequest(in, "/v1/snapshots", q.Encode())
-	replies, missing, refused, err := r.fanOut(in.Context(), g, p)
+	replies, missing, err := r.fanOut(in.Context(), g, p)
 	if errs.Is(err, errs.Unavailable) && len(replies) == 0 {
 		// No node answered: the limits and the sandbox use still stand;
 		// the count is named as missing.
@@ -193,6 +193,7 @@ func (r *Replica) snapshotCounts(in *http.Request, p auth.Principal, owner strin
 	if err != nil {
 		return nil, nil, err
 	}
+	replies, refused := split(replies)
 	if refused != nil {
 		return nil, nil, errs.E(errs.Unavailable, "counting snapshots: a node answered %d: %s", refused.status, strings.TrimSpace(string(refused.body)))
 	}
