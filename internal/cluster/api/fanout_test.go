@@ -264,3 +264,92 @@ func TestTemplateBuildForwardAndHistory(t *testing.T) {
 		t.Fatalf("merged builds, limit 1: %s", body)
 	}
 }
+
+// Snapshots are listed from every node; one snapshot's reads, deletes
+// and promotions go to the node that holds it, found by asking them all.
+func TestSnapshotsByID(t *testing.T) {
+	noLeaks(t)
+	c := newCluster(t)
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	holder := func(snap wire.Snapshot) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			p, _, _ := peer.Verify(r, c.token)
+			mine := p.Admin || p.Owner == snap.Owner
+			switch {
+			case r.Method == "GET" && r.URL.Path == "/v1/snapshots":
+				list := []wire.Snapshot{}
+				if mine {
+					list = append(list, snap)
+				}
+				_ = json.NewEncoder(w).Encode(list)
+			case r.URL.Path == "/v1/snapshots/"+snap.ID && mine:
+				switch r.Method {
+				case "GET":
+					_ = json.NewEncoder(w).Encode(snap)
+				case "DELETE":
+					w.WriteHeader(http.StatusNoContent)
+				}
+			case r.Method == "POST" && r.URL.Path == "/v1/snapshots/"+snap.ID+"/template":
+				b, _ := io.ReadAll(r.Body)
+				w.WriteHeader(http.StatusCreated)
+				_, _ = w.Write(b)
+			default:
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = io.WriteString(w, `{"code":404,"message":"snapshot not found","reason":"not_found"}`)
+			}
+		}
+	}
+	n1 := c.node("n1", 16384, holder(wire.Snapshot{ID: "snapa", Owner: "alice", CreatedAt: t0}))
+	n2 := c.node("n2", 16384, holder(wire.Snapshot{ID: "snapb", Owner: "alice", CreatedAt: t0.Add(time.Hour)}))
+
+	_, _, body := c.do("GET", c.url+"/v1/snapshots", c.key, "")
+	var list []wire.Snapshot
+	if err := json.Unmarshal([]byte(body), &list); err != nil || len(list) != 2 || list[0].ID != "snapb" || list[1].ID != "snapa" {
+		t.Fatalf("alice's snapshots: %s", body)
+	}
+	if _, _, body := c.do("GET", c.url+"/v1/snapshots", c.bob, ""); body != "[]\n" {
+		t.Fatalf("bob's snapshots: %q", body)
+	}
+	if st, _, body := c.do("GET", c.url+"/v1/snapshots/snapb", c.key, ""); st != 200 || !strings.Contains(body, `"id":"snapb"`) {
+		t.Fatalf("get snapb: %d %s", st, body)
+	}
+	if st, _, _ := c.do("GET", c.url+"/v1/snapshots/snapb", c.bob, ""); st != 404 {
+		t.Fatalf("bob gets alice's snapshot: %d", st)
+	}
+	if st, _, _ := c.do("GET", c.url+"/v1/snapshots/..%2f..%2fetc", c.key, ""); st != 404 {
+		t.Fatalf("a snapshot id with slashes: %d", st)
+	}
+	st, hdr, body := c.do("POST", c.url+"/v1/snapshots/snapa/template", c.key, `{"name":"from-a"}`)
+	if st != 201 || hdr.Get(HeaderNode) != "n1" || body != `{"name":"from-a"}` {
+		t.Fatalf("promote snapa: %d %q %s", st, hdr.Get(HeaderNode), body)
+	}
+	if st, _, _ := c.do("DELETE", c.url+"/v1/snapshots/snapa", c.bob, ""); st != 404 {
+		t.Fatalf("bob deletes alice's snapshot: %d", st)
+	}
+	if st, _, body := c.do("DELETE", c.url+"/v1/snapshots/snapa", c.key, ""); st != 204 {
+		t.Fatalf("delete snapa: %d %s", st, body)
+	}
+	for _, rq := range n2.requests() {
+		if rq.method != "GET" {
+			t.Errorf("n2, which does not hold snapa, saw %s %s", rq.method, rq.path)
+		}
+	}
+	var deletes int
+	for _, rq := range n1.requests() {
+		if rq.method == "DELETE" {
+			deletes++
+			if rq.principal != (peer.Principal{Owner: "alice"}) || !rq.signed {
+				t.Errorf("delete reached n1 as %+v (signed %v)", rq.principal, rq.signed)
+			}
+		}
+	}
+	if deletes != 1 {
+		t.Fatalf("n1 saw %d deletes, want 1", deletes)
+	}
+	// With a node silent, "not on the others" is not "not found".
+	c.renew("n2", time.Now().Add(-time.Minute), 40)
+	if st, _, body := c.do("GET", c.url+"/v1/snapshots/snapb", c.key, ""); st != 503 || !strings.Contains(body, "n2") {
+		t.Fatalf("snapb with its node silent: %d %s", st, body)
+	}
+}
