@@ -353,3 +353,58 @@ func TestSnapshotsByID(t *testing.T) {
 		t.Fatalf("snapb with its node silent: %d %s", st, body)
 	}
 }
+
+// The audit chains of the nodes are merged by time; one node's chain is
+// paged and verified on that node.
+func TestAuditMerged(t *testing.T) {
+	c := newCluster(t)
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	chain := func(offsets ...int) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/v1/audit":
+				l := wire.AuditList{Entries: []wire.AuditEntry{}}
+				for i, o := range offsets {
+					l.Entries = append(l.Entries, wire.AuditEntry{Seq: int64(i + 1), Time: t0.Add(time.Duration(o) * time.Minute), Action: "api"})
+				}
+				if r.URL.Query().Get("after") != "" {
+					l.Entries = l.Entries[1:]
+				}
+				_ = json.NewEncoder(w).Encode(l)
+			case "/v1/audit/verify":
+				_ = json.NewEncoder(w).Encode(wire.AuditReport{OK: true, Entries: int64(len(offsets))})
+			}
+		}
+	}
+	c.node("n1", 16384, chain(0, 2, 4))
+	n2 := c.node("n2", 16384, chain(1, 3))
+	_, _, body := c.do("GET", c.url+"/v1/audit?limit=4", c.admin, "")
+	var l wire.AuditList
+	if err := json.Unmarshal([]byte(body), &l); err != nil || len(l.Entries) != 4 || l.Next != 0 {
+		t.Fatalf("merged audit: %s", body)
+	}
+	for i, e := range l.Entries {
+		if !e.Time.Equal(t0.Add(time.Duration(i) * time.Minute)) {
+			t.Fatalf("merged audit entry %d at %s, want minute %d: %s", i, e.Time, i, body)
+		}
+	}
+	if st, _, body := c.do("GET", c.url+"/v1/audit?after=3", c.admin, ""); st != 400 || !strings.Contains(body, "node") {
+		t.Fatalf("after= without a node: %d %s", st, body)
+	}
+	st, hdr, body := c.do("GET", c.url+"/v1/audit?node=n2&after=1", c.admin, "")
+	if err := json.Unmarshal([]byte(body), &l); st != 200 || err != nil || hdr.Get(HeaderNode) != "n2" || len(l.Entries) != 1 {
+		t.Fatalf("n2's chain after 1: %d %s", st, body)
+	}
+	if st, _, body := c.do("POST", c.url+"/v1/audit/verify", c.admin, ""); st != 400 || !strings.Contains(body, "node") {
+		t.Fatalf("verify without a node: %d %s", st, body)
+	}
+	if st, _, _ := c.do("POST", c.url+"/v1/audit/verify?node=n2", c.key, ""); st != 403 {
+		t.Fatalf("a tenant verifying: %d", st)
+	}
+	if st, _, body := c.do("POST", c.url+"/v1/audit/verify?node=n2", c.admin, ""); st != 200 || !strings.Contains(body, `"entries":2`) {
+		t.Fatalf("verify n2: %d %s", st, body)
+	}
+	if last := n2.requests()[len(n2.requests())-1]; last.path != "/v1/audit/verify" || last.principal != (peer.Principal{Owner: "admin", Admin: true}) {
+		t.Fatalf("n2's last request: %+v", last)
+	}
+}

@@ -55,6 +55,7 @@ func (r *Replica) restRoutes() *http.ServeMux {
 	r.quotaRoutes(mux)
 	r.templateRoutes(mux)
 	r.snapshotRoutes(mux)
+	r.auditRoutes(mux)
 	notServed := func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, errs.E(errs.NotImplemented, "%s %s is not served by a cluster API replica (berth serve --cluster): run it against a node's own API, or on one host", req.Method, req.URL.Path))
 	}
