@@ -46,7 +46,7 @@ type fanReply struct {
 // once and returns the answers that came, in node-name order, and the
 // names of the nodes missing from them: not alive, over the node bound,
 // failed to answer, or answered 5xx or 429 (a node's trouble, not the
-// request's). It is Unavailable when nodes were asked and none answered.
+// request's; 501 is an answer: the node does not do that). It is Unavailable when nodes were asked and none answered.
 func (r *Replica) fanOut(ctx context.Context, in *http.Request, p auth.Principal) (replies []fanReply, missing []string, err error) {
 	var nl berthv1.NodeList
 	if err := r.cfg.Kube.List(ctx, berthv1.Nodes, r.cfg.Namespace, kube.ListOptions{}, &nl); err != nil {
@@ -92,7 +92,7 @@ func (r *Replica) fanOut(ctx context.Context, in *http.Request, p auth.Principal
 		case errsBy[i] != nil:
 			r.log.WarnContext(ctx, "node did not answer a fan-out", "node", node, "path", in.URL.Path, "err", errsBy[i])
 			missing = append(missing, node)
-		case a.status >= 500 || a.status == http.StatusTooManyRequests:
+		case (a.status >= 500 && a.status != http.StatusNotImplemented) || a.status == http.StatusTooManyRequests:
 			r.log.WarnContext(ctx, "node failed a fan-out", "node", node, "path", in.URL.Path, "status", a.status)
 			missing = append(missing, node)
 		default:

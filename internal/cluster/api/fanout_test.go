@@ -408,3 +408,63 @@ func TestAuditMerged(t *testing.T) {
 		t.Fatalf("n2's last request: %+v", last)
 	}
 }
+
+// E2B's snapshot list is the fleet's, ordered and paged by the replica;
+// its template delete (a snapshot, on berth) reaches the node holding it.
+func TestE2BSnapshots(t *testing.T) {
+	c := newCluster(t)
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	e2bNode := func(snaps ...wire.Snapshot) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case r.Method == "GET" && r.URL.Path == "/v1/snapshots":
+				_ = json.NewEncoder(w).Encode(snaps)
+			case r.Method == "DELETE" && r.URL.Path == "/templates/"+snaps[0].ID:
+				w.WriteHeader(http.StatusNoContent)
+			case r.Method == "DELETE" && r.URL.Path == "/templates/default":
+				w.WriteHeader(http.StatusNotImplemented)
+				_, _ = io.WriteString(w, `{"code":501,"message":"DELETE /templates/default is not implemented by berth"}`)
+			default:
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = io.WriteString(w, `{"code":404,"message":"snapshot not found"}`)
+			}
+		}
+	}
+	n1 := c.node("n1", 16384, e2bNode(wire.Snapshot{ID: "sa", Owner: "alice", Name: "one", SourceSandbox: "sbx1", CreatedAt: t0},
+		wire.Snapshot{ID: "sc", Owner: "alice", SourceSandbox: "sbx2", CreatedAt: t0.Add(2 * time.Hour)}))
+	n2 := c.node("n2", 16384, e2bNode(wire.Snapshot{ID: "sb", Owner: "alice", CreatedAt: t0.Add(time.Hour)}))
+
+	st, hdr, body := c.do("GET", c.url+"/snapshots?limit=2", "", "", "X-API-KEY", c.key)
+	if st != 200 || body != `[{"snapshotID":"sc","names":[]},{"snapshotID":"sb","names":[]}]`+"\n" || hdr.Get("X-Next-Token") != "sb" {
+		t.Fatalf("first page: %d %q next %q", st, body, hdr.Get("X-Next-Token"))
+	}
+	st, hdr, body = c.do("GET", c.url+"/snapshots?limit=2&nextToken=sb", "", "", "X-API-KEY", c.key)
+	if st != 200 || body != `[{"snapshotID":"sa","names":["one"]}]`+"\n" || hdr.Get("X-Next-Token") != "" {
+		t.Fatalf("second page: %d %q next %q", st, body, hdr.Get("X-Next-Token"))
+	}
+	if _, _, body := c.do("GET", c.url+"/snapshots?sandboxID=sbx1", "", "", "X-API-KEY", c.key); !strings.Contains(body, `"sa"`) || strings.Contains(body, `"sc"`) {
+		t.Fatalf("by sandbox: %s", body)
+	}
+	if st, _, body := c.do("GET", c.url+"/snapshots?nextToken=zz", "", "", "X-API-KEY", c.key); st != 400 || !strings.Contains(body, "nextToken") {
+		t.Fatalf("bad token: %d %s", st, body)
+	}
+	if r1 := n1.requests(); r1[0].principal != (peer.Principal{Owner: "alice"}) {
+		t.Fatalf("asked as %+v", r1[0].principal)
+	}
+	if st, _, body := c.do("DELETE", c.url+"/templates/sb", "", "", "X-API-KEY", c.key); st != 204 {
+		t.Fatalf("delete sb: %d %s", st, body)
+	}
+	deleted := false
+	for _, rq := range n2.requests() {
+		deleted = deleted || (rq.method == "DELETE" && rq.path == "/templates/sb")
+	}
+	if !deleted {
+		t.Fatal("n2 never saw the delete of sb")
+	}
+	if st, _, _ := c.do("DELETE", c.url+"/templates/nosuch", "", "", "X-API-KEY", c.key); st != 404 {
+		t.Fatalf("delete of an unknown snapshot: %d", st)
+	}
+	if st, _, _ := c.do("DELETE", c.url+"/templates/default", "", "", "X-API-KEY", c.key); st != 501 {
+		t.Fatalf("delete of a real template: %d", st)
+	}
+}
