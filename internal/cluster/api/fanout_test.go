@@ -13,6 +13,8 @@ import (
 
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/cluster/peer"
+	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // usageNode answers /v1/usage with rep and /v1/reports/orphans with orph,
@@ -466,5 +468,56 @@ func TestE2BSnapshots(t *testing.T) {
 	}
 	if st, _, _ := c.do("DELETE", c.url+"/templates/default", "", "", "X-API-KEY", c.key); st != 501 {
 		t.Fatalf("delete of a real template: %d", st)
+	}
+}
+
+// A template is removed from every node, and its object only once every
+// node has answered.
+func TestTemplateDelete(t *testing.T) {
+	c := newCluster(t)
+	ctx := t.Context()
+	for _, name := range []string{"py", "busy"} {
+		if _, err := c.st.PutTemplate(ctx, store.Template{Name: name, Fingerprint: "fp-" + name, State: store.TemplateReady}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.node("n1", 16384, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/templates/py":
+			_ = json.NewEncoder(w).Encode(wire.TemplateDeleted{Removed: "py", LayersCollected: 2})
+		case "/v1/templates/busy":
+			w.WriteHeader(http.StatusConflict)
+			_, _ = io.WriteString(w, `{"code":409,"message":"template busy is used by 1 sandbox","reason":"failed_precondition"}`)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	c.node("n2", 16384, func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
+	if st, _, _ := c.do("DELETE", c.url+"/v1/templates/py", c.key, ""); st != 403 {
+		t.Fatalf("a tenant removing a template: %d", st)
+	}
+	c.renew("n2", time.Now().Add(-time.Minute), 40)
+	if st, _, body := c.do("DELETE", c.url+"/v1/templates/py", c.admin, ""); st != 503 || !strings.Contains(body, "n2") {
+		t.Fatalf("delete with n2 silent: %d %s", st, body)
+	}
+	if _, err := c.st.GetTemplate(ctx, "py"); err != nil {
+		t.Fatalf("the object went with a node unasked: %v", err)
+	}
+	c.renew("n2", time.Now(), 40)
+	st, _, body := c.do("DELETE", c.url+"/v1/templates/py", c.admin, "")
+	if st != 200 || !strings.Contains(body, `"layers_collected": 2`) {
+		t.Fatalf("delete py: %d %s", st, body)
+	}
+	if _, err := c.st.GetTemplate(ctx, "py"); !errs.Is(err, errs.NotFound) {
+		t.Fatalf("py's object after the delete: %v", err)
+	}
+	if st, _, body := c.do("DELETE", c.url+"/v1/templates/busy", c.admin, ""); st != 409 || !strings.Contains(body, "used by") {
+		t.Fatalf("delete busy: %d %s", st, body)
+	}
+	if _, err := c.st.GetTemplate(ctx, "busy"); err != nil {
+		t.Fatalf("busy's object after a refused delete: %v", err)
+	}
+	if st, _, _ := c.do("DELETE", c.url+"/v1/templates/nosuch", c.admin, ""); st != 404 {
+		t.Fatalf("delete of an unknown template: %d", st)
 	}
 }

@@ -33,6 +33,7 @@ func (r *Replica) templateRoutes(mux *http.ServeMux) {
 	r.handle(mux, "POST /v1/templates/{name}/pull", r.forwardTemplate)
 	r.handle(mux, "POST /v1/templates/{name}/build", r.forwardTemplate)
 	r.handle(mux, "GET /v1/builds", r.builds)
+	r.handle(mux, "DELETE /v1/templates/{name}", r.deleteTemplate)
 }
 
 func (r *Replica) forwardTemplate(w http.ResponseWriter, req *http.Request, p auth.Principal) error {
@@ -130,6 +131,57 @@ func (r *Replica) builds(w http.ResponseWriter, req *http.Request, p auth.Princi
 	}
 	slices.Sort(missing)
 	setUnanswered(w, missing)
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// templateDeleter is kubestore's DeleteTemplate.
+type templateDeleter interface {
+	DeleteTemplate(ctx context.Context, name string) error
+}
+
+// deleteTemplate removes a template from every node (asked at once; a
+// node without it answers 404), then its Template object, but only once
+// every registered node answered: a node that was not asked may still
+// hold it, and the object is how creates find it. A refusal (a template
+// in use) is sent on; the nodes that had removed it by then stay so.
+func (r *Replica) deleteTemplate(w http.ResponseWriter, req *http.Request, p auth.Principal) error {
+	if !p.Admin {
+		return errs.E(errs.PermissionDenied, "only the admin key may remove templates")
+	}
+	name := req.PathValue("name")
+	td, ok := r.cfg.Store.(templateDeleter)
+	if !ok {
+		return errs.E(errs.NotImplemented, "removing templates: this replica's store cannot")
+	}
+	replies, missing, err := r.fanOut(req.Context(), req, p)
+	if err != nil && len(missing) == 0 {
+		return err
+	}
+	out := wire.TemplateDeleted{Removed: name}
+	found := false
+	for _, rp := range replies {
+		switch a := rp.ans; {
+		case a.status >= 200 && a.status < 300:
+			found = true
+			var d wire.TemplateDeleted
+			if json.Unmarshal(a.body, &d) == nil {
+				out.LayersCollected += d.LayersCollected
+			}
+		case a.status == http.StatusNotFound:
+		default:
+			a.write(w)
+			return nil
+		}
+	}
+	if len(missing) > 0 {
+		return errs.E(errs.Unavailable, "template %s: nodes %s did not answer; its object stays until every node has removed it (retry)", name, strings.Join(missing, ", "))
+	}
+	if err := td.DeleteTemplate(req.Context(), name); err != nil {
+		if !errs.Is(err, errs.NotFound) || !found {
+			return err
+		}
+	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
