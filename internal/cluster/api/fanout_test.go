@@ -194,6 +194,14 @@ func TestQuotas(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &list); err != nil || len(list) != 1 || list[0].Owner != "alice" || list[0].Use.Snapshots != 2 {
 		t.Fatalf("admin's quota list: %s", body)
 	}
+	// Creates are held to the stored limits over the whole cluster.
+	c.create(`{"memory_mib":1024}`)
+	if st, _, body := c.do("POST", url2+"/v1/sandboxes", c.key, `{"memory_mib":512}`); st != 429 || !strings.Contains(body, "sandboxes") {
+		t.Fatalf("a fourth sandbox past a limit of 3: %d %s", st, body)
+	}
+	if st, _, body := c.do("POST", c.url+"/v1/sandboxes", c.bob, `{"memory_mib":512}`); st != 201 {
+		t.Fatalf("bob, without a quota: %d %s", st, body)
+	}
 	if st, _, body := c.do("DELETE", c.url+"/v1/quotas/alice", c.admin, ""); st != 204 {
 		t.Fatalf("delete alice's quota: %d %s", st, body)
 	}

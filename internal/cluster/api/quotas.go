@@ -227,3 +227,26 @@ func setUnanswered(w http.ResponseWriter, missing []string) {
 		w.Header().Set(HeaderUnanswered, strings.Join(missing, ","))
 	}
 }
+
+// checkQuota refuses a create that would take owner past its stored
+// limits, counted over its Sandbox objects (every node's). Two replicas
+// creating at once may both pass the last room: the limit is as soft as
+// that race, by at most one create per replica.
+func (r *Replica) checkQuota(ctx context.Context, spec createSpec) error {
+	qs, ok := r.cfg.Store.(quotaStore)
+	if !ok {
+		return nil
+	}
+	l, err := qs.GetQuota(ctx, spec.Owner)
+	if errs.Is(err, errs.NotFound) || (err == nil && l == (quota.Limits{})) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	qi, err := r.quotaInfo(ctx, qs, spec.Owner, 0)
+	if err != nil {
+		return err
+	}
+	return quota.Check(spec.Owner, l, quota.Use(qi.Use), withDefaults(spec.Resources))
+}

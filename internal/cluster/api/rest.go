@@ -21,11 +21,12 @@ import (
 
 type handler func(w http.ResponseWriter, r *http.Request, p auth.Principal) error
 
-// restRoutes is /v1 as a replica serves it. What needs a runtime on this
-// host (template builds and imports, pools, snapshots, usage, the
-// console...) answers 501 naming cluster mode: those are a node's, and
-// reaching them needs a node to be chosen, which a sandbox-free request
-// does not say.
+// restRoutes is /v1 as a replica serves it. What is in the nodes'
+// journals (usage, reports, builds, snapshots, the audit) is asked of
+// every node and merged, or sent to the node that holds it; what is store
+// state (quotas, keys, templates' objects) is served here. What is left
+// (pools, secrets, leases, the usage series, orphan clean-up, the global
+// event feed, the console, /metrics) answers 501 naming cluster mode.
 func (r *Replica) restRoutes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
