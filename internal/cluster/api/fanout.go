@@ -265,3 +265,51 @@ func mergeOrphans(parts []wire.OrphanReport) wire.OrphanReport {
 	})
 	return out
 }
+
+func (r *Replica) usageSeries(w http.ResponseWriter, req *http.Request, p auth.Principal) error {
+	return serveMerged(r, w, req, p, mergeSeries)
+}
+
+// mergeSeries sums the nodes' cost series per key and bucket. The buckets
+// are the first node's; another node's bucket is matched by its time (a
+// node that computed its window across an hour boundary has one bucket
+// more at one end: that one is left out, and its cost from the totals).
+func mergeSeries(parts []wire.UsageSeries) wire.UsageSeries {
+	if len(parts) == 0 {
+		return wire.UsageSeries{Buckets: []time.Time{}, Lines: []wire.SeriesLine{}}
+	}
+	out := parts[0]
+	out.Lines = []wire.SeriesLine{}
+	if out.Buckets == nil {
+		out.Buckets = []time.Time{}
+	}
+	at := map[int64]int{}
+	for i, b := range out.Buckets {
+		at[b.UnixNano()] = i
+	}
+	n := len(out.Buckets)
+	lines := map[string]*wire.SeriesLine{}
+	for _, part := range parts {
+		for _, l := range part.Lines {
+			m := lines[l.Key]
+			if m == nil {
+				m = &wire.SeriesLine{Key: l.Key, Reserved: make([]float64, n), Active: make([]float64, n)}
+				lines[l.Key] = m
+			}
+			for j, b := range part.Buckets {
+				i, ok := at[b.UnixNano()]
+				if !ok || j >= len(l.Reserved) || j >= len(l.Active) {
+					continue
+				}
+				m.Reserved[i] += l.Reserved[j]
+				m.Active[i] += l.Active[j]
+				m.TotalReserved += l.Reserved[j]
+				m.TotalActive += l.Active[j]
+			}
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(lines)) {
+		out.Lines = append(out.Lines, *lines[k])
+	}
+	return out
+}

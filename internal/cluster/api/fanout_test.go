@@ -529,3 +529,25 @@ func TestTemplateDelete(t *testing.T) {
 		t.Fatalf("delete of an unknown template: %d", st)
 	}
 }
+
+// The cost series of the nodes add up per key and bucket, buckets
+// matched by time.
+func TestMergeSeries(t *testing.T) {
+	h := func(i int) time.Time { return time.Date(2026, 12, 1, i, 0, 0, 0, time.UTC) }
+	a := wire.UsageSeries{By: "owner", StepSeconds: 3600, Buckets: []time.Time{h(1), h(2)}, Lines: []wire.SeriesLine{
+		{Key: "alice", Reserved: []float64{1, 2}, Active: []float64{0.5, 1}, TotalReserved: 3, TotalActive: 1.5}}}
+	// Computed an hour later: its window starts at 2 and has a bucket at 3.
+	b := wire.UsageSeries{By: "owner", StepSeconds: 3600, Buckets: []time.Time{h(2), h(3)}, Lines: []wire.SeriesLine{
+		{Key: "alice", Reserved: []float64{10, 99}, Active: []float64{1, 99}, TotalReserved: 109, TotalActive: 100},
+		{Key: "bob", Reserved: []float64{4, 0}, Active: []float64{2, 0}, TotalReserved: 4, TotalActive: 2}}}
+	got := mergeSeries([]wire.UsageSeries{a, b})
+	want := wire.UsageSeries{By: "owner", StepSeconds: 3600, Buckets: []time.Time{h(1), h(2)}, Lines: []wire.SeriesLine{
+		{Key: "alice", Reserved: []float64{1, 12}, Active: []float64{0.5, 2}, TotalReserved: 13, TotalActive: 2.5},
+		{Key: "bob", Reserved: []float64{0, 4}, Active: []float64{0, 2}, TotalReserved: 4, TotalActive: 2}}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("merged series (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(wire.UsageSeries{Buckets: []time.Time{}, Lines: []wire.SeriesLine{}}, mergeSeries(nil)); d != "" {
+		t.Errorf("no parts: %s", d)
+	}
+}

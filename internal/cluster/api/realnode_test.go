@@ -90,7 +90,7 @@ func TestRealNodeSurface(t *testing.T) {
 		bl.Builds[0].Kind != "import" || hdr.Get(HeaderUnanswered) != "" {
 		t.Fatalf("builds: %d %s", st, body)
 	}
-	for _, path := range []string{"/v1/usage", "/v1/reports/orphans", "/v1/quotas/alice", "/v1/snapshots", "/v1/audit"} {
+	for _, path := range []string{"/v1/usage", "/v1/reports/orphans", "/v1/quotas/alice", "/v1/snapshots", "/v1/audit", "/v1/usage/series?by=owner"} {
 		st, hdr, body := c.do("GET", c.url+path, c.admin, "")
 		if st != 200 || hdr.Get(HeaderUnanswered) != "" {
 			t.Errorf("GET %s: %d unanswered %q %s", path, st, hdr.Get(HeaderUnanswered), body)
