@@ -48,6 +48,12 @@ type fanReply struct {
 // failed to answer, or answered 5xx or 429 (a node's trouble, not the
 // request's; 501 is an answer: the node does not do that). It is Unavailable when nodes were asked and none answered.
 func (r *Replica) fanOut(ctx context.Context, in *http.Request, p auth.Principal) (replies []fanReply, missing []string, err error) {
+	return r.fanOutBody(ctx, in, nil, p)
+}
+
+// fanOutBody is fanOut sending body (read and bounded by the caller) to
+// each node.
+func (r *Replica) fanOutBody(ctx context.Context, in *http.Request, body []byte, p auth.Principal) (replies []fanReply, missing []string, err error) {
 	var nl berthv1.NodeList
 	if err := r.cfg.Kube.List(ctx, berthv1.Nodes, r.cfg.Namespace, kube.ListOptions{}, &nl); err != nil {
 		return nil, nil, err
@@ -79,7 +85,7 @@ func (r *Replica) fanOut(ctx context.Context, in *http.Request, p auth.Principal
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, r.cfg.FanOutTimeout)
 			defer cancel()
-			answers[i], errsBy[i] = r.sendLimit(nctx, node, in, nil, &pp, "", limit)
+			answers[i], errsBy[i] = r.sendLimit(nctx, node, in, body, &pp, "", limit)
 		})
 	}
 	wg.Wait()

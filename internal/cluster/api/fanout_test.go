@@ -551,3 +551,43 @@ func TestMergeSeries(t *testing.T) {
 		t.Errorf("no parts: %s", d)
 	}
 }
+
+// An orphan clean-up goes to every node; each item is judged by the node
+// that holds it.
+func TestOrphanCleanup(t *testing.T) {
+	c := newCluster(t)
+	nf := func(kind, id string) wire.OrphanRefusal {
+		return wire.OrphanRefusal{Kind: kind, ID: id, Error: wire.Error{Code: 404, Message: kind + " not found", Reason: "not_found"}}
+	}
+	c.node("n1", 16384, func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(wire.OrphanCleanupResult{Deleted: []wire.OrphanRef{{Kind: "sandbox", ID: "sa"}},
+			Refused: []wire.OrphanRefusal{nf("snapshot", "sn1"), nf("snapshot", "zz")}})
+	})
+	n2 := c.node("n2", 16384, func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(wire.OrphanCleanupResult{Deleted: []wire.OrphanRef{}, Refused: []wire.OrphanRefusal{nf("sandbox", "sa"),
+			{Kind: "snapshot", ID: "sn1", Error: wire.Error{Code: 409, Message: "snapshot sn1 is not an orphan", Reason: "failed_precondition"}},
+			nf("snapshot", "zz")}})
+	})
+	req := `{"days":7,"sandboxes":["sa"],"snapshots":["sn1","zz"]}`
+	st, _, body := c.do("POST", c.url+"/v1/reports/orphans/cleanup", c.key, req)
+	var res wire.OrphanCleanupResult
+	if err := json.Unmarshal([]byte(body), &res); st != 200 || err != nil {
+		t.Fatalf("clean-up: %d %s", st, body)
+	}
+	if len(res.Deleted) != 1 || res.Deleted[0].ID != "sa" || len(res.Refused) != 2 ||
+		res.Refused[0].Error.Reason != "failed_precondition" || res.Refused[1].Error.Reason != "not_found" {
+		t.Fatalf("clean-up result: %s", body)
+	}
+	if rq := n2.requests(); len(rq) != 1 || rq[0].body != req || rq[0].principal.Owner != "alice" {
+		t.Fatalf("n2 saw %+v", rq)
+	}
+	c.renew("n2", time.Now().Add(-time.Minute), 40)
+	_, hdr, body := c.do("POST", c.url+"/v1/reports/orphans/cleanup", c.key, req)
+	if err := json.Unmarshal([]byte(body), &res); err != nil || hdr.Get(HeaderUnanswered) != "n2" || len(res.Refused) != 2 ||
+		res.Refused[0].Error.Reason != "unavailable" || !strings.Contains(res.Refused[0].Error.Message, "n2") {
+		t.Fatalf("clean-up with n2 silent: %s", body)
+	}
+	if st, _, body := c.do("POST", c.url+"/v1/reports/orphans/cleanup", c.key, `{"sandboxes":`); st != 400 || !strings.Contains(body, "body") {
+		t.Fatalf("a broken body: %d %s", st, body)
+	}
+}
