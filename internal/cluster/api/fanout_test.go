@@ -14,6 +14,7 @@ import (
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -589,5 +590,36 @@ func TestOrphanCleanup(t *testing.T) {
 	}
 	if st, _, body := c.do("POST", c.url+"/v1/reports/orphans/cleanup", c.key, `{"sandboxes":`); st != 400 || !strings.Contains(body, "body") {
 		t.Fatalf("a broken body: %d %s", st, body)
+	}
+}
+
+// The global event feed is the nodes' and the store's, merged by time.
+func TestEventsMerged(t *testing.T) {
+	c := newCluster(t)
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	n1 := c.node("n1", 16384, func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode([]wire.Event{{Seq: 1, SandboxID: "sa", Owner: "alice", Time: t0, Type: "transition"},
+			{Seq: 2, SandboxID: "sa", Owner: "alice", Time: t0.Add(2 * time.Minute), Type: "transition"}})
+	})
+	if _, err := c.st.AppendEvent(t.Context(), sandbox.Event{SandboxID: "sb", Owner: "alice", Time: t0.Add(time.Minute), Type: "transition",
+		To: sandbox.Lost, Reason: ReasonNodeLost}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, body := c.do("GET", c.url+"/v1/events", c.key, "")
+	var evs []wire.Event
+	if err := json.Unmarshal([]byte(body), &evs); err != nil || len(evs) != 3 || evs[1].Reason != ReasonNodeLost || evs[2].Seq != 2 {
+		t.Fatalf("merged events: %s", body)
+	}
+	if _, _, body := c.do("GET", c.url+"/v1/events?limit=2", c.key, ""); strings.Count(body, `"seq"`) != 2 {
+		t.Fatalf("limit 2: %s", body)
+	}
+	if st, _, body := c.do("GET", c.url+"/v1/events?after=1", c.key, ""); st != 400 || !strings.Contains(body, "node") {
+		t.Fatalf("after without a node: %d %s", st, body)
+	}
+	if st, hdr, _ := c.do("GET", c.url+"/v1/events?node=n1&after=1", c.key, ""); st != 200 || hdr.Get(HeaderNode) != "n1" {
+		t.Fatalf("n1's feed: %d", st)
+	}
+	if last := n1.requests()[len(n1.requests())-1]; last.principal.Owner != "alice" || last.path != "/v1/events" {
+		t.Fatalf("n1 asked as %+v", last.principal)
 	}
 }

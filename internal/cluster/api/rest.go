@@ -25,8 +25,7 @@ type handler func(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 // journals (usage, reports, builds, snapshots, the audit) is asked of
 // every node and merged, or sent to the node that holds it; what is store
 // state (quotas, keys, templates' objects) is served here. What is left
-// (pools, secrets, leases, the global
-// event feed, the console, /metrics) answers 501 naming cluster mode.
+// (pools, secrets, leases, the console, /metrics) answers 501 naming cluster mode.
 func (r *Replica) restRoutes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
@@ -55,6 +54,7 @@ func (r *Replica) restRoutes() *http.ServeMux {
 	r.handle(mux, "GET /v1/reports/orphans", r.orphans)
 	r.handle(mux, "GET /v1/usage/series", r.usageSeries)
 	r.handle(mux, "POST /v1/reports/orphans/cleanup", r.cleanupOrphans)
+	r.handle(mux, "GET /v1/events", r.allEvents)
 	r.quotaRoutes(mux)
 	r.templateRoutes(mux)
 	r.snapshotRoutes(mux)
