@@ -52,6 +52,9 @@ func (r *Replica) sendLimit(ctx context.Context, node string, in *http.Request, 
 	for _, h := range hopHeaders {
 		out.Header.Del(h)
 	}
+	// The replica reads this answer (and sends on only its body and
+	// type): it must come uncompressed, whatever the client accepts.
+	out.Header.Del("Accept-Encoding")
 	peer.Strip(out.Header)
 	if p != nil {
 		for _, h := range credentials {
