@@ -96,6 +96,20 @@ func TestRealNodeSurface(t *testing.T) {
 			t.Errorf("GET %s: %d unanswered %q %s", path, st, hdr.Get(HeaderUnanswered), body)
 		}
 	}
+	// The CLI, pointed at the replica, reads the same surface.
+	for _, args := range [][]string{{"usage", "--json"}, {"cost", "--json"}, {"report", "orphans", "--json"}, {"builds", "--json"},
+		{"quota", "ls"}, {"snapshot", "ls", "--json"}, {"audit", "ls", "--json"}, {"events", "--json"}, {"template", "ls", "--json"}} {
+		cli := exec.CommandContext(ctx, filepath.Join(bin, "berth"), args...)
+		cli.Env = append(os.Environ(), "BERTH_URL="+c.url, "BERTH_API_KEY="+c.admin)
+		if out, err := cli.CombinedOutput(); err != nil {
+			t.Errorf("berth %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	pools := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "pool", "ls")
+	pools.Env = append(os.Environ(), "BERTH_URL="+c.url, "BERTH_API_KEY="+c.admin)
+	if out, err := pools.CombinedOutput(); err == nil || !strings.Contains(string(out), "cluster") {
+		t.Errorf("berth pool ls on a replica: %v: %s (want the 501 naming cluster mode)", err, out)
+	}
 	st, hdr, body = c.do("GET", c.url+"/v1/audit?node=real1", c.admin, "")
 	if st != 200 || hdr.Get(HeaderNode) != "real1" || !strings.Contains(body, "entries") {
 		t.Errorf("real1's audit: %d %s", st, body)
