@@ -99,6 +99,9 @@ type Config struct {
 	DefaultTTL time.Duration
 	// LossInterval is the node-loss detector's period. Default 1s.
 	LossInterval time.Duration
+	// FanOutTimeout is how long each node may take to answer a request
+	// asked of every node (usage, reports). Default 5s.
+	FanOutTimeout time.Duration
 	// Version is what GET /v1/info reports.
 	Version string
 	// Now is the clock. Default time.Now.
@@ -139,6 +142,9 @@ func New(cfg Config) (*Replica, error) {
 	}
 	if cfg.LossInterval <= 0 {
 		cfg.LossInterval = time.Second
+	}
+	if cfg.FanOutTimeout <= 0 {
+		cfg.FanOutTimeout = fanOutTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -91,11 +91,16 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
-// replica starts one more replica over the same namespace.
-func (c *cluster) replica() (*Replica, string) {
+// replica starts one more replica over the same namespace; opts adjust
+// its Config.
+func (c *cluster) replica(opts ...func(*Config)) (*Replica, string) {
 	au := newAuth(c.st, c.t.TempDir())
-	rep, err := New(Config{Kube: srv.Client, Namespace: c.ns, Store: c.st, Token: c.token, Auth: au, Domain: "berth.test",
-		Log: slog.New(slog.NewTextHandler(c.t.Output(), nil))})
+	cfg := Config{Kube: srv.Client, Namespace: c.ns, Store: c.st, Token: c.token, Auth: au, Domain: "berth.test",
+		Log: slog.New(slog.NewTextHandler(c.t.Output(), nil))}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	rep, err := New(cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}

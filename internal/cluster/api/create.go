@@ -190,6 +190,9 @@ func (r *Replica) create(ctx context.Context, in *http.Request, body []byte, spe
 	if spec.TTL == 0 {
 		spec.TTL = r.cfg.DefaultTTL
 	}
+	if err := r.checkQuota(ctx, spec); err != nil {
+		return nil, err
+	}
 	excluded := map[string]bool{}
 	var (
 		lastAns *nodeAnswer // the last node's refusal, or

@@ -25,9 +25,13 @@ func (r *Replica) controlPlaneRoutes() *http.ServeMux {
 	mux.HandleFunc("/sandboxes/{id}", r.e2bAuthed(r.e2bProxy))
 	mux.HandleFunc("/sandboxes/{id}/{rest...}", r.e2bAuthed(r.e2bProxy))
 	mux.HandleFunc("/v2/sandboxes/{id}/{rest...}", r.e2bAuthed(r.e2bProxy))
+	// Snapshots are in their nodes' stores: listed and deleted by
+	// asking every node (e2b_snapshots.go).
+	mux.HandleFunc("GET /snapshots", r.e2bAuthed(r.e2bListSnapshots))
+	mux.HandleFunc("DELETE /templates/{id}", r.e2bAuthed(r.e2bDeleteTemplate))
 	mux.HandleFunc("/", r.e2bAuthed(func(w http.ResponseWriter, req *http.Request, _ auth.Principal) {
-		// Snapshots and templates are a node's (its local store): a
-		// replica cannot tell which node a request means.
+		// What else E2B has (template builds by its own protocol) berth
+		// does not serve on one host either.
 		writeE2BError(w, errs.E(errs.NotImplemented, "%s %s is not served by a cluster API replica (berth serve --cluster)", req.Method, req.URL.Path))
 	}))
 	return mux

@@ -32,6 +32,12 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // (bounded): creates, whose answer the replica looks at. p signs it (nil:
 // unsigned); id, when set, is the sandbox id the node must use.
 func (r *Replica) send(ctx context.Context, node string, in *http.Request, body []byte, p *peer.Principal, id string) (*nodeAnswer, error) {
+	return r.sendLimit(ctx, node, in, body, p, id, maxAnswer)
+}
+
+// sendLimit is send reading at most limit bytes of the answer (a fan-out
+// shares its budget among the nodes it asks).
+func (r *Replica) sendLimit(ctx context.Context, node string, in *http.Request, body []byte, p *peer.Principal, id string, limit int64) (*nodeAnswer, error) {
 	base, tr, err := r.nodes.endpoint(ctx, node)
 	if err != nil {
 		return nil, err
@@ -46,6 +52,9 @@ func (r *Replica) send(ctx context.Context, node string, in *http.Request, body 
 	for _, h := range hopHeaders {
 		out.Header.Del(h)
 	}
+	// The replica reads this answer (and sends on only its body and
+	// type): it must come uncompressed, whatever the client accepts.
+	out.Header.Del("Accept-Encoding")
 	peer.Strip(out.Header)
 	if p != nil {
 		for _, h := range credentials {
@@ -61,12 +70,12 @@ func (r *Replica) send(ctx context.Context, node string, in *http.Request, body 
 		return nil, errs.Wrap(errs.Unavailable, err, "node %s did not answer", node)
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		return nil, errs.Wrap(errs.Unavailable, err, "node %s: read answer", node)
 	}
-	if len(b) > maxAnswer {
-		return nil, errs.E(errs.Unavailable, "node %s: answer over %d bytes", node, maxAnswer)
+	if int64(len(b)) > limit {
+		return nil, errs.E(errs.Unavailable, "node %s: answer over %d bytes", node, limit)
 	}
 	if p != nil && resp.StatusCode == http.StatusUnauthorized {
 		return nil, tokenRefused(node, b)
@@ -131,6 +140,12 @@ func (r *Replica) proxy(w http.ResponseWriter, req *http.Request, sb *sandbox.Sa
 		style.write(w, errs.E(errs.FailedPrecondition, "sandbox %s is not bound to a node yet", sb.ID))
 		return
 	}
+	r.proxyNode(w, req, node, "running sandbox "+sb.ID, p, style, after)
+}
+
+// proxyNode is proxy to a named node; about says in errors and logs what
+// the node was chosen for.
+func (r *Replica) proxyNode(w http.ResponseWriter, req *http.Request, node, about string, p *peer.Principal, style errStyle, after func(*http.Response) error) {
 	base, tr, err := r.nodes.endpoint(req.Context(), node)
 	if err != nil {
 		style.write(w, err)
@@ -166,12 +181,12 @@ func (r *Replica) proxy(w http.ResponseWriter, req *http.Request, sb *sandbox.Sa
 			if req.Context().Err() != nil {
 				return // the client left
 			}
-			r.log.Warn("node did not answer", "node", node, "sandbox_id", sb.ID, "path", req.URL.Path, "err", err)
+			r.log.Warn("node did not answer", "node", node, "about", about, "path", req.URL.Path, "err", err)
 			if errs.KindOf(err) == errs.Unavailable {
 				style.write(w, err)
 				return
 			}
-			style.write(w, errs.Wrap(errs.Unavailable, err, "node %s (running sandbox %s) did not answer", node, sb.ID))
+			style.write(w, errs.Wrap(errs.Unavailable, err, "node %s (%s) did not answer", node, about))
 		},
 	}
 	rp.ServeHTTP(w, req)

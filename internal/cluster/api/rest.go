@@ -21,11 +21,11 @@ import (
 
 type handler func(w http.ResponseWriter, r *http.Request, p auth.Principal) error
 
-// restRoutes is /v1 as a replica serves it. What needs a runtime on this
-// host (template builds and imports, pools, snapshots, usage, the
-// console...) answers 501 naming cluster mode: those are a node's, and
-// reaching them needs a node to be chosen, which a sandbox-free request
-// does not say.
+// restRoutes is /v1 as a replica serves it. What is in the nodes'
+// journals (usage, reports, builds, snapshots, the audit) is asked of
+// every node and merged, or sent to the node that holds it; what is store
+// state (quotas, keys, templates' objects) is served here. What is left
+// (pools, secrets, leases, the console, /metrics) answers 501 naming cluster mode.
 func (r *Replica) restRoutes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
@@ -48,6 +48,17 @@ func (r *Replica) restRoutes() *http.ServeMux {
 	r.handle(mux, "GET /v1/templates", r.listTemplates)
 	r.handle(mux, "GET /v1/templates/{name}", r.getTemplate)
 	r.handle(mux, "POST /v1/keys", r.createKey)
+	// Metering lives in each node's journal: asked of every node, merged
+	// (fanout.go).
+	r.handle(mux, "GET /v1/usage", r.usage)
+	r.handle(mux, "GET /v1/reports/orphans", r.orphans)
+	r.handle(mux, "GET /v1/usage/series", r.usageSeries)
+	r.handle(mux, "POST /v1/reports/orphans/cleanup", r.cleanupOrphans)
+	r.handle(mux, "GET /v1/events", r.allEvents)
+	r.quotaRoutes(mux)
+	r.templateRoutes(mux)
+	r.snapshotRoutes(mux)
+	r.auditRoutes(mux)
 	notServed := func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, errs.E(errs.NotImplemented, "%s %s is not served by a cluster API replica (berth serve --cluster): run it against a node's own API, or on one host", req.Method, req.URL.Path))
 	}
