@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -193,4 +194,16 @@ func PrivateFiles(dir string, names ...string) error {
 func TokenHash(tok string) string {
 	h := sha256.Sum256([]byte(tok))
 	return hex.EncodeToString(h[:])
+}
+
+// KeyFromRequest is the API key a REST request carries: X-API-Key, else
+// an Authorization bearer token ("" when neither).
+func KeyFromRequest(r *http.Request) string {
+	if k := r.Header.Get("X-API-Key"); k != "" {
+		return k
+	}
+	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
+		return strings.TrimPrefix(a, "Bearer ")
+	}
+	return ""
 }

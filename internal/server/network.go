@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
@@ -157,7 +158,7 @@ func (s netAPI) portProxy(w http.ResponseWriter, r *http.Request) {
 	if token == "" {
 		token = r.Header.Get(portTokenHeader)
 	}
-	key := apiKey(r)
+	key := auth.KeyFromRequest(r)
 	// A replica's signed request is authorized as its principal (cluster mode).
 	cp, cluster, err := s.d.Auth().ClusterPrincipal(r)
 	if err == nil && cluster {

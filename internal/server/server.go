@@ -6,10 +6,10 @@ package server
 import (
 	"log/slog"
 	"net/http"
-	"strings"
 
 	"github.com/berth-dev/berth/api"
 	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/console"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/errs"
@@ -223,7 +223,7 @@ func (s *Server) authenticate(r *http.Request) (daemon.Principal, error) {
 	if p, ok, err := s.d.Auth().ClusterPrincipal(r); err != nil || ok {
 		return p, err
 	}
-	key := apiKey(r)
+	key := auth.KeyFromRequest(r)
 	if key == "" {
 		k, err := s.d.Console().Authorize(r)
 		if err != nil {
@@ -236,16 +236,6 @@ func (s *Server) authenticate(r *http.Request) (daemon.Principal, error) {
 		return daemon.Principal{}, errs.E(errs.Internal, "a key authenticated as a sandbox")
 	}
 	return p, err
-}
-
-func apiKey(r *http.Request) string {
-	if k := r.Header.Get("X-API-Key"); k != "" {
-		return k
-	}
-	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
-		return strings.TrimPrefix(a, "Bearer ")
-	}
-	return ""
 }
 
 // owner is the owner a request acts for: its key's owner, or for the admin

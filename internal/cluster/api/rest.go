@@ -73,7 +73,7 @@ func (r *Replica) restRoutes() *http.ServeMux {
 
 func (r *Replica) handle(mux *http.ServeMux, pattern string, h handler) {
 	mux.HandleFunc(pattern, func(w http.ResponseWriter, req *http.Request) {
-		p, err := r.authenticate(req, apiKey(req))
+		p, err := r.authenticate(req, auth.KeyFromRequest(req))
 		if err == nil {
 			err = h(w, req, p)
 		}
@@ -98,16 +98,6 @@ func (r *Replica) authenticate(req *http.Request, key string) (auth.Principal, e
 		return auth.Principal{}, errs.E(errs.Internal, "a key authenticated as a sandbox")
 	}
 	return p, nil
-}
-
-func apiKey(r *http.Request) string {
-	if k := r.Header.Get("X-API-Key"); k != "" {
-		return k
-	}
-	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
-		return strings.TrimPrefix(a, "Bearer ")
-	}
-	return ""
 }
 
 // scope is the owner a request acts for: its key's owner, or for the

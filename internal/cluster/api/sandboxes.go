@@ -42,7 +42,7 @@ func (r *Replica) proxyREST(w http.ResponseWriter, req *http.Request, p auth.Pri
 func (r *Replica) portProxy(w http.ResponseWriter, req *http.Request) {
 	var pp *peer.Principal
 	owner := ""
-	if key := apiKey(req); key != "" {
+	if key := auth.KeyFromRequest(req); key != "" {
 		p, err := r.authenticate(req, key)
 		if err != nil {
 			writeError(w, err)
