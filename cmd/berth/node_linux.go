@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kubestore"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -46,7 +46,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 }
 
 // nodeNameRe is a DNS-1123 label (a Node's and a Lease's name part).
-var nodeNameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+var nodeNameRe = lazyregexp.New(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // runNode is `berth node`: serve's daemon on this host (its own SQLite:
 // the machine's journal), its HTTP surface also on the peer listener over

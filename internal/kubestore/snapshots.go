@@ -3,11 +3,11 @@ package kubestore
 import (
 	"cmp"
 	"context"
-	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -24,7 +24,7 @@ const (
 	tableHeads         = "timelineheads"
 )
 
-var rowIDRe = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+var rowIDRe = lazyregexp.New(`^[a-z0-9]{1,64}$`)
 
 // CreateSnapshot inserts the snapshot's row, then claims its name.
 func (s *Store) CreateSnapshot(ctx context.Context, sn store.Snapshot) error {

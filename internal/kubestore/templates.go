@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -25,8 +25,8 @@ const (
 )
 
 var (
-	dnsNameRe    = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-	hashedNameRe = regexp.MustCompile(`^h\.[0-9a-f]{40}$`)
+	dnsNameRe    = lazyregexp.New(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	hashedNameRe = lazyregexp.New(`^h\.[0-9a-f]{40}$`)
 )
 
 // templateObjectName is the object name of template name: the name itself
