@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -12,11 +11,12 @@ import (
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/lazyregexp"
 )
 
 // snapshotIDRe bounds what a replica fans out as a snapshot id (the store's
 // row ids are shorter still).
-var snapshotIDRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+var snapshotIDRe = lazyregexp.New(`^[A-Za-z0-9_-]{1,64}$`)
 
 // Snapshots are in the journal of the node that took them (POST
 // /v1/sandboxes/{id}/snapshot goes to the sandbox's node like any
