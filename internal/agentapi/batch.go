@@ -5,19 +5,17 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"path"
-	"strings"
 
-	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/batchname"
 )
 
 // Limits of one batch (a tar of many files written beneath one directory):
 // the agent refuses past them and names the entry that crossed the line.
 const (
 	MaxBatchEntries   = 50_000
-	MaxBatchBytes     = 4 << 30 // file contents, all entries together
-	MaxBatchPathBytes = 4096    // one entry's name
-	MaxBatchNameBytes = 255     // one component of it
+	MaxBatchBytes     = 4 << 30                // file contents, all entries together
+	MaxBatchPathBytes = batchname.MaxPathBytes // one entry's name
+	MaxBatchNameBytes = batchname.MaxNameBytes // one component of it
 )
 
 // BatchResult answers a batch upload. Durable "syncfs" means that when it is
@@ -45,36 +43,9 @@ type BatchEntry struct {
 	Size int64  `json:"size"`
 }
 
-// CheckBatchName validates one entry name of a batch: relative, slash
-// separated, no "..", ".", or empty component, no NUL, within the length
-// limits. The error names the entry.
-func CheckBatchName(name string) error {
-	n := strings.TrimSuffix(name, "/") // tar writers mark directories so
-	switch {
-	case n == "":
-		return errs.Field("entry", "an entry has an empty name")
-	case len(n) > MaxBatchPathBytes:
-		return errs.Field("entry", "%.64q...: name longer than %d bytes", n, MaxBatchPathBytes)
-	case strings.HasPrefix(n, "/"):
-		return errs.Field("entry", "%q: absolute names are refused (names are relative to the target directory)", n)
-	case strings.ContainsRune(n, 0):
-		return errs.Field("entry", "%q: NUL in name", n)
-	}
-	for c := range strings.SplitSeq(n, "/") {
-		switch {
-		case c == "" || c == ".":
-			return errs.Field("entry", "%q: empty or \".\" component (names must be clean)", n)
-		case c == "..":
-			return errs.Field("entry", "%q: \"..\" component refused", n)
-		case len(c) > MaxBatchNameBytes:
-			return errs.Field("entry", "%q: a component is longer than %d bytes", n, MaxBatchNameBytes)
-		}
-	}
-	if path.Clean(n) != n {
-		return errs.Field("entry", "%q: name is not clean", n)
-	}
-	return nil
-}
+// CheckBatchName validates one entry name of a batch (batchname.Check:
+// the CLI checks names with it too, without linking the agent client).
+func CheckBatchName(name string) error { return batchname.Check(name) }
 
 // WriteBatch streams tarBody (a POSIX/GNU tar of regular files and
 // directories, names relative to dir) into dir, written as user. Entries are

@@ -12,7 +12,7 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/client"
-	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/batchname"
 	"github.com/berth-dev/berth/internal/errs"
 )
 
@@ -104,7 +104,7 @@ func cpTreeDown(ctx context.Context, sb *client.Sandbox, src, dst, user string, 
 		if err != nil {
 			return errs.Wrap(errs.Unavailable, err, "cp: download cut after %d files", files)
 		}
-		if err := agentapi.CheckBatchName(h.Name); err != nil {
+		if err := batchname.Check(h.Name); err != nil {
 			return err
 		}
 		name := strings.TrimSuffix(h.Name, "/")
