@@ -189,6 +189,13 @@ func (r *Replica) proxyNode(w http.ResponseWriter, req *http.Request, node, abou
 			style.write(w, errs.Wrap(errs.Unavailable, err, "node %s (%s) did not answer", node, about))
 		},
 	}
+	// Full duplex: the node may answer before the transport has sent all
+	// of the client's body (an exec answers once it has decoded the
+	// command; `exec -i` streams stdin while output streams back). Without
+	// it net/http's HTTP/1 server closes the request body when the answer's
+	// header goes out, the transport's write of the body fails and it drops
+	// the connection to the node mid-answer (seen: exec streams cut under load).
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	rp.ServeHTTP(w, req)
 }
 
