@@ -56,6 +56,7 @@ type Service struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session // by cookie value
+	signIns  uint64              // sessions signed in so far (session.seq)
 }
 
 type session struct {
@@ -64,6 +65,7 @@ type session struct {
 	owner   string
 	admin   bool
 	expires time.Time
+	seq     uint64 // sign-in order: the oldest of sessions expiring at once goes first
 }
 
 // Session is what the browser learns about its session (never the key).
@@ -100,6 +102,8 @@ func (s *Service) SignIn(ctx context.Context, key string) (string, Session, erro
 	se := &session{key: key, csrf: randomToken(), owner: p.Owner, admin: p.Admin, expires: now.Add(s.cfg.TTL)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.signIns++
+	se.seq = s.signIns
 	s.sweepLocked(now)
 	if len(s.sessions) >= s.cfg.MaxSessions {
 		s.evictOldestLocked()
@@ -122,10 +126,10 @@ func (s *Service) sweepLocked(now time.Time) {
 
 func (s *Service) evictOldestLocked() {
 	var oldest string
-	var at time.Time
+	var o *session
 	for id, se := range s.sessions {
-		if oldest == "" || se.expires.Before(at) {
-			oldest, at = id, se.expires
+		if o == nil || se.expires.Before(o.expires) || (se.expires.Equal(o.expires) && se.seq < o.seq) {
+			oldest, o = id, se
 		}
 	}
 	delete(s.sessions, oldest)
