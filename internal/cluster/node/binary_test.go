@@ -72,8 +72,16 @@ func TestBerthNodeBinary(t *testing.T) {
 	}()
 
 	var n berthv1.Node
+	// The Node is created first and its status written after (the status
+	// subresource is a second call): wait for the status, not the object.
 	testutil.Eventually(t, testutil.Within(60*time.Second), func() error {
-		return srv.Client.Get(ctx, berthv1.Nodes, ns, "bin1", &n)
+		if err := srv.Client.Get(ctx, berthv1.Nodes, ns, "bin1", &n); err != nil {
+			return err
+		}
+		if n.Status.Address == "" {
+			return fmt.Errorf("node status not written yet")
+		}
+		return nil
 	})
 	if n.Status.Address != "https://"+peerAddr || len(n.Status.CertSHA256) != 64 || n.Status.Capacity.CPUMillis == 0 {
 		t.Fatalf("node status %+v", n.Status)
