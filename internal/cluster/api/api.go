@@ -118,6 +118,7 @@ type Replica struct {
 
 	mu      sync.Mutex // guards learner
 	learner *placement.Learner
+	secrets secretKeys // the cluster data key (secrets.go)
 }
 
 // New builds a replica.

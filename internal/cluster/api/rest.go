@@ -25,7 +25,7 @@ type handler func(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 // journals (usage, reports, builds, snapshots, the audit) is asked of
 // every node and merged, or sent to the node that holds it; what is store
 // state (quotas, keys, templates' objects) is served here. What is left
-// (pools, secrets, leases, the console, /metrics) answers 501 naming cluster mode.
+// (pools, leases, the console, /metrics) answers 501 naming cluster mode.
 func (r *Replica) restRoutes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
@@ -59,6 +59,9 @@ func (r *Replica) restRoutes() *http.ServeMux {
 	r.templateRoutes(mux)
 	r.snapshotRoutes(mux)
 	r.auditRoutes(mux)
+	// Secrets are store state, sealed under the cluster data key; nodes
+	// mirror them (secrets.go).
+	r.secretRoutes(mux)
 	notServed := func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, errs.E(errs.NotImplemented, "%s %s is not served by a cluster API replica (berth serve --cluster): run it against a node's own API, or on one host", req.Method, req.URL.Path))
 	}

@@ -91,6 +91,7 @@ type Agent struct {
 	statusMu sync.Mutex             // one Node status write at a time
 	pools    poolState              // Run's goroutine only
 	fetching map[string]*sync.Mutex // template name → held while its layers are fetched (under mu)
+	secrets  secretMirror           // the cluster's secrets mirrored here (secrets.go)
 }
 
 // New checks the config.
@@ -135,6 +136,8 @@ func (a *Agent) Register(ctx context.Context) error {
 // started.
 func (a *Agent) Run(ctx context.Context) {
 	defer a.wg.Wait()
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.runSecrets(ctx) }()
 	renew := time.NewTicker(a.cfg.LeaseDuration / 4)
 	defer renew.Stop()
 	resync := time.NewTicker(a.cfg.Resync)

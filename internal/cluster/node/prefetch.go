@@ -17,7 +17,8 @@ const maxPrefetchBody = 1 << 20
 // POST /v1/sandboxes, E2B POST /sandboxes and /v2/sandboxes) finds its
 // template here: when the body names a template of the cluster this node
 // lacks, its layers are fetched first (ensureTemplate), then the request
-// goes on with its body intact. Only verified cluster requests are looked
+// goes on with its body intact; a REST create granting secrets mirrors the
+// cluster's secrets first (secrets.go). Only verified cluster requests are looked
 // at; anything else, and any failure here, is left to the routes (a fetch
 // that failed makes the create fail as "template not found", and the
 // agent's own create path retries after its grace).
@@ -55,6 +56,14 @@ func (a *Agent) Prefetch(next http.Handler) http.Handler {
 		if json.Unmarshal(head, &body) == nil && json.Unmarshal(body[field], &name) == nil && name != "" {
 			if err := a.ensureTemplate(r.Context(), name); err != nil {
 				a.log.Warn("fetch the template of a forwarded create", "template", name, "err", err)
+			}
+		}
+		// A create granting secrets finds them here even when they were
+		// set a moment ago (before the watch's pass): mirror first.
+		var secrets []string
+		if json.Unmarshal(body["secrets"], &secrets) == nil && len(secrets) > 0 {
+			if err := a.SyncSecrets(r.Context()); err != nil {
+				a.log.Warn("mirror the secrets of a forwarded create", "err", err)
 			}
 		}
 		next.ServeHTTP(w, r)
