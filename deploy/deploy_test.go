@@ -23,6 +23,8 @@ import (
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/kube/kubetest"
+	"github.com/berth-dev/berth/internal/kubestore"
+	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
@@ -262,6 +264,17 @@ func TestRBAC(t *testing.T) {
 				return kc.Create(ctx, berthv1.Records, ns, record("ev-node-1"), nil)
 			}},
 			{"get or create the cluster token", true, func(ctx context.Context, kc *kube.Client) error { _, err := peer.EnsureToken(ctx, kc, ns); return err }},
+			{"get or create the secrets' data key", true, func(ctx context.Context, kc *kube.Client) error {
+				_, err := kubestore.EnsureSecretsKey(ctx, kc, ns)
+				return err
+			}},
+			{"watch the secrets' records", true, func(ctx context.Context, kc *kube.Client) error {
+				w, err := kc.Watch(ctx, berthv1.Records, ns, kube.ListOptions{LabelSelector: berthv1.LabelTable + "=" + kubestore.SecretsTable, TimeoutSeconds: 1})
+				if err == nil {
+					w.Close()
+				}
+				return err
+			}},
 			{"delete a sandbox", false, func(ctx context.Context, kc *kube.Client) error {
 				return kc.Delete(ctx, berthv1.Sandboxes, ns, "sbxn1", kube.DeleteOptions{})
 			}},
@@ -334,6 +347,10 @@ func TestRBAC(t *testing.T) {
 				return kc.UpdateStatus(ctx, berthv1.Nodes, ns, "n2", &n, nil)
 			}},
 			{"get or create the cluster token", true, func(ctx context.Context, kc *kube.Client) error { _, err := peer.EnsureToken(ctx, kc, ns); return err }},
+			{"get or create the secrets' data key", true, func(ctx context.Context, kc *kube.Client) error {
+				_, err := kubestore.EnsureSecretsKey(ctx, kc, ns)
+				return err
+			}},
 			{"create a Node", false, func(ctx context.Context, kc *kube.Client) error {
 				return kc.Create(ctx, berthv1.Nodes, ns, &berthv1.Node{TypeMeta: kube.TypeMeta{APIVersion: berthv1.APIVersion, Kind: "Node"},
 					ObjectMeta: kube.ObjectMeta{Name: "forged"}}, nil)
@@ -379,6 +396,16 @@ func TestRBAC(t *testing.T) {
 	must(err)
 	if a != b {
 		t.Error("the two accounts read different cluster tokens")
+	}
+	// ...and the same data key: what a replica seals, a node opens.
+	sa, err := kubestore.EnsureSecretsKey(ctx, as(t, apiToken), ns)
+	must(err)
+	sn, err := kubestore.EnsureSecretsKey(ctx, as(t, nodeToken), ns)
+	must(err)
+	sealed, err := sa.Seal("alice", "TOKEN", []byte("s3cret"))
+	must(err)
+	if v, err := sn.Open(store.Secret{Owner: "alice", Name: "TOKEN", Sealed: sealed}); err != nil || string(v) != "s3cret" {
+		t.Errorf("the node opened the replica's sealed value as %q, %v", v, err)
 	}
 }
 
