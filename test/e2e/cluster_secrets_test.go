@@ -159,6 +159,11 @@ func TestClusterSecrets(t *testing.T) {
 		t.Fatalf("secret records (%d) hold the plaintext or are not one: %s", len(rl.Items), raw)
 	}
 
+	// A secret alice does not have (bob's names are his): refused by the
+	// node, naming it, and no object is left.
+	if out, code := alice.run("create", "--template", "tiny", "--secret", "NOPE"); code == 0 || !strings.Contains(out, "NOPE") {
+		t.Fatalf("create granting an unknown secret: exit %d %s", code, out)
+	}
 	id := alice.create("--secret", "TOKEN")
 	if st, sb := alice.api(alice.key, "GET", "/v1/sandboxes/"+id, nil); st != 200 || fmt.Sprint(sb["extra"]) != "map[node:sn1]" {
 		t.Fatalf("sandbox %s through the replica: %d %v (want it on sn1)", id, st, sb)
@@ -224,4 +229,11 @@ func TestClusterSecrets(t *testing.T) {
 		t.Errorf("the node still holds alice's TOKEN after its delete")
 	}
 	alice.must("rm", "-f", id)
+	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+		var l berthv1.SandboxList
+		if err := ks.Client.List(ctx, berthv1.Sandboxes, ns, kube.ListOptions{}, &l); err != nil || len(l.Items) != 0 {
+			return fmt.Errorf("%d Sandbox objects left (%v), want none", len(l.Items), err)
+		}
+		return nil
+	})
 }
