@@ -97,8 +97,8 @@ func startClusterProc(t *testing.T, bin, name string, args ...string) *clusterPr
 // whether it saw the real token) and one `berth serve --cluster` replica.
 // Through the replica only: alice sets TOKEN, creates a sandbox granted it
 // (placed on the node), and the node's proxy injects it; the Record in etcd
-// holds no plaintext; the node's own store has it (mirrored); bob cannot
-// read or delete it; a changed value is injected within seconds, and after a
+// holds no plaintext; the node's own store has it (mirrored), and not bob's,
+// who has no sandbox there; bob cannot read or delete alice's; a changed value is injected within seconds, and after a
 // delete the placeholder goes through unreplaced and the node's copy is gone.
 func TestClusterSecrets(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -200,6 +200,12 @@ func TestClusterSecrets(t *testing.T) {
 		t.Fatalf("after bob's delete, secret.test saw %q", got)
 	}
 
+	// bob's own secret, while bob has nothing on the node: not mirrored
+	// there (checked after the rotation below, whose pass lists it).
+	if out, code := alice.runAs(bob, strings.NewReader("bobs-value\n"), "secret", "set", "BOBTOKEN", "--host", "secret.test"); code != 0 {
+		t.Fatalf("bob's secret set: %s", out)
+	}
+
 	// A changed value is what the node injects next, within seconds.
 	if out, code := alice.runAs(alice.key, strings.NewReader("rotated-value-42\n"), "secret", "set", "TOKEN", "--host", "secret.test"); code != 0 {
 		t.Fatalf("secret set (rotate): %s", out)
@@ -212,6 +218,9 @@ func TestClusterSecrets(t *testing.T) {
 		return nil
 	})
 	t.Logf("rotated value injected %s after the put", time.Since(start).Round(time.Millisecond))
+	if out := nodeCLI.must("secret", "ls", "--owner", "bob", "--json"); strings.Contains(out, "BOBTOKEN") {
+		t.Errorf("the node holds bob's secret, and bob has no sandbox there: %s", out)
+	}
 
 	// A delete stops injection within seconds, and the node's copy goes.
 	if st, _ := alice.api(alice.key, "DELETE", "/v1/secrets/TOKEN", nil); st != 204 {

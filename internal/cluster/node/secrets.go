@@ -11,6 +11,7 @@ import (
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/kubestore"
+	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
 
@@ -22,8 +23,9 @@ import (
 // refreshed), every local secret the cluster no longer has deleted the same
 // way. So the daemon's egress path, its leases and its sealed-at-rest store
 // are exactly one host's, and a sandbox runs on while the API server is
-// away. The cluster is the only source: a secret set on a node's own API is
-// removed by the next pass.
+// away. Only the secrets of owners with a sandbox here are kept: a node's
+// disk holds no credential it has no use for. The cluster is the only
+// source: a secret set on a node's own API is removed by the next pass.
 //
 // A pass runs on every change of a secrets record (a watch, so a put or a
 // delete through any replica reaches the proxy in well under a second), every
@@ -58,14 +60,20 @@ func secretVersion(s store.Secret) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// DecideSecrets is a pass's plan: the cluster records to put here (new,
-// changed since applied, or missing locally) and the local secrets to
-// delete (the cluster has no such owner/name).
-func DecideSecrets(cluster, local []store.Secret, applied map[string]string) (put, del []store.Secret) {
+// DecideSecrets is a pass's plan: the cluster records of owners to put
+// here (new, changed since applied, or missing locally) and the local
+// secrets to delete (the cluster has no such owner/name, or its owner has
+// nothing on this node).
+func DecideSecrets(cluster, local []store.Secret, owners map[string]bool, applied map[string]string) (put, del []store.Secret) {
 	inCluster := map[string]bool{}
+	wanted := cluster[:0:0]
 	for _, c := range cluster {
-		inCluster[secretKey(c)] = true
+		if owners[c.Owner] {
+			inCluster[secretKey(c)] = true
+			wanted = append(wanted, c)
+		}
 	}
+	cluster = wanted
 	here := map[string]store.Secret{}
 	for _, l := range local {
 		here[secretKey(l)] = l
@@ -99,6 +107,10 @@ func (a *Agent) SyncSecrets(ctx context.Context) error {
 		}
 		m.sealer, m.applied = s, map[string]string{}
 	}
+	owners, err := a.secretOwners(ctx)
+	if err != nil {
+		return err
+	}
 	cluster, err := src.ListSecrets(ctx, "")
 	if err != nil {
 		return errs.Wrap(errs.KindOf(err), err, "list the cluster's secrets")
@@ -107,7 +119,7 @@ func (a *Agent) SyncSecrets(ctx context.Context) error {
 	if err != nil {
 		return errs.Wrap(errs.KindOf(err), err, "list this node's secrets")
 	}
-	put, del := DecideSecrets(cluster, local, m.applied)
+	put, del := DecideSecrets(cluster, local, owners, m.applied)
 	var first error
 	keep := func(err error) {
 		if first == nil {
@@ -140,7 +152,9 @@ func (a *Agent) SyncSecrets(ctx context.Context) error {
 	}
 	inCluster := map[string]bool{}
 	for _, c := range cluster {
-		inCluster[secretKey(c)] = true
+		if owners[c.Owner] {
+			inCluster[secretKey(c)] = true
+		}
 	}
 	for k := range m.applied { // forgotten here too: a re-created record is put again
 		if !inCluster[k] {
@@ -148,6 +162,28 @@ func (a *Agent) SyncSecrets(ctx context.Context) error {
 		}
 	}
 	return first
+}
+
+// secretOwners is whose secrets this node needs: the owners of the Sandbox
+// objects bound to it (not lost or deleted) and of its local sandboxes. A
+// replica writes the object before it forwards the create, so a create's
+// owner is in the set by the time Prefetch's pass runs.
+func (a *Agent) secretOwners(ctx context.Context) (map[string]bool, error) {
+	objs, err := a.cfg.Cluster.SandboxesOnNode(ctx, a.cfg.Name)
+	if err != nil {
+		return nil, errs.Wrap(errs.KindOf(err), err, "list the sandboxes bound here")
+	}
+	local, _, err := a.cfg.Daemon.Store().ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil {
+		return nil, errs.Wrap(errs.KindOf(err), err, "list this node's sandboxes")
+	}
+	out := map[string]bool{}
+	for _, sb := range append(objs, local...) {
+		if sb.State != sandbox.Lost && sb.State != sandbox.Deleted {
+			out[sb.Owner] = true
+		}
+	}
+	return out, nil
 }
 
 // runSecrets keeps the mirror: a pass at start, on every event of a

@@ -34,21 +34,29 @@ func TestDecideSecrets(t *testing.T) {
 	for _, tc := range []struct {
 		name           string
 		cluster, local []store.Secret
+		owners         map[string]bool // nil: alice and bob
 		applied        map[string]string
 		put, del       []string
 	}{
-		{"new", []store.Secret{a}, nil, nil, []string{"alice/TOKEN"}, nil},
-		{"in step", []store.Secret{a, b}, []store.Secret{local(a), local(b)}, applied(a, b), nil, nil},
-		{"value changed", []store.Secret{a2}, []store.Secret{local(a)}, applied(a), []string{"alice/TOKEN"}, nil},
-		{"after an agent restart every record is put once", []store.Secret{a}, []store.Secret{local(a)}, map[string]string{}, []string{"alice/TOKEN"}, nil},
-		{"removed here behind the agent's back", []store.Secret{a}, nil, applied(a), []string{"alice/TOKEN"}, nil},
-		{"host changed here", []store.Secret{a}, []store.Secret{local(aHost)}, applied(a), []string{"alice/TOKEN"}, nil},
-		{"deleted in the cluster", []store.Secret{b}, []store.Secret{local(a), local(b)}, applied(a, b), nil, []string{"alice/TOKEN"}},
-		{"set on the node only", nil, []store.Secret{local(b)}, nil, nil, []string{"bob/TOKEN"}},
-		{"same name, two owners", []store.Secret{a, b}, []store.Secret{local(b)}, applied(b), []string{"alice/TOKEN"}, nil},
+		{"new", []store.Secret{a}, nil, nil, nil, []string{"alice/TOKEN"}, nil},
+		{"in step", []store.Secret{a, b}, []store.Secret{local(a), local(b)}, nil, applied(a, b), nil, nil},
+		{"value changed", []store.Secret{a2}, []store.Secret{local(a)}, nil, applied(a), []string{"alice/TOKEN"}, nil},
+		{"after an agent restart every record is put once", []store.Secret{a}, []store.Secret{local(a)}, nil, map[string]string{}, []string{"alice/TOKEN"}, nil},
+		{"removed here behind the agent's back", []store.Secret{a}, nil, nil, applied(a), []string{"alice/TOKEN"}, nil},
+		{"host changed here", []store.Secret{a}, []store.Secret{local(aHost)}, nil, applied(a), []string{"alice/TOKEN"}, nil},
+		{"deleted in the cluster", []store.Secret{b}, []store.Secret{local(a), local(b)}, nil, applied(a, b), nil, []string{"alice/TOKEN"}},
+		{"set on the node only", nil, []store.Secret{local(b)}, nil, nil, nil, []string{"bob/TOKEN"}},
+		{"same name, two owners", []store.Secret{a, b}, []store.Secret{local(b)}, nil, applied(b), []string{"alice/TOKEN"}, nil},
+		{"an owner with nothing here is not mirrored", []store.Secret{a, b}, nil, map[string]bool{"bob": true}, nil, []string{"bob/TOKEN"}, nil},
+		{"an owner's last sandbox left: dropped here", []store.Secret{a, b}, []store.Secret{local(a), local(b)}, map[string]bool{"bob": true}, applied(a, b), nil, []string{"alice/TOKEN"}},
+		{"no owners here: nothing kept", []store.Secret{a}, []store.Secret{local(a)}, map[string]bool{}, applied(a), nil, []string{"alice/TOKEN"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			put, del := DecideSecrets(tc.cluster, tc.local, tc.applied)
+			owners := tc.owners
+			if owners == nil {
+				owners = map[string]bool{"alice": true, "bob": true}
+			}
+			put, del := DecideSecrets(tc.cluster, tc.local, owners, tc.applied)
 			if d := cmp.Diff(tc.put, names(put)); d != "" {
 				t.Errorf("put (-want +got):\n%s", d)
 			}
