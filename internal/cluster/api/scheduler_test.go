@@ -70,8 +70,8 @@ type bindLog struct {
 }
 
 func (b *bindLog) Enabled(context.Context, slog.Level) bool { return true }
-func (b *bindLog) WithAttrs([]slog.Attr) slog.Handler      { return b }
-func (b *bindLog) WithGroup(string) slog.Handler           { return b }
+func (b *bindLog) WithAttrs([]slog.Attr) slog.Handler       { return b }
+func (b *bindLog) WithGroup(string) slog.Handler            { return b }
 func (b *bindLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "sandbox scheduled" {
 		return nil
