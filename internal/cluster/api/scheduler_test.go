@@ -261,6 +261,20 @@ spec:
 		t.Errorf("notpl's message: %v %+v", err, sb)
 	}
 
+	// The example in deploy/examples applies as it is and is bound (it
+	// fits: 512 MiB on n1).
+	ex, err := os.ReadFile(filepath.Join("..", "..", "..", "deploy", "examples", "sandbox.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.kubectlApply(string(ex))
+	if err := c.rep.Schedule(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o := c.object("example"); o.Spec.NodeName != "n1" || o.Spec.DurationClass != "short" || o.Spec.Labels["task"] != "example" {
+		t.Fatalf("deploy/examples/sandbox.yaml: node %q spec %+v", o.Spec.NodeName, o.Spec)
+	}
+
 	// Room appears (a bigger node): the next pass binds it, Scheduled=True.
 	c.node("n2", 16384, createdHandler)
 	if err := c.rep.Schedule(ctx); err != nil {
