@@ -48,6 +48,9 @@ func (cf *ClusterFlags) flags(fs *flag.FlagSet) {
 // key this replica made (keys live in the store, so any replica's admin
 // key works on every replica).
 func serveCluster(ctx context.Context, cfg ServeConfig, cf ClusterFlags, logOut io.Writer) error {
+	if cf.QueueWait < 0 {
+		return errs.Field("queue-wait", "must not be negative, got %s", cf.QueueWait)
+	}
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(trace.LogHandler(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})))
@@ -58,9 +61,6 @@ func serveCluster(ctx context.Context, cfg ServeConfig, cf ClusterFlags, logOut 
 	kc, err := kube.New(kcfg)
 	if err != nil {
 		return err
-	}
-	if cf.QueueWait < 0 {
-		return errs.Field("queue-wait", "must not be negative, got %s", cf.QueueWait)
 	}
 	ns := cf.Namespace
 	if ns == "" {

@@ -365,6 +365,32 @@ func TestQueueWaitFakeNode(t *testing.T) {
 		t.Fatalf("queued object after its create: %v %+v", err, sb)
 	}
 
+	// E2B's create queues the same way and answers E2B's create body.
+	filler := c.create(`{"memory_mib":512}`)
+	e2b := make(chan answer, 1)
+	go func() {
+		st, _, body := c.do("POST", url+"/v2/sandboxes", "", `{"templateID":"base"}`, "X-API-KEY", c.key)
+		e2b <- answer{st, body}
+	}()
+	testutil.Eventually(t, testutil.Within(10*time.Second), func() error {
+		all, _, err := c.st.ListSandboxes(ctx, storeFilterPending())
+		if err != nil || len(all) != 1 {
+			return fmt.Errorf("pending: %v %d", err, len(all))
+		}
+		return nil
+	})
+	if st, _, body := c.do("DELETE", c.url+"/v1/sandboxes/"+filler.ID, c.key, ""); st/100 != 2 {
+		t.Fatalf("delete the second filler: %d %s", st, body)
+	}
+	select {
+	case a = <-e2b:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the queued E2B create did not answer after the delete")
+	}
+	if a.st != 201 || !strings.Contains(a.body, `"sandboxID"`) || !strings.Contains(a.body, `"envdAccessToken"`) {
+		t.Fatalf("queued E2B create: %d %s", a.st, a.body)
+	}
+
 	// A queue that is never freed: 429 naming memory, the object gone.
 	_, url2 := c.replica(func(cfg *Config) { cfg.QueueWait = 1500 * time.Millisecond })
 	st, _, body := c.do("POST", url2+"/v1/sandboxes", c.key, `{"memory_mib":900}`)
