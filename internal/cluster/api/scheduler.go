@@ -83,10 +83,14 @@ func (r *Replica) kick() {
 // waits: nothing is evicted and nothing is reserved, so holding the queue
 // for the head would leave room idle until some sandbox ends.
 func (r *Replica) Schedule(ctx context.Context) error {
+	var errList []error
+	if err := r.unbindFromLost(ctx); err != nil { // first: this pass places them again
+		errList = append(errList, err)
+	}
 	var l berthv1.SandboxList
 	if err := r.cfg.Kube.List(ctx, berthv1.Sandboxes, r.cfg.Namespace,
 		kube.ListOptions{LabelSelector: "!" + berthv1.LabelNode}, &l); err != nil {
-		return err
+		return errors.Join(append(errList, err)...)
 	}
 	var pending []*berthv1.Sandbox
 	for i := range l.Items {
@@ -98,7 +102,6 @@ func (r *Replica) Schedule(ctx context.Context) error {
 	slices.SortFunc(pending, func(a, b *berthv1.Sandbox) int {
 		return cmpCreated(created(a), a.Name, created(b), b.Name)
 	})
-	var errList []error
 	for i, o := range pending {
 		if i == maxBindsPerPass {
 			break
@@ -316,4 +319,60 @@ func (r *Replica) failRaw(ctx context.Context, o *berthv1.Sandbox, msg string) e
 		r.log.Warn("sandbox object failed", "object", o.Name, "why", msg)
 	}
 	return err
+}
+
+// unbindFromLost frees the objects bound to a node that was lost (or whose
+// Node is gone) before it made them: still pending, they never ran, so
+// "lost is final" does not apply, and the next pass places them anew. The
+// node, should it come back, no longer sees them as its own and removes
+// whatever it had begun (node/decide.go: a local sandbox with no object).
+func (r *Replica) unbindFromLost(ctx context.Context) error {
+	var l berthv1.SandboxList
+	if err := r.cfg.Kube.List(ctx, berthv1.Sandboxes, r.cfg.Namespace,
+		kube.ListOptions{LabelSelector: berthv1.LabelState + "=" + berthv1.StatePending + "," + berthv1.LabelNode}, &l); err != nil {
+		return err
+	}
+	if len(l.Items) == 0 {
+		return nil
+	}
+	var nl berthv1.NodeList
+	if err := r.cfg.Kube.List(ctx, berthv1.Nodes, r.cfg.Namespace, kube.ListOptions{}, &nl); err != nil {
+		return err
+	}
+	leases, err := r.leases(ctx)
+	if err != nil {
+		return err
+	}
+	gone := map[string]bool{}
+	known := map[string]bool{}
+	for i := range nl.Items {
+		n := &nl.Items[i]
+		known[n.Name] = true
+		if _, lost, _ := nodeHealth(n, leases[n.Name], r.now()); lost {
+			gone[n.Name] = true
+		}
+	}
+	var errList []error
+	for i := range l.Items {
+		node := l.Items[i].Spec.NodeName
+		if node == "" || (known[node] && !gone[node]) {
+			continue
+		}
+		_, err := r.cfg.Store.UpdateSandbox(ctx, l.Items[i].Name, func(sb *sandbox.Sandbox) error {
+			if sb.State != statePending || sb.Attrs.Cluster.Node != node {
+				return errSkip
+			}
+			sb.Attrs.Cluster.Node, sb.Attrs.Cluster.BoundAt = "", time.Time{} // the class and expected duration stay
+			sb.Message = "node " + node + " was lost before it made the sandbox; waiting for another"
+			return nil
+		})
+		switch {
+		case err == nil:
+			r.log.Warn("sandbox unbound from a lost node", "sandbox_id", l.Items[i].Name, "node", node)
+		case errors.Is(err, errSkip), errs.Is(err, errs.NotFound):
+		default:
+			errList = append(errList, err)
+		}
+	}
+	return errors.Join(errList...)
 }

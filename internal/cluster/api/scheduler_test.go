@@ -409,3 +409,34 @@ func TestQueueWaitFakeNode(t *testing.T) {
 func storeFilterPending() store.SandboxFilter {
 	return store.SandboxFilter{States: []sandbox.State{statePending}}
 }
+
+// A pending object bound to a node that is lost before it made the
+// sandbox never ran: it is unbound and placed on another node (a running
+// one would be lost for good, nodeloss.go).
+func TestSchedulerRebindsFromLostNode(t *testing.T) {
+	c := newCluster(t)
+	ctx := t.Context()
+	c.node("n1", 16384, createdHandler)
+	c.kubectlApply(sandboxYAML("stray", "default", 512))
+	if err := c.rep.Schedule(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o := c.object("stray"); o.Spec.NodeName != "n1" {
+		t.Fatalf("stray bound to %q, want n1", o.Spec.NodeName)
+	}
+	c.node("n2", 16384, createdHandler)
+	c.renew("n1", time.Now().Add(-time.Minute), 40)
+	if err := c.rep.DetectLoss(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.rep.Schedule(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := c.object("stray")
+	if o.Spec.NodeName != "n2" || o.Labels[berthv1.LabelNode] != "n2" || o.Status.State != berthv1.StatePending {
+		t.Fatalf("stray after n1 was lost: node %q label %q state %q", o.Spec.NodeName, o.Labels[berthv1.LabelNode], o.Status.State)
+	}
+	if sbs, err := c.st.SandboxesOnNode(ctx, "n1"); err != nil || len(sbs) != 0 {
+		t.Fatalf("n1 still has %d objects: %v", len(sbs), err)
+	}
+}
