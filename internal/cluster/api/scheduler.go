@@ -138,8 +138,8 @@ func (r *Replica) scheduleOne(ctx context.Context, o *berthv1.Sandbox) error {
 		return r.failRaw(ctx, o, fmt.Sprintf("metadata.name: a sandbox's name must be 1-64 lowercase letters and digits, got %q", o.Name))
 	}
 	sb, err := kubestore.SandboxFromObject(o)
-	if err != nil {
-		return r.failPending(ctx, o.Name, ReasonInvalidSpec, err.Error())
+	if err != nil { // a person wrote berth's annotation, badly: the store cannot read it either
+		return r.failRaw(ctx, o, "metadata.annotations: "+errs.Short(err))
 	}
 	now := r.now().UTC()
 	if !sb.ExpiresAt.IsZero() && !now.Before(sb.ExpiresAt) {

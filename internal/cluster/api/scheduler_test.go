@@ -211,6 +211,16 @@ func TestSchedulerUnschedulableAndInvalid(t *testing.T) {
 		sandboxYAML("bad-name", "default", 256) + `apiVersion: berth.dev/v1alpha1
 kind: Sandbox
 metadata:
+  name: badann
+  annotations:
+    berth.dev/sandbox: "{not json"
+spec:
+  owner: alice
+  template: default
+---
+apiVersion: berth.dev/v1alpha1
+kind: Sandbox
+metadata:
   name: old
 spec:
   owner: alice
@@ -249,6 +259,7 @@ spec:
 	for _, tc := range []struct{ name, reason, field string }{
 		{"notpl", ReasonInvalidSpec, "spec.template"},
 		{"bad-name", ReasonInvalidSpec, "metadata.name"},
+		{"badann", ReasonInvalidSpec, "metadata.annotations"},
 		{"old", ReasonExpired, "expired"},
 	} {
 		o := c.object(tc.name)
