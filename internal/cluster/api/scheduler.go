@@ -95,9 +95,18 @@ func (r *Replica) Schedule(ctx context.Context) error {
 	var pending []*berthv1.Sandbox
 	for i := range l.Items {
 		o := &l.Items[i]
-		if o.Spec.NodeName == "" && (o.Status.State == "" || o.Status.State == berthv1.StatePending) {
-			pending = append(pending, o)
+		if o.Status.State != "" && o.Status.State != berthv1.StatePending {
+			continue
 		}
+		if o.Spec.NodeName != "" {
+			// A name with no node label: written by hand (the store sets
+			// both), and no node would ever see it (they select by label).
+			if err := r.failRaw(ctx, o, "spec.nodeName: is set by berth's scheduler; leave it empty"); err != nil {
+				errList = append(errList, err)
+			}
+			continue
+		}
+		pending = append(pending, o)
 	}
 	slices.SortFunc(pending, func(a, b *berthv1.Sandbox) int {
 		return cmpCreated(created(a), a.Name, created(b), b.Name)

@@ -211,6 +211,15 @@ func TestSchedulerUnschedulableAndInvalid(t *testing.T) {
 		sandboxYAML("bad-name", "default", 256) + `apiVersion: berth.dev/v1alpha1
 kind: Sandbox
 metadata:
+  name: pinned
+spec:
+  owner: alice
+  template: default
+  nodeName: n1
+---
+apiVersion: berth.dev/v1alpha1
+kind: Sandbox
+metadata:
   name: badann
   annotations:
     berth.dev/sandbox: "{not json"
@@ -260,6 +269,7 @@ spec:
 		{"notpl", ReasonInvalidSpec, "spec.template"},
 		{"bad-name", ReasonInvalidSpec, "metadata.name"},
 		{"badann", ReasonInvalidSpec, "metadata.annotations"},
+		{"pinned", ReasonInvalidSpec, "spec.nodeName"},
 		{"old", ReasonExpired, "expired"},
 	} {
 		o := c.object(tc.name)
