@@ -31,6 +31,7 @@ type ClusterFlags struct {
 	Cluster    bool
 	Kubeconfig string
 	Namespace  string
+	QueueWait  time.Duration
 }
 
 // flags adds them to serve's flag set.
@@ -38,6 +39,7 @@ func (cf *ClusterFlags) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&cf.Cluster, "cluster", false, "run as a stateless cluster API replica over the Kubernetes store (docs/CLUSTER.md)")
 	fs.StringVar(&cf.Kubeconfig, "kubeconfig", "", "with --cluster: kubeconfig (default $KUBECONFIG, ~/.kube/config, in-cluster)")
 	fs.StringVar(&cf.Namespace, "namespace", "", "with --cluster: the namespace of berth's objects (default the kubeconfig's)")
+	fs.DurationVar(&cf.QueueWait, "queue-wait", 0, "with --cluster: how long a create that fits on no node waits for room as a pending Sandbox (0: refused at once with 429)")
 }
 
 // serveCluster is `berth serve --cluster`: a stateless API replica
@@ -46,6 +48,9 @@ func (cf *ClusterFlags) flags(fs *flag.FlagSet) {
 // key this replica made (keys live in the store, so any replica's admin
 // key works on every replica).
 func serveCluster(ctx context.Context, cfg ServeConfig, cf ClusterFlags, logOut io.Writer) error {
+	if cf.QueueWait < 0 {
+		return errs.Field("queue-wait", "must not be negative, got %s", cf.QueueWait)
+	}
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.LogLevel))
 	log := slog.New(trace.LogHandler(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})))
@@ -81,7 +86,7 @@ func serveCluster(ctx context.Context, cfg ServeConfig, cf ClusterFlags, logOut 
 	}
 	defTTL, _ := server.ParseDuration(cfg.DefaultTTL)
 	rep, err := api.New(api.Config{Kube: kc, Namespace: ns, Store: st, Token: token, Auth: au, Log: log,
-		Domain: cfg.SandboxDomain, DefaultTemplate: cfg.DefaultTemplate, DefaultTTL: defTTL})
+		Domain: cfg.SandboxDomain, DefaultTemplate: cfg.DefaultTemplate, DefaultTTL: defTTL, QueueWait: cf.QueueWait})
 	if err != nil {
 		return err
 	}

@@ -117,9 +117,9 @@ func (s *Store) toObject(sb *sandbox.Sandbox, base *berthv1.Sandbox) (*berthv1.S
 		// Network stays empty: the policy is egress's JSON (Attrs.Net),
 		// not a shape this projection could carry without loss.
 	}
-	// status.state is exactly the store's state (never "pending": an
-	// unbound sandbox says so with Scheduled=False), so reads are lossless
-	// and the state label selects what the state says.
+	// status.state is exactly the store's state ("pending" while no node
+	// is bound: Scheduled=False says why), so reads are lossless and the
+	// state label selects what the state says.
 	conds := slices.Clone(base.Status.Conditions)
 	o.Status = berthv1.SandboxStatus{
 		State: string(sb.State), Reason: sb.Reason, PauseMode: string(sb.PauseActual), Node: cl.Node,
@@ -143,9 +143,14 @@ func (s *Store) sandboxConditions(sb *sandbox.Sandbox, conds []kube.Condition) [
 		kube.SetCondition(&conds, kube.Condition{Type: typ, Status: st, Reason: reason, Message: msg, LastTransitionTime: now})
 	}
 	node := sb.Attrs.Cluster.Node
-	if node != "" {
+	switch {
+	case node != "":
 		set(berthv1.CondScheduled, true, "Bound", "bound to node "+node)
-	} else {
+	case sb.State == statePending && sb.Message != "":
+		// The scheduler's last word on why nothing fits (placement's
+		// message); it writes it only when it changes.
+		set(berthv1.CondScheduled, false, "Unschedulable", sb.Message)
+	default:
 		set(berthv1.CondScheduled, false, "Unschedulable", "not bound to a node")
 	}
 	msg := sb.Message
@@ -171,7 +176,19 @@ func camel(s string) string {
 	return strings.ToUpper(s[:1]) + s[1:]
 }
 
+// statePending is an unbound sandbox's state (cluster mode's scheduler
+// binds it; internal/sandbox's table has no such state).
+const statePending = sandbox.State(berthv1.StatePending)
+
+// SandboxFromObject is fromObject for the cluster's scheduler, which lists
+// the objects itself (it needs their metadata too).
+func SandboxFromObject(o *berthv1.Sandbox) (*sandbox.Sandbox, error) { return fromObject(o) }
+
 // fromObject reads a Sandbox object back into the store's model.
+//
+// An object a person wrote (`kubectl apply`, spec only) has no annotation
+// and no status: it reads as a pending sandbox created when the API
+// server created the object, at Version 0 (the first write makes it 1).
 func fromObject(o *berthv1.Sandbox) (*sandbox.Sandbox, error) {
 	var rest sandboxRest
 	if a, ok := o.Annotations[annSandbox]; ok {
@@ -189,6 +206,12 @@ func fromObject(o *berthv1.Sandbox) (*sandbox.Sandbox, error) {
 		ExpiryAction: sandbox.ExpiryAction(sp.ExpiryAction), AccessTokenHash: rest.AccessTokenHash,
 		PauseRequested: rest.PauseRequested, PauseActual: sandbox.PauseMode(st.PauseMode), ResumedFrom: rest.ResumedFrom,
 		RestoreCount: rest.RestoreCount, AutoResume: rest.AutoResume, Attrs: rest.Attrs, Version: rest.Version,
+	}
+	if sb.State == "" {
+		sb.State = statePending
+	}
+	if sb.CreatedAt.IsZero() && o.CreationTimestamp != nil {
+		sb.CreatedAt = o.CreationTimestamp.UTC()
 	}
 	sb.Attrs.Cluster = sandbox.ClusterState{Node: sp.NodeName, ExpectedDuration: sp.ExpectedDuration,
 		DurationClass: sp.DurationClass, BoundAt: timeOf(st.Timings.BoundAt), LostAt: timeOf(st.Timings.LostAt)}

@@ -99,6 +99,12 @@ type Config struct {
 	DefaultTTL time.Duration
 	// LossInterval is the node-loss detector's period. Default 1s.
 	LossInterval time.Duration
+	// ScheduleInterval is the scheduler's period (scheduler.go); a
+	// queued create or a delete also wakes it. Default 1s.
+	ScheduleInterval time.Duration
+	// QueueWait is how long a create that fits on no node waits in the
+	// queue for the scheduler to bind it (0: refused at once, 429).
+	QueueWait time.Duration
 	// FanOutTimeout is how long each node may take to answer a request
 	// asked of every node (usage, reports). Default 5s.
 	FanOutTimeout time.Duration
@@ -119,6 +125,8 @@ type Replica struct {
 	mu      sync.Mutex // guards learner
 	learner *placement.Learner
 	secrets secretKeys // the cluster data key (secrets.go)
+
+	wake chan struct{} // kicks the scheduler (buffered 1)
 }
 
 // New builds a replica.
@@ -144,13 +152,20 @@ func New(cfg Config) (*Replica, error) {
 	if cfg.LossInterval <= 0 {
 		cfg.LossInterval = time.Second
 	}
+	if cfg.ScheduleInterval <= 0 {
+		cfg.ScheduleInterval = time.Second
+	}
+	if cfg.QueueWait < 0 {
+		return nil, errs.Field("queue_wait", "must not be negative, got %s", cfg.QueueWait)
+	}
 	if cfg.FanOutTimeout <= 0 {
 		cfg.FanOutTimeout = fanOutTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	r := &Replica{cfg: cfg, log: cfg.Log.With("component", "cluster-api"), learner: placement.NewLearner()}
+	r := &Replica{cfg: cfg, log: cfg.Log.With("component", "cluster-api"), learner: placement.NewLearner(),
+		wake: make(chan struct{}, 1)}
 	r.nodes = newNodeClients(cfg.Kube, cfg.Namespace)
 	r.rest = r.restRoutes()
 	r.cp = r.controlPlaneRoutes()

@@ -25,6 +25,7 @@ func (r *Replica) collectDeleted(ctx context.Context) error {
 			continue
 		}
 		r.log.Info("sandbox object removed: deleted on its node", "sandbox_id", sb.ID, "node", sb.Attrs.Cluster.Node)
+		r.kick() // the room it held may be what a pending sandbox waits for
 	}
 	return errors.Join(errList...)
 }

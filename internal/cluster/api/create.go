@@ -204,6 +204,9 @@ func (r *Replica) create(ctx context.Context, in *http.Request, body []byte, spe
 			if attempt > 0 && errs.Is(err, errs.ResourceExhausted) {
 				break // nothing else fits: the refusal says more
 			}
+			if r.cfg.QueueWait > 0 && errs.Is(err, errs.ResourceExhausted) {
+				return r.queue(ctx, in, body, spec, tpl.Fingerprint, p, err) // scheduler.go's queue
+			}
 			return nil, err
 		}
 		id := sandbox.NewID()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -35,6 +36,9 @@ func (r *Replica) Run(ctx context.Context) {
 	t := time.NewTicker(r.cfg.LossInterval)
 	defer t.Stop()
 	defer r.nodes.close()
+	var wg sync.WaitGroup
+	defer wg.Wait() // before the node clients close
+	wg.Go(func() { r.RunScheduler(ctx) })
 	for {
 		if err := r.DetectLoss(ctx); err != nil && ctx.Err() == nil {
 			r.log.Warn("node-loss detector", "err", err)

@@ -110,6 +110,7 @@ func (r *Replica) forget(ctx context.Context, sb *sandbox.Sandbox) error {
 	if sb.State != sandbox.Lost {
 		r.observe(sb)
 	}
+	r.kick() // its room may be what a pending sandbox waits for
 	return nil
 }
 

@@ -88,6 +88,8 @@ func holds(st sandbox.State) bool {
 	switch st {
 	case sandbox.Creating, sandbox.Running, sandbox.Pausing, sandbox.Paused, sandbox.Resuming:
 		return true
+	case statePending: // bound by the scheduler, its node about to make it
+		return true
 	}
 	return false
 }

@@ -117,7 +117,9 @@ func Decide(in Inputs) []Action {
 		case o.State == sandbox.Creating || o.State == "pending":
 			if !o.ExpiresAt.IsZero() && !in.Now.Before(o.ExpiresAt) {
 				out = append(out, Action{MarkFailed, id, ReasonExpired})
-			} else if in.Now.Sub(boundAt(o)) >= in.CreateGrace {
+			} else if o.State == "pending" || in.Now.Sub(boundAt(o)) >= in.CreateGrace {
+				// Pending: the scheduler bound an object no request waits
+				// on (kubectl apply), so no forwarded create is coming.
 				out = append(out, Action{Create, id, ""})
 			}
 		default:

@@ -53,6 +53,12 @@ func TestDecide(t *testing.T) {
 		{name: "bound, not made yet", objects: []*sandbox.Sandbox{sb("a", sandbox.Creating)},
 			want: []Action{{Create, "a", ""}}},
 		{name: "bound just now (the replica's create is on its way)", objects: []*sandbox.Sandbox{sb("a", sandbox.Creating, fresh)}},
+		// Pending and bound: a scheduler bound an object no request waits on
+		// (kubectl apply), so the node makes it at once, grace or not.
+		{name: "bound pending just now (no forwarded create is coming)", objects: []*sandbox.Sandbox{sb("a", berthv1.StatePending, fresh)},
+			want: []Action{{Create, "a", ""}}},
+		{name: "bound pending, expired", objects: []*sandbox.Sandbox{sb("a", berthv1.StatePending, fresh, expired)},
+			want: []Action{{MarkFailed, "a", ReasonExpired}}},
 		{name: "bound, expired while waiting", objects: []*sandbox.Sandbox{sb("a", sandbox.Creating, expired)},
 			want: []Action{{MarkFailed, "a", ReasonExpired}}},
 		{name: "create failed before", objects: []*sandbox.Sandbox{sb("a", sandbox.Failed)}},
