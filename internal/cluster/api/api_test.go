@@ -279,9 +279,9 @@ func TestAuthAndKeysAcrossReplicas(t *testing.T) {
 	if st, _, _ := c.do("POST", c.url+"/v1/keys", c.key, `{"owner":"mallory"}`); st != 403 {
 		t.Fatalf("a tenant minting keys: %d, want 403", st)
 	}
-	// What needs a runtime here is not served, and says so.
-	if st, _, body := c.do("GET", c.url+"/v1/pools", c.admin, ""); st != 501 || !strings.Contains(body, "cluster") {
-		t.Fatalf("pools on a replica: %d %s", st, body)
+	// What a replica does not serve (the console) says so.
+	if st, _, body := c.do("GET", c.url+"/ui", c.admin, ""); st != 501 || !strings.Contains(body, "cluster") {
+		t.Fatalf("the console on a replica: %d %s", st, body)
 	}
 }
 

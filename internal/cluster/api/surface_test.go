@@ -47,6 +47,14 @@ func TestPools(t *testing.T) {
 		nodes = append(nodes, c.node(n, 16384, func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) }))
 	}
 	c.renew("n3", time.Now().Add(-time.Minute), 40) // n3's agent is gone
+	// Each collection's storage initializes on its own: wait for WarmPools'.
+	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+		_, err := c.warmPool("default")
+		if errs.Is(err, errs.NotFound) {
+			return nil
+		}
+		return err
+	})
 
 	for _, tc := range []struct{ method, path, body string }{
 		{"GET", "/v1/pools", ""}, {"PUT", "/v1/pools/default", `{"size":1}`}, {"DELETE", "/v1/pools/default", ""},
