@@ -18,6 +18,8 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
@@ -338,5 +340,41 @@ func TestE2BTemplateBuilds(t *testing.T) {
 	}
 	if st, _, body := c.do("DELETE", c.url+"/templates/snap1", c.key, ""); st != 404 {
 		t.Errorf("E2B delete of an unknown snapshot: %d %s", st, body)
+	}
+}
+
+// A template a Sandbox object uses (bound, not yet made on its node, so
+// no node would refuse) is not removed, and no node is asked; a lost
+// sandbox's does not hold it.
+func TestTemplateDeleteInUse(t *testing.T) {
+	noLeaks(t)
+	c := newCluster(t)
+	ctx := t.Context()
+	if _, err := c.st.PutTemplate(ctx, store.Template{Name: "py", Fingerprint: "fp-py", State: store.TemplateReady}); err != nil {
+		t.Fatal(err)
+	}
+	n1 := c.node("n1", 16384, func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(wire.TemplateDeleted{Removed: "py"})
+	})
+	sb := &sandbox.Sandbox{ID: sandbox.NewID(), Owner: "alice", Template: "py", TemplateID: "fp-py", State: sandbox.Creating,
+		CreatedAt: time.Now().UTC(), ExpiresAt: time.Now().Add(time.Hour).UTC()}
+	sb.Attrs.Cluster.Node = "n1"
+	if err := c.st.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, body := c.do("DELETE", c.url+"/v1/templates/py", c.admin, ""); st != 409 || !strings.Contains(body, sb.ID) {
+		t.Fatalf("remove a template a bound sandbox uses: %d %s", st, body)
+	}
+	if rs := n1.requests(); len(rs) != 0 {
+		t.Fatalf("n1 was asked: %+v", rs)
+	}
+	if _, err := c.st.Transition(ctx, sb.ID, sandbox.Lost, sandbox.Event{Actor: "scheduler", Reason: ReasonNodeLost, Time: time.Now().UTC()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, body := c.do("DELETE", c.url+"/v1/templates/py", c.admin, ""); st != 200 {
+		t.Fatalf("remove it once the sandbox is lost: %d %s", st, body)
+	}
+	if rs := n1.requests(); len(rs) != 1 || rs[0].method != "DELETE" || rs[0].path != "/v1/templates/py" {
+		t.Fatalf("n1 saw %+v", rs)
 	}
 }
