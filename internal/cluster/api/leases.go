@@ -7,6 +7,7 @@ import (
 
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/auth"
+	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/errs"
 )
 
@@ -52,6 +53,20 @@ func (r *Replica) revokeLease(w http.ResponseWriter, req *http.Request, p auth.P
 	id := req.PathValue("id")
 	if !snapshotIDRe.MatchString(id) { // the same bound: leases' ids are shorter still
 		return errs.E(errs.NotFound, "lease %s not found", id)
+	}
+	// ?sandbox= names the lease's sandbox (as GET /v1/sandboxes/{id}/leases
+	// lists it): the revoke goes to that sandbox's node alone. The node
+	// still checks that the lease is the caller's.
+	if sbID := req.URL.Query().Get("sandbox"); sbID != "" {
+		sb, err := r.visible(req, scope(req, p), sbID)
+		if err != nil {
+			return err
+		}
+		if n := sb.Attrs.Cluster.Node; n != "" {
+			w.Header().Set(HeaderNode, n)
+		}
+		r.proxy(w, req, sb, &peer.Principal{Owner: p.Owner, Admin: p.Admin}, styleREST, nil)
+		return nil
 	}
 	replies, missing, err := r.fanOut(req.Context(), req, p)
 	if err != nil {

@@ -202,7 +202,7 @@ func TestLeases(t *testing.T) {
 	lb := wire.Lease{ID: "lb1", SandboxID: "sbb", Generation: 1, Secret: "GH", Host: "api.github.com", State: "active", IssuedAt: t0}
 	lc := wire.Lease{ID: "lc2", SandboxID: "sbc", Generation: 2, Secret: "NPM", Host: "registry.npmjs.org", State: "frozen", IssuedAt: t0}
 	c.node("n1", 16384, leaseNode(c.token, []wire.Lease{lc, lb}, owners))
-	c.node("n2", 16384, leaseNode(c.token, []wire.Lease{la}, owners))
+	n2 := c.node("n2", 16384, leaseNode(c.token, []wire.Lease{la}, owners))
 	c.node("n3", 16384, func(w http.ResponseWriter, r *http.Request) { http.Error(w, "disk on fire", 500) })
 
 	leases := func(key, query string) ([]string, string) {
@@ -245,6 +245,23 @@ func TestLeases(t *testing.T) {
 	}
 	if st, _, body := c.do("DELETE", c.url+"/v1/leases/l%20x", c.key, ""); st != 404 {
 		t.Fatalf("a lease id that is no id: %d %s", st, body)
+	}
+
+	// Naming the lease's sandbox sends the revoke to its node alone,
+	// n3's failure notwithstanding; another owner's sandbox is not found.
+	sbc := &sandbox.Sandbox{ID: "sbc", Owner: "alice", Template: "default", State: sandbox.Running,
+		CreatedAt: t0, ExpiresAt: t0.Add(24 * time.Hour)}
+	sbc.Attrs.Cluster.Node = "n1"
+	if err := c.st.CreateSandbox(t.Context(), sbc); err != nil {
+		t.Fatal(err)
+	}
+	before := len(n2.requests())
+	st, hdr, body = c.do("DELETE", c.url+"/v1/leases/lc2?sandbox=sbc", c.key, "")
+	if err := json.Unmarshal([]byte(body), &l); st != 200 || err != nil || l.ID != "lc2" || hdr.Get(HeaderNode) != "n1" || len(n2.requests()) != before {
+		t.Fatalf("alice revoking by sandbox: %d %q %s", st, hdr.Get(HeaderNode), body)
+	}
+	if st, _, body := c.do("DELETE", c.url+"/v1/leases/lc2?sandbox=sbc", c.bob, ""); st != 404 || !strings.Contains(body, "sbc") {
+		t.Fatalf("bob revoking by alice's sandbox: %d %s", st, body)
 	}
 
 	// With n3 gone from the fleet, every node answers: a lease none holds
