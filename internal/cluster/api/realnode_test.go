@@ -130,6 +130,22 @@ func TestRealNodeSurface(t *testing.T) {
 		}
 		return nil
 	})
+	// A new shape at the same size reaches the node's own pool.
+	if out, err := berth(c.admin, "pool", "set", "tiny", "--size", "1", "--memory", "96"); err != nil {
+		t.Fatalf("berth pool set, a new shape: %v: %s", err, out)
+	}
+	nodeKey, err := os.ReadFile(filepath.Join(dataDir, "admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+		st, _, body := c.do("GET", "http://"+listen+"/v1/pools", strings.TrimSpace(string(nodeKey)), "")
+		var ps []wire.PoolStatus
+		if st != 200 || json.Unmarshal([]byte(body), &ps) != nil || len(ps) != 1 || ps[0].Resources.MemoryMiB != 96 {
+			return fmt.Errorf("real1's own pools: %d %s", st, body)
+		}
+		return nil
+	})
 	if out, err := berth(c.admin, "template", "rm", "tiny"); err == nil || !strings.Contains(out, "pool") {
 		t.Errorf("berth template rm of a pooled template: %v: %s", err, out)
 	}
@@ -207,7 +223,7 @@ func TestRealNodeSurface(t *testing.T) {
 	// The replica's own /metrics counted what it sent real1.
 	st, _, body = c.do("GET", c.url+"/metrics", c.admin, "")
 	if st != 200 || !strings.Contains(body, `berth_replica_forward_seconds_count{node="real1"}`) ||
-		!strings.Contains(body, `berth_replica_requests_total{route="PUT /v1/pools/{template}",code="200"} 1`) {
+		!strings.Contains(body, `berth_replica_requests_total{route="PUT /v1/pools/{template}",code="200"} 2`) {
 		t.Errorf("/metrics: %d %s", st, body)
 	}
 }
