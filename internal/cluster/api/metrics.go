@@ -193,7 +193,10 @@ func (r *Replica) countRequests(next func(w http.ResponseWriter, req *http.Reque
 		rec := &httpx.Recorder{ResponseWriter: w}
 		route := next(rec, req)
 		st := rec.Status
-		if st == 0 {
+		switch {
+		case st == 0 && req.Header.Get("Upgrade") != "":
+			st = http.StatusSwitchingProtocols // hijacked: the 101 went on the raw connection
+		case st == 0:
 			st = http.StatusOK
 		}
 		r.metrics.request(route, st)
