@@ -525,6 +525,19 @@ func TestProxy(t *testing.T) {
 	if st != 503 || !strings.Contains(body, "node n1") {
 		t.Fatalf("unreachable node: %d %s", st, body)
 	}
+	// The replica's /metrics counted the upgrade (once it ended) and the
+	// node that did not answer.
+	conn.Close()
+	testutil.Eventually(t, testutil.Within(10*time.Second), func() error {
+		_, _, m := c.do("GET", c.url+"/metrics", c.admin, "")
+		for _, line := range []string{`berth_replica_requests_total{route="/v1/sandboxes/{id}/{rest...}",code="101"} 1`,
+			`berth_replica_forward_errors_total{node="n1"} 1`} {
+			if !strings.Contains(m, line+"\n") {
+				return fmt.Errorf("/metrics lacks %s:\n%s", line, m)
+			}
+		}
+		return nil
+	})
 }
 
 // A node refusing the replica's signature is the channel's fault, not the
