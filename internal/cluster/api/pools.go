@@ -169,20 +169,22 @@ func (r *Replica) poolSpec(ctx context.Context, name string, req wire.PoolReques
 	if req.CPU < 0 {
 		return sp, errs.Field("cpu", "must be positive")
 	}
+	if req.CPU > 1e6 {
+		return sp, errs.Field("cpu", "must be at most 1000000 cores, got %g", req.CPU)
+	}
 	res := sandbox.Resources{CPUMillis: int(req.CPU * 1000), MemoryMiB: req.MemoryMiB, DiskMiB: req.DiskMiB, Pids: req.Pids}
-	// No cluster-wide maximum here: each node's pool service bounds the
-	// shape by its own limits when it sets the pool.
-	if err := sandbox.ValidateResources(res, sandbox.Resources{}); err != nil {
+	runtimes, largest, err := r.fleetShape(ctx)
+	if err != nil {
 		return sp, err
 	}
-	if req.Runtime != "" {
-		ok, err := r.someNodeRuns(ctx, req.Runtime)
-		if err != nil {
-			return sp, err
-		}
-		if !ok {
-			return sp, errs.Field("runtime", "unknown runtime %q (no registered node offers it)", req.Runtime)
-		}
+	// A member must fit the largest registered node (each node's pool
+	// service then bounds the shape by its own limits); with no node yet,
+	// only the signs are checked.
+	if err := sandbox.ValidateResources(res, largest); err != nil {
+		return sp, err
+	}
+	if req.Runtime != "" && !runtimes[req.Runtime] {
+		return sp, errs.Field("runtime", "unknown runtime %q (no registered node offers it)", req.Runtime)
 	}
 	lo, hi := size, size
 	if req.Auto {
@@ -207,20 +209,25 @@ func (r *Replica) poolSpec(ctx context.Context, name string, req wire.PoolReques
 		Resources: berthv1.Resources{CPUMillis: int64(res.CPUMillis), MemoryMiB: res.MemoryMiB, DiskMiB: res.DiskMiB, Pids: res.Pids}}, nil
 }
 
-// someNodeRuns reports whether any registered node offers runtime rt.
-func (r *Replica) someNodeRuns(ctx context.Context, rt string) (bool, error) {
+// fleetShape is the runtimes the registered nodes offer and the largest
+// capacity of any of them, per resource.
+func (r *Replica) fleetShape(ctx context.Context) (map[string]bool, sandbox.Resources, error) {
 	var nl berthv1.NodeList
 	if err := r.cfg.Kube.List(ctx, berthv1.Nodes, r.cfg.Namespace, kube.ListOptions{}, &nl); err != nil {
-		return false, err
+		return nil, sandbox.Resources{}, err
 	}
+	runtimes := map[string]bool{}
+	var largest sandbox.Resources
 	for _, n := range nl.Items {
-		for _, have := range n.Status.Runtimes {
-			if have.Name == rt {
-				return true, nil
-			}
+		for _, rt := range n.Status.Runtimes {
+			runtimes[rt.Name] = true
 		}
+		c := n.Status.Capacity
+		largest.CPUMillis = max(largest.CPUMillis, int(c.CPUMillis))
+		largest.MemoryMiB = max(largest.MemoryMiB, c.MemoryMiB)
+		largest.DiskMiB = max(largest.DiskMiB, c.DiskMiB)
 	}
-	return false, nil
+	return runtimes, largest, nil
 }
 
 // setPool writes the template's WarmPool: the spec replaced, the nodes'

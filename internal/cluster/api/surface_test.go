@@ -70,6 +70,10 @@ func TestPools(t *testing.T) {
 		{"/v1/pools/default", `{"size":101}`, "size"},
 		{"/v1/pools/default", `{"size":0}`, "size"},
 		{"/v1/pools/default", `{"size":1,"cpu":-1}`, "cpu"},
+		{"/v1/pools/default", `{"size":1,"cpu":9}`, "cpu"},               // past every node's 8 CPUs
+		{"/v1/pools/default", `{"size":1,"cpu":1e300}`, "cpu"},           // no overflow into a small figure
+		{"/v1/pools/default", `{"size":1,"memory_mib":20000}`, "memory"}, // past every node's 16 GiB
+		{"/v1/pools/default", `{"size":1,"pids":2}`, "pids"},
 		{"/v1/pools/default", `{"size":1,"min":1,"max":2}`, "min"},
 		{"/v1/pools/default", `{"size":1,"auto":true,"min":3,"max":2}`, "max"},
 		{"/v1/pools/default", `{"size":1,"runtime":"runsc"}`, "runtime"},
