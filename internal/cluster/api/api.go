@@ -127,6 +127,8 @@ type Replica struct {
 	secrets secretKeys // the cluster data key (secrets.go)
 
 	wake chan struct{} // kicks the scheduler (buffered 1)
+
+	metrics *replicaMetrics // GET /metrics (metrics.go)
 }
 
 // New builds a replica.
@@ -165,7 +167,7 @@ func New(cfg Config) (*Replica, error) {
 		cfg.Now = time.Now
 	}
 	r := &Replica{cfg: cfg, log: cfg.Log.With("component", "cluster-api"), learner: placement.NewLearner(),
-		wake: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), metrics: newReplicaMetrics()}
 	r.nodes = newNodeClients(cfg.Kube, cfg.Namespace)
 	r.rest = r.restRoutes()
 	r.cp = r.controlPlaneRoutes()
@@ -176,22 +178,25 @@ func New(cfg Config) (*Replica, error) {
 // `berth serve` routes it: E2B envd traffic and control-plane paths by
 // internal/e2b's rules, everything else berth's /v1.
 func (r *Replica) Handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	return r.countRequests(func(w http.ResponseWriter, req *http.Request) string {
 		// A client never speaks for the replica: the channel's headers go
 		// before anything reads the request.
 		peer.Strip(req.Header)
 		t, err := e2b.Route(req, r.cfg.Domain)
 		if err != nil {
 			writeE2BError(w, err)
-			return
+			return "unrouted"
 		}
 		switch t.Kind {
 		case e2b.TargetEnvd, e2b.TargetPort:
 			r.serveEnvd(w, req, t)
+			return "envd"
 		case e2b.TargetControlPlane:
 			r.cp.ServeHTTP(w, req)
+			return "e2b " + req.Pattern
 		default:
 			r.rest.ServeHTTP(w, req)
+			return req.Pattern
 		}
 	})
 }

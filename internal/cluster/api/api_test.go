@@ -279,9 +279,9 @@ func TestAuthAndKeysAcrossReplicas(t *testing.T) {
 	if st, _, _ := c.do("POST", c.url+"/v1/keys", c.key, `{"owner":"mallory"}`); st != 403 {
 		t.Fatalf("a tenant minting keys: %d, want 403", st)
 	}
-	// What needs a runtime here is not served, and says so.
-	if st, _, body := c.do("GET", c.url+"/v1/pools", c.admin, ""); st != 501 || !strings.Contains(body, "cluster") {
-		t.Fatalf("pools on a replica: %d %s", st, body)
+	// What a replica does not serve (the console) says so.
+	if st, _, body := c.do("GET", c.url+"/ui", c.admin, ""); st != 501 || !strings.Contains(body, "cluster") {
+		t.Fatalf("the console on a replica: %d %s", st, body)
 	}
 }
 
@@ -525,6 +525,19 @@ func TestProxy(t *testing.T) {
 	if st != 503 || !strings.Contains(body, "node n1") {
 		t.Fatalf("unreachable node: %d %s", st, body)
 	}
+	// The replica's /metrics counted the upgrade (once it ended) and the
+	// node that did not answer.
+	conn.Close()
+	testutil.Eventually(t, testutil.Within(10*time.Second), func() error {
+		_, _, m := c.do("GET", c.url+"/metrics", c.admin, "")
+		for _, line := range []string{`berth_replica_requests_total{route="/v1/sandboxes/{id}/{rest...}",code="101"} 1`,
+			`berth_replica_forward_errors_total{node="n1"} 1`} {
+			if !strings.Contains(m, line+"\n") {
+				return fmt.Errorf("/metrics lacks %s:\n%s", line, m)
+			}
+		}
+		return nil
+	})
 }
 
 // A node refusing the replica's signature is the channel's fault, not the

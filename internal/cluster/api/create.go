@@ -320,7 +320,9 @@ func (r *Replica) place(ctx context.Context, spec createSpec, fingerprint string
 	r.mu.Lock()
 	req = r.learner.Fill(req)
 	r.mu.Unlock()
-	return pol.Place(req, placementNodes(nodes, leases, bound, spec.Runtime, DefaultResources, pol, r.now()), r.now())
+	dec, err := pol.Place(req, placementNodes(nodes, leases, bound, spec.Runtime, DefaultResources, pol, r.now()), r.now())
+	r.metrics.placement(dec, err)
+	return dec, err
 }
 
 // leases reads the node Leases, by node name.

@@ -29,9 +29,9 @@ func (r *Replica) controlPlaneRoutes() *http.ServeMux {
 	// asking every node (e2b_snapshots.go).
 	mux.HandleFunc("GET /snapshots", r.e2bAuthed(r.e2bListSnapshots))
 	mux.HandleFunc("DELETE /templates/{id}", r.e2bAuthed(r.e2bDeleteTemplate))
+	r.e2bBuildRoutes(mux)
 	mux.HandleFunc("/", r.e2bAuthed(func(w http.ResponseWriter, req *http.Request, _ auth.Principal) {
-		// What else E2B has (template builds by its own protocol) berth
-		// does not serve on one host either.
+		// What else E2B has berth does not serve on one host either.
 		writeE2BError(w, errs.E(errs.NotImplemented, "%s %s is not served by a cluster API replica (berth serve --cluster)", req.Method, req.URL.Path))
 	}))
 	return mux

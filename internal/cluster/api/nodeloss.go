@@ -101,6 +101,7 @@ func (r *Replica) markNodeLost(ctx context.Context, n *berthv1.Node, lease *kube
 		return errs.Wrap(errs.KindOf(err), err, "mark node %s lost", n.Name)
 	}
 	r.log.Warn("node lost", "node", n.Name, "why", msg)
+	r.metrics.markedLost("node", n.Name)
 	return nil
 }
 
@@ -131,6 +132,7 @@ func (r *Replica) loseSandboxes(ctx context.Context, node string, now time.Time)
 		switch {
 		case err == nil:
 			r.log.Warn("sandbox lost", "sandbox_id", sb.ID, "node", node, "owner", sb.Owner)
+			r.metrics.markedLost("sandbox", node)
 		case errors.As(err, &te), errs.Is(err, errs.NotFound), errs.Is(err, errs.Conflict):
 			// Lost or deleted meanwhile (another replica, a delete): nothing to do.
 		default:

@@ -8,6 +8,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/internal/cluster/peer"
@@ -65,7 +66,9 @@ func (r *Replica) sendLimit(ctx context.Context, node string, in *http.Request, 
 	if id != "" {
 		out.Header.Set(peer.HeaderSandboxID, id)
 	}
+	start := time.Now()
 	resp, err := (&http.Client{Transport: tr}).Do(out)
+	r.metrics.forwarded(node, time.Since(start), err)
 	if err != nil {
 		return nil, errs.Wrap(errs.Unavailable, err, "node %s did not answer", node)
 	}
@@ -151,6 +154,7 @@ func (r *Replica) proxyNode(w http.ResponseWriter, req *http.Request, node, abou
 		style.write(w, err)
 		return
 	}
+	start, answered := time.Now(), false
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = base.Scheme, base.Host
@@ -168,6 +172,8 @@ func (r *Replica) proxyNode(w http.ResponseWriter, req *http.Request, node, abou
 		Transport:     tr,
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
+			answered = true
+			r.metrics.forwarded(node, time.Since(start), nil)
 			if p != nil && resp.StatusCode == http.StatusUnauthorized {
 				b, _ := readResponse(resp)
 				return tokenRefused(node, b) // to ErrorHandler: 503 naming the node
@@ -180,6 +186,9 @@ func (r *Replica) proxyNode(w http.ResponseWriter, req *http.Request, node, abou
 		ErrorHandler: func(w http.ResponseWriter, req *http.Request, err error) {
 			if req.Context().Err() != nil {
 				return // the client left
+			}
+			if !answered {
+				r.metrics.forwarded(node, 0, err)
 			}
 			r.log.Warn("node did not answer", "node", node, "about", about, "path", req.URL.Path, "err", err)
 			if errs.KindOf(err) == errs.Unavailable {

@@ -22,7 +22,9 @@ import (
 // Against a real `berth node`: a template imported through the replica
 // is made on the node, published by it (listed by the replica), in its
 // build history; usage, quotas, snapshots and the audit come back whole
-// (no node unanswered); the template's delete removes it and its object.
+// (no node unanswered); a warm pool set through the replica (the CLI) is
+// filled by the node; leases are asked of it; the template's delete
+// removes it and its object; /metrics counts the replica's work.
 func TestRealNodeSurface(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireTool(t, "runc")
@@ -105,10 +107,64 @@ func TestRealNodeSurface(t *testing.T) {
 			t.Errorf("berth %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	pools := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "pool", "ls")
-	pools.Env = append(os.Environ(), "BERTH_URL="+c.url, "BERTH_API_KEY="+c.admin)
-	if out, err := pools.CombinedOutput(); err == nil || !strings.Contains(string(out), "cluster") {
-		t.Errorf("berth pool ls on a replica: %v: %s (want the 501 naming cluster mode)", err, out)
+	berth := func(key string, args ...string) (string, error) {
+		cli := exec.CommandContext(ctx, filepath.Join(bin, "berth"), args...)
+		cli.Env = append(os.Environ(), "BERTH_URL="+c.url, "BERTH_API_KEY="+key)
+		out, err := cli.CombinedOutput()
+		return string(out), err
+	}
+	// A warm pool set through the replica is kept by the node: its ready
+	// member shows in `berth pool ls` through the replica; while it is
+	// there the template is not removed; `berth pool rm` drains it.
+	if out, err := berth(c.key, "pool", "set", "tiny", "--size", "1"); err == nil || !strings.Contains(out, "admin") {
+		t.Errorf("a tenant's berth pool set: %v: %s", err, out)
+	}
+	if out, err := berth(c.admin, "pool", "set", "tiny", "--size", "1", "--memory", "64"); err != nil || !strings.Contains(out, "pool tiny: size 1") {
+		t.Fatalf("berth pool set: %v: %s", err, out)
+	}
+	testutil.Eventually(t, testutil.Within(90*time.Second), func() error {
+		out, err := berth(c.admin, "pool", "ls", "--json")
+		var ps []wire.PoolStatus
+		if err != nil || json.Unmarshal([]byte(out), &ps) != nil || len(ps) != 1 || ps[0].Ready != 1 || ps[0].Target != 1 || ps[0].State != "ready" {
+			return fmt.Errorf("berth pool ls: %v: %s", err, out)
+		}
+		return nil
+	})
+	// A new shape at the same size reaches the node's own pool.
+	if out, err := berth(c.admin, "pool", "set", "tiny", "--size", "1", "--memory", "96"); err != nil {
+		t.Fatalf("berth pool set, a new shape: %v: %s", err, out)
+	}
+	nodeKey, err := os.ReadFile(filepath.Join(dataDir, "admin.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+		st, _, body := c.do("GET", "http://"+listen+"/v1/pools", strings.TrimSpace(string(nodeKey)), "")
+		var ps []wire.PoolStatus
+		if st != 200 || json.Unmarshal([]byte(body), &ps) != nil || len(ps) != 1 || ps[0].Resources.MemoryMiB != 96 {
+			return fmt.Errorf("real1's own pools: %d %s", st, body)
+		}
+		return nil
+	})
+	if out, err := berth(c.admin, "template", "rm", "tiny"); err == nil || !strings.Contains(out, "pool") {
+		t.Errorf("berth template rm of a pooled template: %v: %s", err, out)
+	}
+	if out, err := berth(c.admin, "pool", "rm", "tiny"); err != nil {
+		t.Fatalf("berth pool rm: %v: %s", err, out)
+	}
+	if out, err := berth(c.admin, "pool", "ls", "--json"); err != nil || strings.TrimSpace(out) != "[]" {
+		t.Errorf("berth pool ls after rm: %v: %s", err, out)
+	}
+	// Leases are asked of the node (none yet); a revoke of a lease it
+	// does not hold is its 404.
+	if out, err := berth(c.key, "secret", "leases", "--json"); err != nil || strings.TrimSpace(out) != "[]" {
+		t.Errorf("berth secret leases: %v: %s", err, out)
+	}
+	if st, hdr, body := c.do("GET", c.url+"/v1/leases", c.admin, ""); st != 200 || hdr.Get(HeaderUnanswered) != "" || !strings.Contains(body, `"leases": []`) {
+		t.Errorf("GET /v1/leases: %d %q %s", st, hdr.Get(HeaderUnanswered), body)
+	}
+	if out, err := berth(c.key, "secret", "revoke", "lnosuch"); err == nil || !strings.Contains(out, "not found") {
+		t.Errorf("berth secret revoke of no lease: %v: %s", err, out)
 	}
 	st, hdr, body = c.do("GET", c.url+"/v1/audit?node=real1", c.admin, "")
 	if st != 200 || hdr.Get(HeaderNode) != "real1" || !strings.Contains(body, "entries") {
@@ -163,6 +219,12 @@ func TestRealNodeSurface(t *testing.T) {
 	}
 	if _, err := c.st.GetTemplate(ctx, "tiny"); !errs.Is(err, errs.NotFound) {
 		t.Fatalf("tiny's object after the delete: %v", err)
+	}
+	// The replica's own /metrics counted what it sent real1.
+	st, _, body = c.do("GET", c.url+"/metrics", c.admin, "")
+	if st != 200 || !strings.Contains(body, `berth_replica_forward_seconds_count{node="real1"}`) ||
+		!strings.Contains(body, `berth_replica_requests_total{route="PUT /v1/pools/{template}",code="200"} 2`) {
+		t.Errorf("/metrics: %d %s", st, body)
 	}
 }
 

@@ -25,7 +25,7 @@ type handler func(w http.ResponseWriter, r *http.Request, p auth.Principal) erro
 // journals (usage, reports, builds, snapshots, the audit) is asked of
 // every node and merged, or sent to the node that holds it; what is store
 // state (quotas, keys, templates' objects) is served here. What is left
-// (pools, leases, the console, /metrics) answers 501 naming cluster mode.
+// (the console) answers 501 naming cluster mode.
 func (r *Replica) restRoutes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
@@ -62,10 +62,15 @@ func (r *Replica) restRoutes() *http.ServeMux {
 	// Secrets are store state, sealed under the cluster data key; nodes
 	// mirror them (secrets.go).
 	r.secretRoutes(mux)
+	// Issue 16: the rest of one host's surface (pools.go, leases.go,
+	// metrics.go).
+	r.poolRoutes(mux)
+	r.leaseRoutes(mux)
+	r.handle(mux, "GET /metrics", r.serveMetrics)
 	notServed := func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, errs.E(errs.NotImplemented, "%s %s is not served by a cluster API replica (berth serve --cluster): run it against a node's own API, or on one host", req.Method, req.URL.Path))
 	}
-	for _, p := range []string{"/v1/", "/ui", "/ui/", "/metrics"} {
+	for _, p := range []string{"/v1/", "/ui", "/ui/"} {
 		mux.HandleFunc(p, notServed)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {

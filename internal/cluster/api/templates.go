@@ -15,6 +15,8 @@ import (
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
+	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // HeaderNode names, on a forwarded template import, pull or build, the
@@ -145,6 +147,9 @@ type templateDeleter interface {
 // every registered node answered: a node that was not asked may still
 // hold it, and the object is how creates find it. A refusal (a template
 // in use) is sent on; the nodes that had removed it by then stay so.
+// Before any node is asked, the objects are checked as one host checks
+// its store (templateUnused): a sandbox bound but not yet made on its
+// node uses the template too, and no node knows of it yet.
 func (r *Replica) deleteTemplate(w http.ResponseWriter, req *http.Request, p auth.Principal) error {
 	if !p.Admin {
 		return errs.E(errs.PermissionDenied, "only the admin key may remove templates")
@@ -153,6 +158,9 @@ func (r *Replica) deleteTemplate(w http.ResponseWriter, req *http.Request, p aut
 	td, ok := r.cfg.Store.(templateDeleter)
 	if !ok {
 		return errs.E(errs.NotImplemented, "removing templates: this replica's store cannot")
+	}
+	if err := r.templateUnused(req.Context(), name); err != nil {
+		return err
 	}
 	replies, missing, err := r.fanOut(req.Context(), req, p)
 	if err != nil && len(missing) == 0 {
@@ -183,5 +191,49 @@ func (r *Replica) deleteTemplate(w http.ResponseWriter, req *http.Request, p aut
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// templateUnused refuses (409) the removal of a template that a Sandbox
+// object not deleted nor lost uses (a lost one's node is gone, and with
+// it what it ran), or that a WarmPool keeps warm, as one host refuses
+// for its sandboxes and its pool.
+func (r *Replica) templateUnused(ctx context.Context, name string) error {
+	pools, err := r.warmPools(ctx)
+	if err != nil {
+		return err
+	}
+	for _, wp := range pools {
+		if wp.Spec.Template == name {
+			return errs.E(errs.Conflict, "template %s has a warm pool; remove it first (berth pool rm %s)", name, name)
+		}
+	}
+	// A pool's unclaimed members are the pool's: its removal drains them
+	// (each node refuses on its own while its members linger).
+	var users []string
+	f := store.SandboxFilter{Template: name, Limit: 500}
+	for _, s := range sandbox.States() {
+		if s != sandbox.Deleted && s != sandbox.Lost {
+			f.States = append(f.States, s)
+		}
+	}
+	for {
+		page, next, err := r.cfg.Store.ListSandboxes(ctx, f)
+		if err != nil {
+			return err
+		}
+		for _, sb := range page {
+			if !isPoolMember(sb) {
+				users = append(users, sb.ID)
+			}
+		}
+		if next == "" || len(users) >= 20 {
+			break
+		}
+		f.After = next
+	}
+	if len(users) > 0 {
+		return errs.E(errs.Conflict, "template %s is used by %d sandbox(es): %s; remove them first", name, len(users), strings.Join(users, ", "))
+	}
 	return nil
 }

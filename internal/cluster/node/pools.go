@@ -52,6 +52,8 @@ type poolState struct {
 	rates   map[string]*placement.Rate // by template name
 	managed map[string]int             // template → pool size the agent set
 	primed  bool
+
+	shapes map[string]berthv1.WarmPoolSpec // template → the spec that size was set for
 }
 
 // Target is one pool's size on this node: PoolSize of the observed rate,
@@ -133,7 +135,12 @@ func (a *Agent) syncPools(ctx context.Context) {
 			rate = r.At(now)
 		}
 		n := Target(sizing, rate, spec)
-		if prev, ok := ps.managed[spec.Template]; !ok || prev != n {
+		if ps.shapes == nil {
+			ps.shapes = map[string]berthv1.WarmPoolSpec{}
+		}
+		// A new shape or runtime (a replica's PUT) is set again even at the
+		// same size.
+		if prev, ok := ps.managed[spec.Template]; !ok || prev != n || ps.shapes[spec.Template] != spec {
 			if n > 0 {
 				// Off the loop (a layer fetch takes long; the Lease must not
 				// wait): the pool fills once the template is here.
@@ -154,6 +161,7 @@ func (a *Agent) syncPools(ctx context.Context) {
 			}
 			a.log.Info("warm pool sized", "warm_pool", wp.Name, "template", spec.Template, "size", n, "claims_per_min", rate*60)
 			ps.managed[spec.Template] = n
+			ps.shapes[spec.Template] = spec
 		}
 		a.reportPool(ctx, wp, int32(ready[spec.Template]))
 	}
@@ -166,6 +174,7 @@ func (a *Agent) syncPools(ctx context.Context) {
 			continue
 		}
 		delete(ps.managed, tpl)
+		delete(ps.shapes, tpl)
 	}
 }
 
