@@ -206,7 +206,7 @@ func (c *Client) Patch(ctx context.Context, r Resource, ns, name, pt string, pat
 	if subresource != "" {
 		p += "/" + subresource
 	}
-	return c.do(ctx, http.MethodPatch, p, nil, pt, bytes.NewReader(patch), out)
+	return c.do(ctx, http.MethodPatch, p, nil, pt, patch, out)
 }
 
 // Apply is a server-side apply of obj (JSON is YAML) as fieldManager.
@@ -219,7 +219,7 @@ func (c *Client) Apply(ctx context.Context, r Resource, ns, name, fieldManager s
 	if force {
 		q.Set("force", "true")
 	}
-	return c.do(ctx, http.MethodPatch, objPath(r, ns, name), q, ApplyPatch, bytes.NewReader(b), out)
+	return c.do(ctx, http.MethodPatch, objPath(r, ns, name), q, ApplyPatch, b, out)
 }
 
 // DeleteOptions make a delete conditional.
@@ -258,19 +258,19 @@ func (c *Client) DeleteCollection(ctx context.Context, r Resource, ns string, op
 // Do sends a JSON request (body marshalled unless nil or []byte) and
 // decodes a 2xx answer into out (when non-nil).
 func (c *Client) Do(ctx context.Context, method, path string, q url.Values, body, out any) error {
-	var rd io.Reader
+	var raw []byte
 	switch b := body.(type) {
 	case nil:
 	case []byte:
-		rd = bytes.NewReader(b)
+		raw = b
 	default:
 		j, err := json.Marshal(body)
 		if err != nil {
 			return errs.Wrap(errs.InvalidArgument, err, "encode %s %s", method, path)
 		}
-		rd = bytes.NewReader(j)
+		raw = j
 	}
-	return c.do(ctx, method, path, q, "application/json", rd, out)
+	return c.do(ctx, method, path, q, "application/json", raw, out)
 }
 
 // maxBody bounds an answer read into memory (a list of many objects).
@@ -295,36 +295,72 @@ func (c *Client) request(ctx context.Context, method, path string, q url.Values,
 	return req, nil
 }
 
-func (c *Client) do(ctx context.Context, method, path string, q url.Values, ctype string, body io.Reader, out any) error {
-	req, err := c.request(ctx, method, path, q, ctype, body)
-	if err != nil {
-		return err
+// Throttled answers are retried: the API server answers 429 with
+// Retry-After while it is over its in-flight limits and while a resource's
+// storage is (re)initializing (seconds after a CRD is installed, or after
+// etcd came back). client-go retries those too; a caller would only retry
+// the same way, so the client does it once for all.
+const (
+	maxRetries    = 5               // 429s retried before the last one is returned
+	maxRetryAfter = 2 * time.Second // longest wait honoured per retry
+)
+
+// retryAfter is how long a throttled answer asks to wait (1 s when it
+// does not say; capped at maxRetryAfter).
+func retryAfter(h http.Header) time.Duration {
+	d := time.Second
+	if n, err := strconv.Atoi(strings.TrimSpace(h.Get("Retry-After"))); err == nil && n >= 0 {
+		d = time.Duration(n) * time.Second
 	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return errs.Wrap(errs.Unavailable, ctx.Err(), "kubernetes %s %s", method, path)
+	return min(max(d, 100*time.Millisecond), maxRetryAfter)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, ctype string, body []byte, out any) error {
+	for attempt := 0; ; attempt++ {
+		var rd io.Reader
+		if body != nil {
+			rd = bytes.NewReader(body)
 		}
-		return errs.Wrap(errs.Unavailable, err, "kubernetes %s %s", method, path)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
-	if err != nil {
-		return errs.Wrap(errs.Unavailable, err, "kubernetes %s %s: read answer", method, path)
-	}
-	if len(b) > maxBody {
-		return errs.E(errs.ResourceExhausted, "kubernetes %s %s: answer over %d bytes", method, path, maxBody)
-	}
-	if resp.StatusCode/100 != 2 {
-		return statusError(method, path, resp.StatusCode, b)
-	}
-	if out == nil || len(b) == 0 {
+		req, err := c.request(ctx, method, path, q, ctype, rd)
+		if err != nil {
+			return err
+		}
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return errs.Wrap(errs.Unavailable, ctx.Err(), "kubernetes %s %s", method, path)
+			}
+			return errs.Wrap(errs.Unavailable, err, "kubernetes %s %s", method, path)
+		}
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+		resp.Body.Close()
+		if err != nil {
+			return errs.Wrap(errs.Unavailable, err, "kubernetes %s %s: read answer", method, path)
+		}
+		if len(b) > maxBody {
+			return errs.E(errs.ResourceExhausted, "kubernetes %s %s: answer over %d bytes", method, path, maxBody)
+		}
+		if resp.StatusCode == http.StatusTooManyRequests && attempt < maxRetries {
+			t := time.NewTimer(retryAfter(resp.Header))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return statusError(method, path, resp.StatusCode, b)
+			case <-t.C:
+			}
+			continue
+		}
+		if resp.StatusCode/100 != 2 {
+			return statusError(method, path, resp.StatusCode, b)
+		}
+		if out == nil || len(b) == 0 {
+			return nil
+		}
+		if err := json.Unmarshal(b, out); err != nil {
+			return errs.Wrap(errs.Internal, err, "kubernetes %s %s: decode answer", method, path)
+		}
 		return nil
 	}
-	if err := json.Unmarshal(b, out); err != nil {
-		return errs.Wrap(errs.Internal, err, "kubernetes %s %s: decode answer", method, path)
-	}
-	return nil
 }
 
 // Status is the API server's error body.
