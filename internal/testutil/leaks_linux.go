@@ -11,46 +11,18 @@ import (
 )
 
 // HostLeaks lists what of the host still lives under dir: each mount whose
-// mount point is dir or below it (from /proc/self/mountinfo, so the mount
-// namespace of the test), and each loop device whose backing file is
-// below it (from sysfs: a loop device outlives its unlinked file, which
-// the kernel then shows with a " (deleted)" suffix).
+// mount point is dir or below it (MountsUnder), and each loop device whose
+// backing file is below it (from sysfs: a loop device outlives its
+// unlinked file, which the kernel then shows with a " (deleted)" suffix).
 func HostLeaks(dir string) ([]string, error) {
-	dir, err := filepath.Abs(dir)
+	dir = resolved(dir)
+	ms, err := mountsUnder(dir)
 	if err != nil {
 		return nil, err
-	}
-	if r, err := filepath.EvalSymlinks(dir); err == nil {
-		dir = r
 	}
 	var out []string
-	mi, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	sc := bufio.NewScanner(bytes.NewReader(mi))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options ... - fstype source superopts
-		f := strings.Fields(sc.Text())
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(f[4])
-		if !under(mp, dir) {
-			continue
-		}
-		what := "mount " + mp
-		for i, x := range f {
-			if x == "-" && i+2 < len(f) {
-				what += " (" + f[i+1] + " from " + unescapeMountinfo(f[i+2]) + ")"
-				break
-			}
-		}
-		out = append(out, what)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
+	for _, m := range ms {
+		out = append(out, "mount "+m.point+" ("+m.fstype+" from "+m.source+")")
 	}
 	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, p := range loops {
@@ -65,6 +37,61 @@ func HostLeaks(dir string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// MountsUnder lists the mount points at or below dir in this mount
+// namespace, parents before children (mountinfo's order).
+func MountsUnder(dir string) ([]string, error) {
+	ms, err := mountsUnder(resolved(dir))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.point
+	}
+	return out, nil
+}
+
+type mount struct{ point, fstype, source string }
+
+func resolved(dir string) string {
+	if a, err := filepath.Abs(dir); err == nil {
+		dir = a
+	}
+	if r, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = r
+	}
+	return dir
+}
+
+func mountsUnder(dir string) ([]mount, error) {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []mount
+	sc := bufio.NewScanner(bytes.NewReader(mi))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint options [optional...] - fstype source superopts
+		f := strings.Fields(sc.Text())
+		if len(f) < 5 {
+			continue
+		}
+		m := mount{point: unescapeMountinfo(f[4])}
+		if !under(m.point, dir) {
+			continue
+		}
+		for i, x := range f {
+			if x == "-" && i+2 < len(f) {
+				m.fstype, m.source = f[i+1], unescapeMountinfo(f[i+2])
+				break
+			}
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
 }
 
 // unescapeMountinfo undoes mountinfo's octal escapes (\040 is a space).

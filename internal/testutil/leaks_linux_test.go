@@ -72,6 +72,10 @@ func TestRemoveAllChecked(t *testing.T) {
 		t.Errorf("HostLeaks(%s) = %q, %v; want none", sibling, leaks, err)
 	}
 
+	if ms, err := MountsUnder(dir); err != nil || len(ms) != 1 || ms[0] != mnt {
+		t.Errorf("MountsUnder(%s) = %q, %v; want [%s]", dir, ms, err, mnt)
+	}
+
 	r := &errRecorder{TB: t}
 	RemoveAllChecked(r, dir)
 	if len(r.msgs) != 1 || !strings.Contains(r.msgs[0], "mount "+mnt+" (tmpfs") ||
