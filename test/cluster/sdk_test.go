@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	clusternode "github.com/berth-dev/berth/internal/cluster/node"
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/kube/kubetest"
@@ -169,9 +170,24 @@ func sdkCommandsThroughReplicas(t *testing.T, c *cluster, key string) {
 			return err
 		}
 		for _, tp := range tl.Items {
-			if tp.Spec.Name == "default" {
-				return nil
+			if tp.Spec.Name != "default" {
+				continue
 			}
+			// Fetchable by the other nodes once each layer's blob digest is
+			// recorded too: the object is written first, the digests after
+			// the layers were packed (seconds for 200 MB). A create placed
+			// elsewhere in between fails (cluster/node's publish).
+			blobs := map[string]string{}
+			_ = json.Unmarshal([]byte(tp.Annotations[clusternode.AnnLayerBlobs]), &blobs)
+			for _, l := range tp.Status.Layers {
+				if blobs[l] == "" {
+					return fmt.Errorf("template default: layer %s has no blob digest yet", l)
+				}
+			}
+			if len(tp.Status.Layers) == 0 {
+				return fmt.Errorf("template default lists no layers")
+			}
+			return nil
 		}
 		return fmt.Errorf("template default not published")
 	})
@@ -220,5 +236,14 @@ func sdkCommandsThroughReplicas(t *testing.T, c *cluster, key string) {
 			t.Errorf("SDK commands sandbox %s after kill: object state %q", got.ID, obj.Status.State)
 		}
 	}
-	t.Logf("e2b SDK 2.51.0 commands.run through replica2 in %s (created via replica1; after kill %s): %q", got.ID, where, got.Stdout)
+	// Which nodes hold default now: node1, and the node the sandbox ran on
+	// when placement put it elsewhere (its layers fetched from node1).
+	var holders []string
+	for _, n := range c.nodes {
+		if out, err := n.cli("template", "ls"); err == nil && strings.Contains(out, "default") {
+			holders = append(holders, n.name)
+		}
+	}
+	t.Logf("e2b SDK 2.51.0 commands.run through replica2 in %s (created via replica1; after kill %s; default now on %v): %q",
+		got.ID, where, holders, got.Stdout)
 }
