@@ -570,3 +570,43 @@ func TestNodeMirrorsOnLocalChange(t *testing.T) {
 		return o.State == sandbox.Paused && o.PauseActual == sandbox.PauseDisk
 	}, "paused (disk)")
 }
+
+// TestNodeObjectRecreated: an operator deleting the Node object of a live
+// node (kubectl delete bnode X) gets it back at the agent's next status
+// write, Ready with its address; the sandboxes bound to it go on running
+// and their objects are untouched (replicas leave a node with a fresh
+// Lease alone, Node object or not: cluster/api's nodeloss.go).
+func TestNodeObjectRecreated(t *testing.T) {
+	h := startHost(t)
+	ctx := t.Context()
+	obj := h.bind(t, "hal")
+	h.waitObject(t, obj.ID, func(o *sandbox.Sandbox) bool { return o.State == sandbox.Running }, "running")
+	var before berthv1.Node
+	if err := h.kc.Get(ctx, berthv1.Nodes, h.ns, h.name, &before); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.kc.Delete(ctx, berthv1.Nodes, h.ns, h.name, kube.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, testutil.Within(20*time.Second), func() error {
+		var n berthv1.Node
+		if err := h.kc.Get(ctx, berthv1.Nodes, h.ns, h.name, &n); err != nil {
+			return err
+		}
+		if n.UID == before.UID {
+			return fmt.Errorf("node %s not deleted yet", h.name)
+		}
+		if c := kube.FindCondition(n.Status.Conditions, berthv1.CondNodeReady); c == nil || c.Status != "True" ||
+			n.Status.Address != h.peerURL || n.Status.CertSHA256 != h.id.SHA256 || n.Status.Allocated.MemoryMiB != 128 {
+			return fmt.Errorf("re-created node's status %+v", n.Status)
+		}
+		return nil
+	})
+	o, err := h.ks.GetSandbox(ctx, obj.ID)
+	if err != nil || o.State != sandbox.Running || o.Attrs.Cluster.Node != h.name {
+		t.Fatalf("sandbox object after its Node was re-created: %+v, %v", o, err)
+	}
+	if _, err := h.d.Store().GetSandbox(ctx, obj.ID); err != nil {
+		t.Fatalf("local sandbox after its Node was re-created: %v", err)
+	}
+}
