@@ -255,6 +255,10 @@ func TestRBAC(t *testing.T) {
 				}
 				return nil
 			}},
+			{"list the Nodes (layer sources of a template it lacks)", true, func(ctx context.Context, kc *kube.Client) error {
+				var l berthv1.NodeList
+				return kc.List(ctx, berthv1.Nodes, ns, kube.ListOptions{}, &l)
+			}},
 			{"mirror a sandbox's state", true, func(ctx context.Context, kc *kube.Client) error { return updateSandbox(ctx, kc, "sbxn1", "running") }},
 			{"publish a template", true, func(ctx context.Context, kc *kube.Client) error {
 				return kc.Create(ctx, berthv1.Templates, ns, &berthv1.Template{TypeMeta: kube.TypeMeta{APIVersion: berthv1.APIVersion, Kind: "Template"},

@@ -267,31 +267,31 @@ func (n *node) runtimeContainers() ([]string, error) {
 	return strings.Fields(string(out)), nil
 }
 
-// cleanup deletes whatever containers and mounts the node left (a failed
-// test must not leave sandboxes running on a shared host), then checks and
-// removes its data dir.
+// cleanup stops the node and checks its data dir. A test that passed
+// deleted every sandbox and stopped the node gracefully, whose Close
+// finishes the teardowns still under way: anything of the host left under
+// the data dir then is a leak and fails the test. After a failure (or a
+// SIGKILL the test did not follow up) sandboxes legitimately outlive the
+// node: their containers and mounts are removed so a shared host does not
+// keep them, and only what even that leaves fails the test.
 func (n *node) cleanup(t *testing.T) {
 	n.stop()
 	if t.Failed() {
 		t.Logf("== %s log:\n%s", n.name, n.tail())
+	} else if leaks, err := testutil.HostLeaks(n.dataDir); err != nil || len(leaks) > 0 {
+		t.Errorf("%s left under %s after a passing test and a graceful stop (%v):\n  %s",
+			n.name, n.dataDir, err, strings.Join(leaks, "\n  "))
 	}
 	root := filepath.Join(n.dataDir, "runtime", "runc")
 	ctrs, _ := n.runtimeContainers()
 	for _, c := range ctrs {
 		_ = exec.Command("runc", "--root", root, "delete", "--force", c).Run()
 	}
-	mounts, _ := os.ReadFile("/proc/self/mountinfo")
-	var ms []string
-	for _, line := range strings.Split(string(mounts), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(f[4], n.dataDir+"/") {
-			ms = append(ms, f[4])
-		}
-	}
+	ms, _ := testutil.MountsUnder(n.dataDir)
 	for i := len(ms) - 1; i >= 0; i-- {
 		_ = syscall.Unmount(ms[i], syscall.MNT_DETACH)
 	}
-	_ = os.RemoveAll(n.dataDir)
+	testutil.RemoveAllChecked(t, n.dataDir)
 }
 
 // testNetwork gives a node its own bridge, table, veth prefix and a /24

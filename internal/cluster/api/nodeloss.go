@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -63,8 +65,10 @@ func (r *Replica) DetectLoss(ctx context.Context) error {
 		return err
 	}
 	var errList []error
+	named := map[string]bool{}
 	for i := range nl.Items {
 		n := &nl.Items[i]
+		named[n.Name] = true
 		now := r.now()
 		lost, mark := lossDecision(n, leases[n.Name], leaseGrace, now)
 		if !lost {
@@ -76,7 +80,26 @@ func (r *Replica) DetectLoss(ctx context.Context) error {
 				continue
 			}
 		}
-		if err := r.loseSandboxes(ctx, n.Name, now); err != nil {
+		if err := r.loseSandboxes(ctx, n.Name, now, fmt.Sprintf("node %s stopped renewing its lease", n.Name)); err != nil {
+			errList = append(errList, err)
+		}
+	}
+	// A Lease whose Node object is gone: an operator deleted the Node
+	// (kubectl delete bnode X; the Lease is not the Node's to delete). A
+	// live agent writes its Node again at its next renewal, so a fresh
+	// Lease is left alone; once it has expired no one will, and the
+	// node's sandboxes are lost as a lapsed node's are (without a Node,
+	// nothing else would ever mark them).
+	for _, name := range slices.Sorted(maps.Keys(leases)) {
+		if named[name] {
+			continue
+		}
+		now := r.now()
+		if lost, _ := lossDecision(&berthv1.Node{ObjectMeta: kube.ObjectMeta{Name: name}}, leases[name], leaseGrace, now); !lost {
+			continue
+		}
+		msg := fmt.Sprintf("node %s has no Node object and stopped renewing its lease", name)
+		if err := r.loseSandboxes(ctx, name, now, msg); err != nil {
 			errList = append(errList, err)
 		}
 	}
@@ -106,8 +129,8 @@ func (r *Replica) markNodeLost(ctx context.Context, n *berthv1.Node, lease *kube
 }
 
 // loseSandboxes moves every sandbox bound to node that is not lost or
-// deleted yet to lost (reason node_lost), with its event.
-func (r *Replica) loseSandboxes(ctx context.Context, node string, now time.Time) error {
+// deleted yet to lost (reason node_lost, message msg), with its event.
+func (r *Replica) loseSandboxes(ctx context.Context, node string, now time.Time, msg string) error {
 	sbs, err := r.sandboxesOnNode(ctx, node)
 	if err != nil {
 		return err
@@ -117,7 +140,6 @@ func (r *Replica) loseSandboxes(ctx context.Context, node string, now time.Time)
 		if sb.State == sandbox.Lost || sb.State == sandbox.Deleted || sb.Attrs.Cluster.Node != node {
 			continue
 		}
-		msg := fmt.Sprintf("node %s stopped renewing its lease", node)
 		_, err := r.cfg.Store.Transition(ctx, sb.ID, sandbox.Lost,
 			sandbox.Event{Actor: "scheduler", Reason: ReasonNodeLost, Message: msg, Time: now.UTC()},
 			func(x *sandbox.Sandbox) error {

@@ -152,3 +152,81 @@ func TestRunLoop(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// An operator deletes a Node object (kubectl delete bnode X): its Lease
+// stays. While the Lease is fresh the agent lives and writes its Node
+// again, so nothing of its sandboxes changes; once the Lease has expired
+// its sandboxes are lost (node_lost, one event each), as a lapsed Node's
+// are, and a delete of a lost sandbox works without the node.
+func TestNodeObjectDeleted(t *testing.T) {
+	noLeaks(t)
+	c := newCluster(t)
+	ctx := t.Context()
+	c.node("doomed", 16384, createdHandler)
+	sb := c.create(`{"memory_mib":2048}`)
+	if got, err := c.st.GetSandbox(ctx, sb.ID); err != nil || got.Attrs.Cluster.Node != "doomed" {
+		t.Fatalf("sandbox %s: %+v, %v; want bound to doomed", sb.ID, got, err)
+	}
+	other := c.create(`{"memory_mib":2048}`) // a second one, deleted while lost below
+	before := map[string]sandbox.State{}
+	for _, id := range []string{sb.ID, other.ID} {
+		got, err := c.st.GetSandbox(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[id] = got.State
+	}
+	if err := srv.Client.Delete(ctx, berthv1.Nodes, c.ns, "doomed", kube.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.rep.DetectLoss(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{sb.ID, other.ID} {
+		if got, err := c.st.GetSandbox(ctx, id); err != nil || got.State != before[id] {
+			t.Fatalf("sandbox %s with its Node deleted and its Lease fresh: %+v, %v; want it %s still", id, got, err, before[id])
+		}
+	}
+
+	c.renew("doomed", time.Now().Add(-time.Minute), 40) // the agent is gone too
+	if err := c.rep.DetectLoss(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.rep.DetectLoss(ctx); err != nil { // a second pass writes nothing more
+		t.Fatal(err)
+	}
+	for _, id := range []string{sb.ID, other.ID} {
+		got, err := c.st.GetSandbox(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != sandbox.Lost || got.Reason != ReasonNodeLost || got.Attrs.Cluster.LostAt.IsZero() ||
+			!strings.Contains(got.Message, "no Node object") {
+			t.Fatalf("sandbox %s of a deleted, expired node: state %s reason %q message %q", id, got.State, got.Reason, got.Message)
+		}
+		evs, err := c.st.ListEvents(ctx, store.EventFilter{SandboxID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range evs {
+			if e.To == sandbox.Lost && e.Reason == ReasonNodeLost {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("sandbox %s has %d lost events, want 1: %+v", id, n, evs)
+		}
+	}
+	// No Node object was made up for it.
+	var n berthv1.Node
+	if err := srv.Client.Get(ctx, berthv1.Nodes, c.ns, "doomed", &n); !errs.Is(err, errs.NotFound) {
+		t.Fatalf("Node doomed after the pass: %v, want not found", err)
+	}
+	if st, _, body := c.do("DELETE", c.url+"/v1/sandboxes/"+other.ID, c.key, ""); st != 204 {
+		t.Fatalf("delete a lost sandbox of a deleted node: %d %s", st, body)
+	}
+	if st, _, body := c.do("POST", c.url+"/v1/sandboxes/"+sb.ID+"/exec", c.key, `{}`); st != 410 || !strings.Contains(body, "node_lost") {
+		t.Fatalf("exec on it: %d %s", st, body)
+	}
+}

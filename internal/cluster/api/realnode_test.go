@@ -35,7 +35,7 @@ func TestRealNodeSurface(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(dataDir)
+	defer testutil.RemoveAllChecked(t, dataDir) // last: after the node stopped
 	listen, peerAddr := freeAddr(t), freeAddr(t)
 	var logs lockedBuf
 	cmd := exec.Command(filepath.Join(bin, "berth"), "node", "--kubeconfig", srv.Kubeconfig(t, "", c.ns), "--namespace", c.ns,

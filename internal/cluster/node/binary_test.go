@@ -51,7 +51,9 @@ func TestBerthNodeBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(dataDir)
+	// Last, after the process is gone: SIGTERM's Close finishes the
+	// teardown of the sandbox deleted below (at most its drain bound).
+	defer testutil.RemoveAllChecked(t, dataDir)
 	listen, peerAddr := freeAddr(t), freeAddr(t)
 	logs := &lockedWriter{}
 	cmd := exec.Command(filepath.Join(bin, "berth"), "node", "--kubeconfig", kcfg, "--name", "bin1",

@@ -159,13 +159,15 @@ func startHostWith(t *testing.T, o hostOpts) *host {
 		if t.Failed() {
 			t.Logf("node logs:\n%s", h.logs.String())
 		}
-		list, _, _ := st.ListSandboxes(context.Background(), store.SandboxFilter{})
-		for _, sb := range list {
-			_ = h.d.Delete(context.Background(), "", sb.ID)
-		}
+		h.drain(t)
 		h.d.Close()
+		if left, _, _ := st.ListSandboxes(context.Background(), store.SandboxFilter{}); len(left) > 0 {
+			for _, sb := range left {
+				t.Errorf("sandbox %s (owner %s) is %s after the daemon closed", sb.ID, sb.Owner, sb.State)
+			}
+		}
 		st.Close()
-		_ = os.RemoveAll(dataDir)
+		testutil.RemoveAllChecked(t, dataDir)
 	})
 	if !o.noTemplate {
 		f, err := os.Open(tinyTar(t))
@@ -212,6 +214,63 @@ func startHostWith(t *testing.T, o hostOpts) *host {
 	go func() { defer close(done); ag.Run(actx) }()
 	t.Cleanup(func() { cancel(); <-done }) // before the daemon closes (cleanups run last first)
 	return h
+}
+
+// drain deletes every sandbox of the host and waits until their teardowns
+// have finished (a row goes last), so that Close leaves nothing running:
+// Close keeps sandboxes running on purpose (the next start adopts them),
+// and no next start will come for this data dir. The agent has stopped by
+// now, but the daemon's own pool loop refills a pool whose members are
+// deleted (the leak this harness had: two running members per
+// TestWarmPoolPerNode run, boot finished during Close): pools go to size
+// 0 first and the drain waits for members still starting.
+func (h *host) drain(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	pools, err := h.d.Pools().List(ctx)
+	if err != nil {
+		t.Errorf("drain: list pools: %v", err)
+	}
+	for _, p := range pools {
+		spec := p.Spec
+		spec.Size, spec.Auto, spec.Min, spec.Max = 0, false, 0, 0
+		if _, err := h.d.Pools().Set(ctx, spec); err != nil {
+			t.Errorf("drain: empty pool %s: %v", spec.Template, err)
+		}
+	}
+	err = testutil.Within(80 * time.Second).Until(func() error {
+		pools, err := h.d.Pools().List(ctx)
+		if err != nil {
+			return err
+		}
+		for _, p := range pools {
+			if p.Starting > 0 {
+				return fmt.Errorf("pool %s still starting %d members", p.Template, p.Starting)
+			}
+		}
+		list, _, err := h.d.Store().ListSandboxes(ctx, store.SandboxFilter{})
+		if err != nil {
+			return err
+		}
+		var left []string
+		for _, sb := range list {
+			left = append(left, sb.ID+" "+string(sb.State))
+			if sb.State == sandbox.Deleted {
+				continue // its teardown is under way
+			}
+			if err := h.d.Delete(ctx, "", sb.ID); err != nil && !errs.Is(err, errs.NotFound) {
+				return fmt.Errorf("delete %s (%s): %w", sb.ID, sb.State, err)
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("sandboxes not torn down yet: %s", strings.Join(left, ", "))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("drain host %s: %v", h.name, err)
+	}
 }
 
 // bind writes a Sandbox object bound to the node, as a replica's create does.
@@ -510,4 +569,44 @@ func TestNodeMirrorsOnLocalChange(t *testing.T) {
 	h.waitObject(t, obj.ID, func(o *sandbox.Sandbox) bool {
 		return o.State == sandbox.Paused && o.PauseActual == sandbox.PauseDisk
 	}, "paused (disk)")
+}
+
+// TestNodeObjectRecreated: an operator deleting the Node object of a live
+// node (kubectl delete bnode X) gets it back at the agent's next status
+// write, Ready with its address; the sandboxes bound to it go on running
+// and their objects are untouched (replicas leave a node with a fresh
+// Lease alone, Node object or not: cluster/api's nodeloss.go).
+func TestNodeObjectRecreated(t *testing.T) {
+	h := startHost(t)
+	ctx := t.Context()
+	obj := h.bind(t, "hal")
+	h.waitObject(t, obj.ID, func(o *sandbox.Sandbox) bool { return o.State == sandbox.Running }, "running")
+	var before berthv1.Node
+	if err := h.kc.Get(ctx, berthv1.Nodes, h.ns, h.name, &before); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.kc.Delete(ctx, berthv1.Nodes, h.ns, h.name, kube.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, testutil.Within(20*time.Second), func() error {
+		var n berthv1.Node
+		if err := h.kc.Get(ctx, berthv1.Nodes, h.ns, h.name, &n); err != nil {
+			return err
+		}
+		if n.UID == before.UID {
+			return fmt.Errorf("node %s not deleted yet", h.name)
+		}
+		if c := kube.FindCondition(n.Status.Conditions, berthv1.CondNodeReady); c == nil || c.Status != "True" ||
+			n.Status.Address != h.peerURL || n.Status.CertSHA256 != h.id.SHA256 || n.Status.Allocated.MemoryMiB != 128 {
+			return fmt.Errorf("re-created node's status %+v", n.Status)
+		}
+		return nil
+	})
+	o, err := h.ks.GetSandbox(ctx, obj.ID)
+	if err != nil || o.State != sandbox.Running || o.Attrs.Cluster.Node != h.name {
+		t.Fatalf("sandbox object after its Node was re-created: %+v, %v", o, err)
+	}
+	if _, err := h.d.Store().GetSandbox(ctx, obj.ID); err != nil {
+		t.Fatalf("local sandbox after its Node was re-created: %v", err)
+	}
 }
