@@ -118,6 +118,9 @@ type ClaimRequest struct {
 	// Poolable: the request differs from a plain "template, runtime,
 	// resources" one only in what a claim personalises.
 	Poolable bool
+	// Cluster, when Node is set, binds the claimed member to a cluster
+	// node in the claim's own write (a warm hit through an API replica).
+	Cluster sandbox.ClusterState
 }
 
 // Claim hands out a ready member matching req, personalised for its new
@@ -195,6 +198,9 @@ func (s *Service) claim(ctx context.Context, id string, req ClaimRequest, tpl *s
 		sb.CreatedAt, sb.ExpiresAt, sb.ExpiryAction = now, now.Add(req.TTL), req.ExpiryAction
 		sb.AccessTokenHash = s.core.EnvdTokenHash(sb.ID, sb.Owner)
 		sb.Pool = sandbox.PoolState{ClaimedFrom: tpl.Name}
+		if req.Cluster.Node != "" {
+			sb.Cluster = req.Cluster
+		}
 		return nil
 	})
 	if err != nil {
