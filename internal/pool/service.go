@@ -60,6 +60,9 @@ type Service struct {
 
 	mu    sync.Mutex
 	pools map[string]*warmPool // by template name
+	// taken counts members handed out by Claim (under mu): a pass whose
+	// scan predates a claim must not list the claimed one as ready again.
+	taken uint64
 	sem   chan struct{}
 	kick  chan struct{}
 }
@@ -158,6 +161,7 @@ func (s *Service) Claim(ctx context.Context, req ClaimRequest, tpl *store.Templa
 		}
 		id := wp.ready[0]
 		wp.ready = wp.ready[1:]
+		s.taken++
 		s.mu.Unlock()
 		if sb, err := s.claim(ctx, id, req, tpl); err == nil {
 			took := s.now().Sub(start)
