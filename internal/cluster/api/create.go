@@ -419,10 +419,15 @@ func (r *Replica) createWarm(ctx context.Context, in *http.Request, body []byte,
 	}
 	sb.Attrs.Cluster = sandbox.ClusterState{Node: dec.Node, ExpectedDuration: dec.Expected.String(),
 		DurationClass: string(dec.Class), BoundAt: now}
-	if err := r.cfg.Store.CreateSandbox(context.WithoutCancel(ctx), sb); err != nil && !errs.Is(err, errs.AlreadyExists) {
+	// An id that has an object already is refused too: only replicas create
+	// objects, so a node answering one is wrong (or lying about another's).
+	if err := r.cfg.Store.CreateSandbox(context.WithoutCancel(ctx), sb); err != nil {
 		// The client is told it failed; the node deletes the sandbox once
 		// its adoption grace has passed with no object.
 		r.log.Warn("record a warm create's object", "sandbox_id", sb.ID, "node", dec.Node, "err", err)
+		if errs.Is(err, errs.AlreadyExists) {
+			err = errs.E(errs.Unavailable, "node %s answered a create with sandbox id %s, which is another sandbox's", dec.Node, sb.ID)
+		}
 		return nil, true, err
 	}
 	// claimed is what the node did ("" when its answer does not say: E2B's

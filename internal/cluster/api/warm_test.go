@@ -4,20 +4,24 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
 	"github.com/berth-dev/berth/client"
+	"github.com/berth-dev/berth/internal/cluster/peer"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kube"
 	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
@@ -202,4 +206,68 @@ func startRealNode(t *testing.T, c *cluster, bin, name string, args ...string) r
 		return err
 	})
 	return realNode{listen: listen, dataDir: dataDir}
+}
+
+// A warm hit is forwarded with no id; the object is recorded from the
+// node's answer, bound to it. An answer without a valid id, or with the id
+// of a sandbox that has an object already, is refused and records nothing.
+func TestWarmCreateRecordsTheNodesID(t *testing.T) {
+	noLeaks(t)
+	c := newCluster(t)
+	var mu sync.Mutex
+	answerID := "member1"
+	n := c.node("w1", 16384, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/sandboxes" {
+			http.NotFound(w, r)
+			return
+		}
+		mu.Lock()
+		id := answerID
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(wire.Sandbox{ID: id, Owner: "alice", Template: "default", Runtime: "runc", State: "running",
+			StartedAt: time.Now().UTC(), ExpiresAt: time.Now().UTC().Add(time.Hour), Extra: map[string]string{"claimed_from_pool": "default"}})
+	})
+	var nd berthv1.Node
+	if err := srv.Client.Get(t.Context(), berthv1.Nodes, c.ns, "w1", &nd); err != nil {
+		t.Fatal(err)
+	}
+	nd.Status.WarmPools = []berthv1.NodeWarmPool{{Fingerprint: "fp1", Ready: 1}}
+	if err := srv.Client.UpdateStatus(t.Context(), berthv1.Nodes, c.ns, "w1", &nd, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	sb := c.create(`{"labels":{"task":"t1"}}`)
+	if sb.ID != "member1" || sb.Extra["claimed_from_pool"] != "default" {
+		t.Fatalf("warm create answered %+v, want the node's member1", sb)
+	}
+	seen := n.requests()
+	if len(seen) != 1 || seen[0].sandboxID != "" || !seen[0].signed || seen[0].principal.Owner != "alice" {
+		t.Fatalf("node saw %+v, want one signed create for alice without %s", seen, peer.HeaderSandboxID)
+	}
+	obj, err := c.st.GetSandbox(t.Context(), "member1")
+	if err != nil || obj.Attrs.Cluster.Node != "w1" || obj.Owner != "alice" || obj.State != sandbox.Running ||
+		obj.TemplateID != "fp1" || obj.Labels["task"] != "t1" || obj.Attrs.Cluster.BoundAt.IsZero() {
+		t.Fatalf("object of the warm create: %+v, %v", obj, err)
+	}
+
+	for _, bad := range []struct{ id, want string }{
+		{"Not/An/Id", "no valid sandbox id"},
+		{"member1", "another sandbox's"}, // bob's create answered with alice's id
+	} {
+		mu.Lock()
+		answerID = bad.id
+		mu.Unlock()
+		st, _, body := c.do("POST", c.url+"/v1/sandboxes", c.bob, `{}`)
+		if st != http.StatusServiceUnavailable || !strings.Contains(body, bad.want) {
+			t.Errorf("node answering id %q: %d %s, want 503 naming %q", bad.id, st, body, bad.want)
+		}
+	}
+	if obj, err := c.st.GetSandbox(t.Context(), "member1"); err != nil || obj.Owner != "alice" {
+		t.Fatalf("member1 after a node answered it to bob: %+v, %v", obj, err)
+	}
+	if list, _, err := c.st.ListSandboxes(t.Context(), store.SandboxFilter{Owner: "bob"}); err != nil || len(list) != 0 {
+		t.Fatalf("bob's objects after refused answers: %d, %v", len(list), err)
+	}
 }
