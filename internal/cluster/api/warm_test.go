@@ -124,7 +124,26 @@ func TestRealNodeWarmHit(t *testing.T) {
 	if first.ID == second.ID {
 		t.Fatalf("two creates claimed the same member %s", first.ID)
 	}
-	for _, sb := range []wire.Sandbox{first, second} {
+	// E2B's create claims too; its answer names only the id, the object
+	// is recorded from it all the same.
+	waitWarm()
+	st, _, body := c.do("POST", c.url+"/v2/sandboxes", "", `{"templateID":"tiny"}`, "X-API-KEY", c.key)
+	var e2bAns struct{ SandboxID string }
+	if err := json.Unmarshal([]byte(body), &e2bAns); st != 201 || err != nil || e2bAns.SandboxID == "" {
+		t.Fatalf("E2B create on a warm node: %d %s", st, body)
+	}
+	if obj, err := c.st.GetSandbox(ctx, e2bAns.SandboxID); err != nil || obj.Attrs.Cluster.Node != "warm1" || obj.State != sandbox.Running {
+		t.Fatalf("object of the E2B warm create: %+v, %v", obj, err)
+	}
+	testutil.Eventually(t, testutil.Within(20*time.Second), func() error {
+		_, _, body := c.do("GET", c.url+"/v1/sandboxes/"+e2bAns.SandboxID+"/events", c.admin, "")
+		if !strings.Contains(body, `"reason": "claimed_from_pool"`) && !strings.Contains(body, `"reason":"claimed_from_pool"`) {
+			return fmt.Errorf("E2B create %s not claimed from the pool: %s", e2bAns.SandboxID, body)
+		}
+		return nil
+	})
+	third := wire.Sandbox{ID: e2bAns.SandboxID}
+	for _, sb := range []wire.Sandbox{first, second, third} {
 		if st, _, body := c.do("DELETE", c.url+"/v1/sandboxes/"+sb.ID, c.key, ""); st/100 != 2 {
 			t.Fatalf("delete %s: %d %s", sb.ID, st, body)
 		}
