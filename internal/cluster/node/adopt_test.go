@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -32,6 +33,20 @@ func TestNodeAdoptionGrace(t *testing.T) {
 	if _, err := h.d.Pools().Set(ctx, pool.Spec{Template: "tiny", Size: 2}); err != nil {
 		t.Fatal(err)
 	}
+	// The pool goes first at the end, and its members with it: the host's
+	// teardown deletes what it lists, and a pool would refill behind it.
+	t.Cleanup(func() {
+		if err := h.d.Pools().Remove(context.Background(), "tiny"); err != nil {
+			t.Errorf("remove the pool: %v", err)
+		}
+		testutil.Eventually(t, testutil.Within(30*time.Second), func() error {
+			ms, _, err := h.d.Store().ListSandboxes(context.Background(), store.SandboxFilter{Owner: pool.Owner})
+			if err == nil && len(ms) > 0 {
+				err = fmt.Errorf("%d pool members left", len(ms))
+			}
+			return err
+		})
+	})
 	testutil.Eventually(t, testutil.Within(90*time.Second), func() error {
 		st, err := h.d.Pools().List(ctx)
 		if err != nil {
