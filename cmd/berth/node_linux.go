@@ -27,13 +27,13 @@ import (
 	"github.com/berth-dev/berth/internal/store"
 )
 
-const nodeUsage = "node [--kubeconfig F] [--namespace NS] [--name N] [--peer-listen ADDR] [--advertise HOST:PORT] [--lease-duration D] [every serve flag]   " +
+const nodeUsage = "node [--kubeconfig F] [--namespace NS] [--name N] [--peer-listen ADDR] [--advertise HOST:PORT] [--lease-duration D] [--adopt-grace D] [every serve flag]   " +
 	"(Linux only: a berth daemon that is one node of a cluster, docs/CLUSTER.md)"
 
 // nodeFlags are what `berth node` adds to serve's flags.
 type nodeFlags struct {
 	kubeconfig, namespace, name, peerListen, advertise string
-	leaseDuration                                      time.Duration
+	leaseDuration, adoptGrace                          time.Duration
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -43,6 +43,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.peerListen, "peer-listen", "0.0.0.0:7443", "TLS listener API replicas reach this node on")
 	fs.StringVar(&f.advertise, "advertise", "", "host:port put in the Node for replicas (default the first non-loopback IP and the peer port)")
 	fs.DurationVar(&f.leaseDuration, "lease-duration", 40*time.Second, "the node Lease's duration; renewed every quarter of it")
+	fs.DurationVar(&f.adoptGrace, "adopt-grace", 2*time.Minute, "how long a sandbox made for a replica's warm create or fork may wait for its Sandbox object before it is deleted")
 }
 
 // nodeNameRe is a DNS-1123 label (a Node's and a Lease's name part).
@@ -59,6 +60,9 @@ func runNode(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if nf.leaseDuration < 4*time.Second {
 		return errs.Field("lease-duration", "must be at least 4s, got %s", nf.leaseDuration)
+	}
+	if nf.adoptGrace < time.Second {
+		return errs.Field("adopt-grace", "must be at least 1s, got %s", nf.adoptGrace)
 	}
 	peerHost, peerPort, err := net.SplitHostPort(nf.peerListen)
 	if err != nil {
@@ -134,7 +138,7 @@ func startNode(ctx context.Context, nf nodeFlags, id peer.Identity, d *daemon.Da
 	cluster node.Cluster, kc *kube.Client, handler http.Handler, log *slog.Logger, out io.Writer) (func(), error) {
 	ag, err := node.New(node.Config{Kube: kc, Namespace: nf.namespace, Name: nf.name, Daemon: d, Local: local,
 		Cluster: cluster, Address: "https://" + nf.advertise, CertSHA256: id.SHA256, LeaseDuration: nf.leaseDuration,
-		Version: cli.Version, Log: log})
+		AdoptGrace: nf.adoptGrace, Version: cli.Version, Log: log})
 	if err != nil {
 		return nil, err
 	}

@@ -358,6 +358,13 @@ func (s *Service) forkChild(ctx context.Context, parent *sandbox.Sandbox, sn sto
 		Lineage: sandbox.Lineage{Parent: parent.ID, Generation: gen, ForkMode: mode},
 		Net:     s.core.NetworkInherit(parent), // children keep the parent's policy and grants
 	}
+	if pc := parent.Cluster; pc.Node != "" {
+		// A cluster sandbox's children are the cluster's, bound to its node;
+		// their objects come from the replica only after the answer.
+		now := s.core.Now().UTC()
+		lineage.Cluster = sandbox.ClusterState{Node: pc.Node, ExpectedDuration: pc.ExpectedDuration,
+			DurationClass: pc.DurationClass, BoundAt: now, AdoptFrom: now}
+	}
 	if mode == ForkDisk {
 		ttl := parent.ExpiresAt.Sub(s.core.Now())
 		if ttl < time.Minute {

@@ -40,7 +40,19 @@ func TestCoreCreateWithID(t *testing.T) {
 	if plain.ID == "abc123" || plain.Attrs.Cluster.Node != "" {
 		t.Fatalf("create without an id: %+v (cluster %+v), want a new id, not bound", plain, plain.Attrs.Cluster)
 	}
-	for _, id := range []string{"abc123", plain.ID} {
+	// A replica's signed create without an id (a warm hit that found no
+	// member here): a new id, bound to n1 and awaiting its object.
+	adopt, err := n.d.Create(ctx, CreateRequest{ClusterAdopt: true, Owner: "alice", TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl := adopt.Attrs.Cluster; adopt.ID == "abc123" || cl.Node != "n1" || cl.BoundAt.IsZero() || cl.AdoptFrom.IsZero() {
+		t.Fatalf("no-id cluster create: %s (cluster %+v), want a new id bound to n1 with AdoptFrom", adopt.ID, cl)
+	}
+	if got, err := n.d.Store().GetSandbox(ctx, adopt.ID); err != nil || got.Attrs.Cluster.AdoptFrom.IsZero() {
+		t.Fatalf("stored no-id cluster create: %+v, %v", got, err)
+	}
+	for _, id := range []string{"abc123", plain.ID, adopt.ID} {
 		if err := n.d.Delete(ctx, "alice", id); err != nil {
 			t.Fatal(err)
 		}

@@ -133,7 +133,7 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sand
 	var claimed *sandbox.Sandbox
 	hit := false
 	if req.ID == "" { // a pool member has an id of its own
-		claimed, hit = claimFromPool(ctx, d.poolSvc, req, tpl)
+		claimed, hit = claimFromPool(ctx, d.poolSvc, req, tpl, d.adoptable(req))
 	}
 	release()
 	if hit { // warm pool hit (pool.go)
@@ -160,6 +160,8 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sand
 		if sb.Attrs.Cluster.BoundAt.IsZero() {
 			sb.Attrs.Cluster.BoundAt = now
 		}
+	} else if cl := d.adoptable(req); cl.Node != "" { // a warm hit that raced away: cold, same binding
+		sb.Attrs.Cluster = cl
 	}
 	sb.AccessTokenHash = d.auth.EnvdTokenHash(sb.ID, sb.Owner)
 	if sb.Labels == nil {
@@ -202,6 +204,17 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sand
 		}
 	}
 	return out, nil
+}
+
+// adoptable is the cluster binding of a signed create that named no id
+// (zero otherwise): this node, and AdoptFrom, because its object comes
+// from the replica only after the answer.
+func (d *Daemon) adoptable(req CreateRequest) sandbox.ClusterState {
+	if !req.ClusterAdopt || req.ID != "" || d.cfg.ClusterNode == "" {
+		return sandbox.ClusterState{}
+	}
+	now := d.cfg.Now().UTC()
+	return sandbox.ClusterState{Node: d.cfg.ClusterNode, BoundAt: now, AdoptFrom: now}
 }
 
 // fail tears down a sandbox's runtime resources and records it as failed.

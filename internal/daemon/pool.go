@@ -34,16 +34,17 @@ func (d *Daemon) Pools() *pool.Service { return d.poolSvc }
 func poolable(req CreateRequest) bool {
 	k := req
 	k.Owner, k.Actor, k.Labels, k.Env, k.TTL, k.ExpiryAction, k.AutoResume, k.Workstation = "", "", nil, nil, 0, "", false, false
+	k.ClusterAdopt = false // the binding is written by the claim itself
 	return reflect.DeepEqual(k, CreateRequest{Template: req.Template, Runtime: req.Runtime, Resources: req.Resources})
 }
 
 // claimFromPool hands out a ready member of pools matching req
 // (pool.Service.Claim).
-func claimFromPool(ctx context.Context, pools *pool.Service, req CreateRequest, tpl *store.Template) (*sandbox.Sandbox, bool) {
+func claimFromPool(ctx context.Context, pools *pool.Service, req CreateRequest, tpl *store.Template, cl sandbox.ClusterState) (*sandbox.Sandbox, bool) {
 	return pools.Claim(ctx, pool.ClaimRequest{
 		Owner: req.Owner, Actor: req.Actor, Runtime: req.Runtime, Resources: req.Resources,
 		Labels: req.Labels, Env: req.Env, TTL: req.TTL, ExpiryAction: req.ExpiryAction, AutoResume: req.AutoResume,
-		Poolable: poolable(req),
+		Poolable: poolable(req), Cluster: cl,
 	}, tpl)
 }
 

@@ -20,6 +20,7 @@ func TestPoolable(t *testing.T) {
 			r.Labels, r.Env, r.AutoResume, r.Workstation = map[string]string{"a": "b"}, map[string]string{"K": "V"}, true, true
 			r.Attrs = sandbox.Attrs{}
 		}, true},
+		{"a replica's warm hit (bound by the claim itself)", func(r *CreateRequest) { r.ClusterAdopt = true }, true},
 		{"from snapshot", func(r *CreateRequest) { r.FromSnapshot = "s1" }, false},
 		{"attrs (network policy, idle policy)", func(r *CreateRequest) { r.Attrs.IdlePolicy = "x" }, false},
 	} {

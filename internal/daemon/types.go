@@ -15,7 +15,13 @@ type CreateRequest struct {
 	// Sandbox object's name, from a replica's signed request); "" = a new one.
 	// A sandbox made with one is bound to Config.ClusterNode and never
 	// comes from a warm pool (a member has an id of its own).
-	ID           string
+	ID string
+	// ClusterAdopt marks a replica's signed create that named no id (a warm
+	// hit): the sandbox, claimed from a pool or made cold, is bound to
+	// Config.ClusterNode with Attrs.Cluster.AdoptFrom set, since the
+	// replica writes its object only from the answer (the node agent gives
+	// it an adoption grace, then deletes it if no object came).
+	ClusterAdopt bool
 	Owner        string
 	Actor        string // who asked (owner name, "e2b", "reaper", ...), for events
 	Template     string // template name; "" = server default ("default")

@@ -167,6 +167,7 @@ func (s *Server) handleCreate(v2 bool) http.HandlerFunc {
 		req, err := s.createRequest(ownerFrom(r.Context()), body, v2)
 		if err == nil {
 			req.ID, err = auth.GivenSandboxID(r, principalFrom(r.Context()))
+			req.ClusterAdopt = principalFrom(r.Context()).Cluster // no id: a warm hit the replica records from this answer
 		}
 		if err == nil {
 			err = s.createFromSnapshot(r.Context(), body.TemplateID, &req)

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -33,6 +34,9 @@ func (s *Service) Run(ctx context.Context) {
 // Pass is one round of the loop: it plans every pool from the store's
 // members and applies the plans.
 func (s *Service) Pass(ctx context.Context) {
+	s.mu.Lock()
+	taken := s.taken
+	s.mu.Unlock()
 	members, _, err := s.core.Store().ListSandboxes(ctx, store.SandboxFilter{Owner: Owner, Order: store.OrderAsc})
 	if err != nil {
 		s.log.Error("pool scan", "err", err)
@@ -60,12 +64,12 @@ func (s *Service) Pass(ctx context.Context) {
 		}
 	}
 	for _, name := range names {
-		s.fill(ctx, name, byPool[name])
+		s.fill(ctx, name, byPool[name], taken)
 	}
 }
 
 // fill plans one pool and applies the plan.
-func (s *Service) fill(ctx context.Context, name string, members []*sandbox.Sandbox) {
+func (s *Service) fill(ctx context.Context, name string, members []*sandbox.Sandbox, taken uint64) {
 	tpl, tplErr := s.core.Store().GetTemplate(ctx, name)
 	s.mu.Lock()
 	wp := s.pools[name]
@@ -92,6 +96,11 @@ func (s *Service) fill(ctx context.Context, name string, members []*sandbox.Sand
 		LastMiss: wp.lastMiss, LastResize: wp.lastResize}, t, ms)
 	if a.Invalidated {
 		s.log.Info("pool invalidated: template fingerprint or shape changed", "template", name)
+	}
+	if s.taken != taken {
+		// A claim took a member after the scan: keep only those still
+		// ready (members started since are added as they come up).
+		a.Ready = slices.DeleteFunc(a.Ready, func(id string) bool { return !slices.Contains(wp.ready, id) })
 	}
 	wp.key, wp.ready, wp.target, wp.state = a.Key, a.Ready, a.Target, a.Status
 	if a.Resized {

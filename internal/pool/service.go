@@ -60,6 +60,9 @@ type Service struct {
 
 	mu    sync.Mutex
 	pools map[string]*warmPool // by template name
+	// taken counts members handed out by Claim (under mu): a pass whose
+	// scan predates a claim must not list the claimed one as ready again.
+	taken uint64
 	sem   chan struct{}
 	kick  chan struct{}
 }
@@ -118,6 +121,9 @@ type ClaimRequest struct {
 	// Poolable: the request differs from a plain "template, runtime,
 	// resources" one only in what a claim personalises.
 	Poolable bool
+	// Cluster, when Node is set, binds the claimed member to a cluster
+	// node in the claim's own write (a warm hit through an API replica).
+	Cluster sandbox.ClusterState
 }
 
 // Claim hands out a ready member matching req, personalised for its new
@@ -155,6 +161,7 @@ func (s *Service) Claim(ctx context.Context, req ClaimRequest, tpl *store.Templa
 		}
 		id := wp.ready[0]
 		wp.ready = wp.ready[1:]
+		s.taken++
 		s.mu.Unlock()
 		if sb, err := s.claim(ctx, id, req, tpl); err == nil {
 			took := s.now().Sub(start)
@@ -195,6 +202,9 @@ func (s *Service) claim(ctx context.Context, id string, req ClaimRequest, tpl *s
 		sb.CreatedAt, sb.ExpiresAt, sb.ExpiryAction = now, now.Add(req.TTL), req.ExpiryAction
 		sb.AccessTokenHash = s.core.EnvdTokenHash(sb.ID, sb.Owner)
 		sb.Pool = sandbox.PoolState{ClaimedFrom: tpl.Name}
+		if req.Cluster.Node != "" {
+			sb.Cluster = req.Cluster
+		}
 		return nil
 	})
 	if err != nil {

@@ -525,3 +525,56 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// scanHook runs after once the next member scan has read the store.
+type scanHook struct {
+	store.Store
+	after func()
+}
+
+func (h *scanHook) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*sandbox.Sandbox, string, error) {
+	out, next, err := h.Store.ListSandboxes(ctx, f)
+	if a := h.after; a != nil {
+		h.after = nil
+		a()
+	}
+	return out, next, err
+}
+
+// A claim that lands between a pass's scan and its plan: the pass must
+// not hand the claimed sandbox out again (it would be a miss for the next
+// create, and the refill would wait for another pass).
+func TestClaimDuringAPass(t *testing.T) {
+	c := newCore(t)
+	tpl := c.putTemplate("t", "fp1", store.TemplateReady)
+	s := newService(c)
+	if _, err := s.Set(t.Context(), Spec{Template: "t", Size: 1}); err != nil {
+		t.Fatal(err)
+	}
+	s.Pass(t.Context())
+	c.runBackground()
+	s.Pass(t.Context())
+	var claimed *sandbox.Sandbox
+	hook := &scanHook{Store: c.st}
+	hook.after = func() {
+		sb, ok := s.Claim(t.Context(), ClaimRequest{Owner: "alice", Poolable: true, TTL: time.Hour}, tpl)
+		if !ok {
+			t.Error("miss on a ready pool")
+		}
+		claimed = sb
+	}
+	c.mu.Lock()
+	c.st = hook
+	c.mu.Unlock()
+	s.Pass(t.Context()) // scans (the member), then the claim takes it, then plans
+	if claimed == nil {
+		t.FailNow()
+	}
+	if st := s.mustStatus(t, "t"); st.Ready != 0 {
+		t.Errorf("after a claim during the pass: %d ready, want 0 (the claimed %s is no member)", st.Ready, claimed.ID)
+	}
+	if sb, ok := s.Claim(t.Context(), ClaimRequest{Owner: "bob", Poolable: true, TTL: time.Hour}, tpl); ok {
+		t.Errorf("claimed %s again (alice has %s)", sb.ID, claimed.ID)
+	}
+	c.runBackground()
+}

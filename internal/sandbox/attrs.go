@@ -55,6 +55,12 @@ type ClusterState struct {
 	DurationClass    string    `json:"duration_class,omitempty"`
 	BoundAt          time.Time `json:"bound_at,omitzero"`
 	LostAt           time.Time `json:"lost_at,omitzero"`
+	// AdoptFrom is set, on the node, on a sandbox made for a replica's
+	// signed request that named no id (a warm pool claim, a fork's child):
+	// its object is written by the replica only from the node's answer, so
+	// until the node's adoption grace has passed from then, having no
+	// object is not yet a reason to delete it. Cleared once the object is seen.
+	AdoptFrom time.Time `json:"adopt_from,omitzero"`
 }
 
 // UserNSNone is Attrs.UserNS of a sandbox made without a user namespace.

@@ -59,7 +59,7 @@ func (s sandboxAPI) createSandbox(w http.ResponseWriter, r *http.Request, p daem
 		return err
 	}
 	sb, err := s.d.Create(r.Context(), daemon.CreateRequest{
-		ID: id, Owner: own, Actor: p.Owner, Template: req.Template, Runtime: req.Runtime, TTL: ttl,
+		ID: id, ClusterAdopt: p.Cluster, Owner: own, Actor: p.Owner, Template: req.Template, Runtime: req.Runtime, TTL: ttl,
 		ExpiryAction: sandbox.ExpiryAction(req.ExpiryAction),
 		Resources: sandbox.Resources{CPUMillis: int(req.CPU * 1000), MemoryMiB: req.MemoryMiB,
 			DiskMiB: req.DiskMiB, Pids: req.Pids},

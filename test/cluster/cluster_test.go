@@ -265,6 +265,7 @@ func TestCluster(t *testing.T) {
 	t.Run("E2B", func(t *testing.T) { e2bThroughReplica(t, c, c.replicas[1], k.Key) })
 	t.Run("E2BSDK", func(t *testing.T) { sdkThroughReplicas(t, c, k.Key) })
 	t.Run("E2BSDKCommands", func(t *testing.T) { sdkCommandsThroughReplicas(t, c, k.Key) })
+	t.Run("WarmHit", func(t *testing.T) { warmHit(t, c, alice[1]) })
 
 	// Kill the busiest node; its sandboxes go lost within the lease period
 	// (plus the replicas' one-second check), the Node says LeaseExpired.

@@ -20,6 +20,7 @@ import (
 	"github.com/berth-dev/berth/internal/kube/berthv1"
 	"github.com/berth-dev/berth/internal/placement"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // maxCreateBody bounds a create body (it is read whole: it is parsed here
@@ -209,6 +210,16 @@ func (r *Replica) create(ctx context.Context, in *http.Request, body []byte, spe
 			}
 			return nil, err
 		}
+		if dec.WarmHit {
+			ans, done, err := r.createWarm(ctx, in, body, spec, tpl, dec, p)
+			if done {
+				return ans, err
+			}
+			r.log.Warn("node refused a warm create; trying the next-best node once", "node", dec.Node, "err", err, "status", statusOf(ans))
+			excluded[dec.Node] = true
+			lastAns, lastErr = ans, err
+			continue
+		}
 		id := sandbox.NewID()
 		now := r.now().UTC()
 		sb := &sandbox.Sandbox{
@@ -367,4 +378,95 @@ func (r *Replica) createREST(w http.ResponseWriter, req *http.Request, p auth.Pr
 	}
 	ans.write(w)
 	return nil
+}
+
+// createWarm serves a create placed on a node for its warm pool member: the
+// request goes without an id (signed as usual), so the node's daemon claims
+// a member, whose id is its own, or, had another create taken the last one,
+// makes one cold with a new id. The object is written from the answer, as a
+// fork's children are (so quota counts it only from then on). The node keeps
+// a sandbox made so (Attrs.Cluster.AdoptFrom) for its adoption grace without
+// an object, then deletes it: that covers this replica dying in between.
+// done is false when the node refused as full or did not answer (nothing
+// was written: the caller tries the next-best node).
+func (r *Replica) createWarm(ctx context.Context, in *http.Request, body []byte, spec createSpec, tpl store.Template,
+	dec placement.Decision, p peer.Principal) (_ *nodeAnswer, done bool, _ error) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+	ans, err := r.send(fctx, dec.Node, in, body, &p, "")
+	cancel()
+	if err != nil || ans.retryable() {
+		return ans, false, err
+	}
+	if ans.status/100 != 2 {
+		return ans, true, nil // the node's verdict on the request itself
+	}
+	v := warmView(ans.body)
+	if !sandbox.ValidID(v.id()) {
+		return nil, true, errs.E(errs.Unavailable, "node %s answered a create with no valid sandbox id", dec.Node)
+	}
+	now := r.now().UTC()
+	sb := &sandbox.Sandbox{
+		ID: v.id(), Owner: spec.Owner, Template: spec.Template, TemplateID: tpl.Fingerprint, Runtime: spec.Runtime,
+		State: sandbox.Running, Labels: spec.Labels, Resources: withDefaults(spec.Resources),
+		CreatedAt: now, StartedAt: now, ExpiresAt: now.Add(spec.TTL), ExpiryAction: spec.ExpiryAction,
+	}
+	if v.Runtime != "" {
+		sb.Runtime = v.Runtime
+	}
+	if v.State != "" && sandbox.ValidState(v.State) {
+		sb.State = sandbox.State(v.State)
+	}
+	if !v.StartedAt.IsZero() {
+		sb.StartedAt = v.StartedAt
+	}
+	if !v.ExpiresAt.IsZero() {
+		sb.ExpiresAt = v.ExpiresAt
+	}
+	sb.Attrs.Cluster = sandbox.ClusterState{Node: dec.Node, ExpectedDuration: dec.Expected.String(),
+		DurationClass: string(dec.Class), BoundAt: now}
+	// An id that has an object already is refused too: only replicas create
+	// objects, so a node answering one is wrong (or lying about another's).
+	if err := r.cfg.Store.CreateSandbox(context.WithoutCancel(ctx), sb); err != nil {
+		// The client is told it failed; the node deletes the sandbox once
+		// its adoption grace has passed with no object.
+		r.log.Warn("record a warm create's object", "sandbox_id", sb.ID, "node", dec.Node, "err", err)
+		if errs.Is(err, errs.AlreadyExists) {
+			err = errs.E(errs.Unavailable, "node %s answered a create with sandbox id %s, which is another sandbox's", dec.Node, sb.ID)
+		}
+		return nil, true, err
+	}
+	// claimed is what the node did ("" when its answer does not say: E2B's
+	// create answer has no pool field); warm is what placement expected.
+	r.log.Info("sandbox created", "sandbox_id", sb.ID, "node", dec.Node, "owner", spec.Owner, "template", spec.Template,
+		"class", dec.Class, "expected", dec.Expected, "warm", dec.WarmHit, "claimed", v.Extra[claimedKey], "cached", dec.CacheHit)
+	return ans, true, nil
+}
+
+// claimedKey is the REST answer's extra key naming the pool a sandbox was
+// claimed from (sandbox.Attrs.LegacyExtra).
+const claimedKey = "claimed_from_pool"
+
+// warmAnswer is what the replica reads of a node's create answer: berth's
+// REST form (wire.Sandbox) or E2B's (sandboxID).
+type warmAnswer struct {
+	ID        string            `json:"id"`
+	SandboxID string            `json:"sandboxID"`
+	State     string            `json:"state"`
+	Runtime   string            `json:"runtime"`
+	StartedAt time.Time         `json:"started_at"`
+	ExpiresAt time.Time         `json:"expires_at"`
+	Extra     map[string]string `json:"extra"`
+}
+
+func (w warmAnswer) id() string {
+	if w.ID != "" {
+		return w.ID
+	}
+	return w.SandboxID
+}
+
+func warmView(body []byte) warmAnswer {
+	var v warmAnswer
+	_ = json.Unmarshal(body, &v) // a bad answer has no valid id, which the caller checks
+	return v
 }

@@ -28,6 +28,10 @@ const (
 	// MarkFailed fails an object whose create cannot even be tried (its
 	// expiry passed while it waited).
 	MarkFailed ActionKind = "mark_failed"
+	// Adopt clears a local sandbox's AdoptFrom once its object is seen (a
+	// later loss of the object is then a deleted object, not a never
+	// adopted one).
+	Adopt ActionKind = "adopt"
 )
 
 // Reasons recorded with the actions.
@@ -37,6 +41,7 @@ const (
 	ReasonObjectDeleted = "deleted"         // the object says deleted
 	ReasonMissing       = "missing_on_node" // the node has no such sandbox
 	ReasonExpired       = "expired"         // it expired before the node created it
+	ReasonNeverAdopted  = "never_adopted"   // made for a replica that never wrote its object
 )
 
 // Action is one step of a reconcile pass.
@@ -64,6 +69,12 @@ type Inputs struct {
 	// object, then forwards the create to the node, which makes it with the
 	// object's id; the agent must not race that request.
 	CreateGrace time.Duration
+	// AdoptGrace is how long a local sandbox made for a signed create that
+	// named no id (Attrs.Cluster.AdoptFrom: a warm claim, a fork's child)
+	// may have no object: the replica writes it from the node's answer, so
+	// it comes after the sandbox; one still missing after the grace means
+	// the replica died in between, and the sandbox is deleted.
+	AdoptGrace time.Duration
 }
 
 // Decide compares this node's sandboxes with their objects and says what
@@ -73,10 +84,9 @@ func Decide(in Inputs) []Action {
 	for _, o := range in.Objects {
 		objs[o.ID] = o
 	}
-	// A local sandbox is the cluster's when it was made for an object (its
-	// Attrs say this node) or when an object bound here names it: a fork
-	// made on this node has no such Attrs, and the replica that forwarded
-	// the fork records its object from the node's answer.
+	// A local sandbox is the cluster's when it was made for an object or
+	// for a replica's request (its Attrs say this node), or when an object
+	// bound here names it (a fork made before forks were tagged).
 	local := map[string]*sandbox.Sandbox{}
 	for _, sb := range in.Local {
 		if sb.Attrs.Cluster.Node == in.Node || objs[sb.ID] != nil {
@@ -86,10 +96,18 @@ func Decide(in Inputs) []Action {
 	var out []Action
 	for id, sb := range local {
 		o := objs[id]
+		adopting := !sb.Attrs.Cluster.AdoptFrom.IsZero()
+		if adopting && o != nil {
+			out = append(out, Action{Adopt, id, ""})
+		}
 		switch {
 		case sb.State == sandbox.Deleted:
 			if o != nil && o.State != sandbox.Lost && o.State != sandbox.Deleted {
 				out = append(out, Action{DeleteObject, id, ReasonObjectDeleted})
+			}
+		case o == nil && adopting:
+			if !awaitsObject(sb, in.Now, in.AdoptGrace) {
+				out = append(out, Action{DeleteLocal, id, ReasonNeverAdopted})
 			}
 		case o == nil:
 			out = append(out, Action{DeleteLocal, id, ReasonObjectGone})
@@ -136,6 +154,20 @@ func Decide(in Inputs) []Action {
 		return out[i].Kind < out[j].Kind
 	})
 	return out
+}
+
+// awaitsObject: a sandbox made for a replica's no-id create whose object
+// may still come — it is still being made (the replica waits for the
+// answer), or it was made (claimed, started) less than grace ago.
+func awaitsObject(sb *sandbox.Sandbox, now time.Time, grace time.Duration) bool {
+	if sb.State == sandbox.Creating {
+		return true
+	}
+	from := sb.Attrs.Cluster.AdoptFrom
+	if sb.StartedAt.After(from) {
+		from = sb.StartedAt
+	}
+	return now.Sub(from) < grace
 }
 
 func boundAt(o *sandbox.Sandbox) time.Time {

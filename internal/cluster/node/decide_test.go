@@ -25,6 +25,16 @@ func TestDecide(t *testing.T) {
 	expired := func(s *sandbox.Sandbox) { s.ExpiresAt = now.Add(-time.Second) }
 	paused := func(s *sandbox.Sandbox) { s.PauseActual = sandbox.PauseMemory }
 	otherNode := func(s *sandbox.Sandbox) { s.Attrs.Cluster.Node = "" } // a pool member, a build
+	// Made for a replica's no-id create (a warm claim, a fork's child) at
+	// ago before now, its object not written yet (AdoptGrace is 30s here).
+	adopt := func(ago time.Duration) func(*sandbox.Sandbox) {
+		return func(s *sandbox.Sandbox) {
+			s.Attrs.Cluster.AdoptFrom = now.Add(-ago)
+			s.StartedAt = now.Add(-ago)
+		}
+	}
+	bootedLongAgo := func(s *sandbox.Sandbox) { s.StartedAt = now.Add(-time.Hour) } // a pool member boots long before its claim
+	forkChild := func(s *sandbox.Sandbox) { s.Attrs.Lineage = sandbox.Lineage{Parent: "p", Generation: 1} }
 	cases := []struct {
 		name    string
 		local   []*sandbox.Sandbox
@@ -79,6 +89,35 @@ func TestDecide(t *testing.T) {
 		// the replica that forwarded the fork — mirrored, not marked missing.
 		{name: "fork with an object", local: []*sandbox.Sandbox{sb("f", sandbox.Paused, otherNode, paused)},
 			objects: []*sandbox.Sandbox{sb("f", sandbox.Running)}, want: []Action{{Mirror, "f", ""}}},
+		// The adoption grace: a sandbox made for a replica's no-id create
+		// gets its object only from the node's answer.
+		{name: "warm claim, object not written yet", local: []*sandbox.Sandbox{sb("w", sandbox.Running, adopt(5*time.Second))}},
+		{name: "warm claim of a member booted long ago, object not written yet",
+			local: []*sandbox.Sandbox{sb("w", sandbox.Running, adopt(5*time.Second), bootedLongAgo)}},
+		{name: "warm claim never adopted (the replica died before writing the object)",
+			local: []*sandbox.Sandbox{sb("w", sandbox.Running, adopt(time.Minute))},
+			want:  []Action{{DeleteLocal, "w", ReasonNeverAdopted}}},
+		{name: "never adopted, paused meanwhile", local: []*sandbox.Sandbox{sb("w", sandbox.Paused, adopt(time.Minute), paused)},
+			want: []Action{{DeleteLocal, "w", ReasonNeverAdopted}}},
+		{name: "cold create for a no-id request, still booting past the grace",
+			local: []*sandbox.Sandbox{sb("w", sandbox.Creating, adopt(time.Minute), func(s *sandbox.Sandbox) { s.StartedAt = time.Time{} })}},
+		{name: "cold create for a no-id request, started just now after a long boot",
+			local: []*sandbox.Sandbox{sb("w", sandbox.Running, adopt(time.Minute), func(s *sandbox.Sandbox) { s.StartedAt = now.Add(-time.Second) })}},
+		{name: "adopted: its object is seen", local: []*sandbox.Sandbox{sb("w", sandbox.Running, adopt(5*time.Second))},
+			objects: []*sandbox.Sandbox{sb("w", sandbox.Running, adopt(5*time.Second))}, want: []Action{{Adopt, "w", ""}}},
+		{name: "adopted late, object behind", local: []*sandbox.Sandbox{sb("w", sandbox.Paused, adopt(time.Minute), paused)},
+			objects: []*sandbox.Sandbox{sb("w", sandbox.Running)}, want: []Action{{Adopt, "w", ""}, {Mirror, "w", ""}}},
+		{name: "adopted before, then its object deleted", local: []*sandbox.Sandbox{sb("w", sandbox.Running)},
+			want: []Action{{DeleteLocal, "w", ReasonObjectGone}}},
+		{name: "adopted, then lost", local: []*sandbox.Sandbox{sb("w", sandbox.Running, adopt(5*time.Second))},
+			objects: []*sandbox.Sandbox{sb("w", sandbox.Lost)}, want: []Action{{Adopt, "w", ""}, {DeleteLocal, "w", ReasonNodeLost}}},
+		{name: "never adopted, deleted here meanwhile", local: []*sandbox.Sandbox{sb("w", sandbox.Deleted, adopt(time.Minute))}},
+		{name: "fork child through a replica, not recorded yet", local: []*sandbox.Sandbox{sb("f", sandbox.Running, forkChild, adopt(5*time.Second))}},
+		{name: "fork child whose replica died before recording it", local: []*sandbox.Sandbox{sb("f", sandbox.Running, forkChild, adopt(time.Minute))},
+			want: []Action{{DeleteLocal, "f", ReasonNeverAdopted}}},
+		{name: "fork child recorded", local: []*sandbox.Sandbox{sb("f", sandbox.Running, forkChild, adopt(5*time.Second))},
+			objects: []*sandbox.Sandbox{sb("f", sandbox.Running, adopt(5*time.Second))}, want: []Action{{Adopt, "f", ""}}},
+		{name: "unclaimed pool member with no binding: left alone", local: []*sandbox.Sandbox{sb("p", sandbox.Running, otherNode, bootedLongAgo)}},
 		{name: "several, in id order",
 			local:   []*sandbox.Sandbox{sb("c", sandbox.Running), sb("b", sandbox.Paused, paused)},
 			objects: []*sandbox.Sandbox{sb("b", sandbox.Running), sb("a", sandbox.Creating)},
@@ -86,7 +125,7 @@ func TestDecide(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got := Decide(Inputs{Now: now, Node: "n1", Local: c.local, Objects: c.objects, Removed: c.removed, CreateGrace: 10 * time.Second})
+			got := Decide(Inputs{Now: now, Node: "n1", Local: c.local, Objects: c.objects, Removed: c.removed, CreateGrace: 10 * time.Second, AdoptGrace: 30 * time.Second})
 			if diff := cmp.Diff(c.want, got); diff != "" {
 				t.Fatalf("actions (-want +got):\n%s", diff)
 			}

@@ -17,9 +17,15 @@
 //     An object that says running or paused with no sandbox here is failed
 //     with reason missing_on_node, never booted afresh under its id.
 //   - Local sandboxes are the cluster's only when bound to this node
-//     (Attrs.Cluster.Node, set by daemon.Create for a replica-chosen id):
-//     warm pool members, build sandboxes and forks made on the node have no
+//     (Attrs.Cluster.Node, set by daemon.Create for a replica-chosen id or
+//     a replica's signed create without one, and on a cluster sandbox's
+//     fork children): warm pool members and build sandboxes have no
 //     object and are left alone.
+//   - A warm hit is forwarded without an id (the node claims a member, its
+//     own id) and a fork's children get theirs here: their objects come
+//     from the replica after the answer, so such sandboxes carry
+//     Attrs.Cluster.AdoptFrom and keep AdoptGrace before a missing object
+//     deletes them (reason never_adopted: the replica died in between).
 //   - A lost object is final: the agent deletes the local sandbox and never
 //     writes the object again (only a delete ends it).
 //   - A local delete removes the object; the row removal is remembered
@@ -70,6 +76,9 @@ type Config struct {
 	LeaseDuration time.Duration
 	// CreateGrace: Inputs.CreateGrace (default 10s).
 	CreateGrace time.Duration
+	// AdoptGrace: Inputs.AdoptGrace (default 2m: a replica writes the
+	// object right after the node's answer; this covers a slow API server).
+	AdoptGrace time.Duration
 	// Resync is the reconcile period (default 1s).
 	Resync  time.Duration
 	Version string
@@ -108,6 +117,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.CreateGrace == 0 {
 		cfg.CreateGrace = 10 * time.Second
+	}
+	if cfg.AdoptGrace == 0 {
+		cfg.AdoptGrace = 2 * time.Minute
 	}
 	if cfg.Resync == 0 {
 		cfg.Resync = time.Second
@@ -194,7 +206,7 @@ func (a *Agent) Reconcile(ctx context.Context) {
 		localByID[sb.ID] = sb
 	}
 	for _, act := range Decide(Inputs{Now: a.cfg.Now(), Node: a.cfg.Name, Local: local, Objects: objs,
-		Removed: removed, CreateGrace: a.cfg.CreateGrace}) {
+		Removed: removed, CreateGrace: a.cfg.CreateGrace, AdoptGrace: a.cfg.AdoptGrace}) {
 		a.apply(ctx, act, localByID[act.ID], byID[act.ID])
 	}
 }
@@ -250,6 +262,17 @@ func (a *Agent) apply(ctx context.Context, act Action, local, obj *sandbox.Sandb
 			return
 		}
 		log.Warn("sandbox object marked failed", "reason", act.Reason)
+	case Adopt:
+		_, err := a.cfg.Daemon.Store().UpdateSandbox(ctx, act.ID, func(sb *sandbox.Sandbox) error {
+			if sb.Attrs.Cluster.AdoptFrom.IsZero() {
+				return errSkip
+			}
+			sb.Attrs.Cluster.AdoptFrom = time.Time{}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errSkip) && !errs.Is(err, errs.NotFound) {
+			log.Warn("record the adoption of a sandbox", "err", err)
+		}
 	case Create:
 		a.background(act.ID, func(bctx context.Context) { a.create(bctx, obj) })
 	case DeleteLocal:
@@ -329,6 +352,7 @@ func (a *Agent) deleteLocal(ctx context.Context, sb *sandbox.Sandbox, reason str
 		ReasonObjectGone:    "its Sandbox object was deleted",
 		ReasonNodeLost:      "its Sandbox object was marked lost (this node's Lease expired); a lost sandbox is never resurrected",
 		ReasonObjectDeleted: "its Sandbox object says deleted",
+		ReasonNeverAdopted:  "it was made for an API replica's request, and no replica wrote its Sandbox object in time (the replica died before recording it)",
 	}[reason]
 	a.cfg.Daemon.Event(ctx, sb, "cluster", "cluster_delete", reason, msg, map[string]string{"node": a.cfg.Name})
 	a.log.Warn("deleting local sandbox", "sandbox_id", sb.ID, "owner", sb.Owner, "reason", reason, "why", msg)

@@ -105,6 +105,8 @@ type hostOpts struct {
 	pools      node.PoolSizing
 	// createGrace: the agent's (default 500ms).
 	createGrace time.Duration
+	// adoptGrace: the agent's (0: its default).
+	adoptGrace time.Duration
 }
 
 func startHostWith(t *testing.T, o hostOpts) *host {
@@ -195,7 +197,7 @@ func startHostWith(t *testing.T, o hostOpts) *host {
 	}
 	ag, err := node.New(node.Config{Kube: kc, Namespace: ns, Name: h.name, Daemon: h.d, Local: h.local, Cluster: ks,
 		Address: h.peerURL, CertSHA256: h.id.SHA256, LeaseDuration: 4 * time.Second,
-		CreateGrace: grace, Resync: resync, Version: "test", PoolSizing: o.pools, Log: log})
+		CreateGrace: grace, AdoptGrace: o.adoptGrace, Resync: resync, Version: "test", PoolSizing: o.pools, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
