@@ -365,6 +365,11 @@ func (s *Service) Finish(ctx context.Context, id string, out egress.Outcome) {
 		sbID = f.sandbox
 	}
 	switch {
+	case out.NotSent:
+		o.State, o.Reason = store.EffectWithdrawn, "not sent"
+		if out.Err != nil {
+			o.Reason = "not sent: " + out.Err.Error()
+		}
 	case out.Err != nil:
 		o.State, o.Reason = store.EffectUnknown, "sending failed mid-way: "+out.Err.Error()
 	case !out.Complete:
