@@ -24,7 +24,7 @@ import (
 // effectful, measured alternately on the same server.
 
 const (
-	defEffectsHTTPS = "An HTTPS POST (a 31-byte JSON body, a new Idempotency-Key each) from inside a running sandbox, sent by a Go client (the berth binary copied in, `berth bench https-client`) on one kept-alive connection through berth's egress proxy to a TLS service in another network namespace that answers 20 ms after it has read the request. The clock (the sandbox's) starts when the client sends the request and stops at the last byte of the answer; the connection's first request (dial, handshakes) is not counted. The host is effectful: the proxy terminates the sandbox's TLS with berth's CA, records the intent (SQLite, synchronous=FULL) before the request goes upstream over verified TLS, and the outcome after the answer is relayed. Baseline: the same POSTs from a sandbox with the same policy but the host not effectful (TLS end to end through the proxy, nothing recorded), alternating with it (which goes first alternates too). Goal ratio ≤ 1.10."
+	defEffectsHTTPS = "An HTTPS POST (a 31-byte JSON body, a new Idempotency-Key each) from inside a running sandbox, sent by a Go client (the berth binary copied in, `berth bench https-client`) on one kept-alive connection through berth's egress proxy to a TLS service in another network namespace that answers 20 ms after it has read the request. The clock (the sandbox's) starts when the client sends the request and stops at the last byte of the answer; the connection's first request (dial, handshakes) is not counted. The host is effectful: the proxy terminates the sandbox's TLS with berth's CA, records the intent (SQLite, synchronous=FULL) before the request goes upstream over verified TLS, and the outcome after the answer is relayed. Baseline: the same POSTs from a sandbox with the same policy but the host not effectful (TLS end to end through the proxy, nothing recorded), alternating with it (which goes first alternates too). Goal ratio ≤ 1.10. Derived intercepted_get_p50_ms: GETs to the effectful host from the same sandbox, intercepted (TLS terminated and re-made, relayed request by request) but not recorded: the interception's share without the ledger's."
 	defEffectsPlain = "The same POSTs from a sandbox allowed the same host, not marked effectful: the proxy relays the TLS stream without terminating it and records nothing."
 	// effectsPerExec is how many POSTs one client run times after its
 	// connection's first.
@@ -67,9 +67,9 @@ func (r *Runner) effectsHTTPS(ctx context.Context, rt string) []Metric {
 	}
 	url := "https://" + up.Host + "/v1/charges"
 	served := up.Requests.Load() // the service is shared by the runtimes' rows
-	run := func(id string, recorded bool, round int) ([]float64, error) {
+	run := func(id, method string, recorded bool, round int) ([]float64, error) {
 		res, err := r.c.Exec(ctx, id, clientInSandbox, "bench", "https-client", "--ca", egressCA+","+upCAInSandbox,
-			"--n", strconv.Itoa(1+effectsPerExec), "--key", newID("k")+"-"+strconv.Itoa(round), url)
+			"--n", strconv.Itoa(1+effectsPerExec), "--key", newID("k")+"-"+strconv.Itoa(round), "--method", method, url)
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +100,7 @@ func (r *Runner) effectsHTTPS(ctx context.Context, rt string) []Metric {
 		}
 		return out, nil
 	}
-	var base []float64
+	var base, get []float64
 	var baseErr []string
 	for i := 0; i < r.o.Warmups+r.o.Runs && ctx.Err() == nil; i++ {
 		// Which goes first alternates, so neither gains from its place.
@@ -109,7 +109,7 @@ func (r *Runner) effectsHTTPS(ctx context.Context, rt string) []Metric {
 			if recorded {
 				id = with.ID
 			}
-			ds, err := run(id, recorded, i)
+			ds, err := run(id, http.MethodPost, recorded, i)
 			switch {
 			case err != nil && recorded:
 				m.Errors = append(m.Errors, err.Error())
@@ -122,12 +122,22 @@ func (r *Runner) effectsHTTPS(ctx context.Context, rt string) []Metric {
 				base = append(base, ds...)
 			}
 		}
+		// A GET to the effectful host is intercepted (TLS terminated,
+		// relayed request by request) but not recorded: it splits the
+		// interception's share from the ledger's.
+		if ds, err := run(with.ID, http.MethodGet, false, i); err == nil && i >= r.o.Warmups {
+			get = append(get, ds...)
+		}
 		if len(m.Errors) > 3 && len(m.Samples) == 0 {
 			break
 		}
 	}
+	m.Derived = map[string]float64{}
 	if l, err := r.c.Sandbox(with.ID).Effects(ctx, ""); err == nil {
-		m.Derived = map[string]float64{"effects_recorded": float64(len(l.Effects)), "upstream_requests": float64(up.Requests.Load() - served)}
+		m.Derived["effects_recorded"], m.Derived["upstream_requests"] = float64(len(l.Effects)), float64(up.Requests.Load()-served)
+	}
+	if len(get) > 0 {
+		m.Derived["intercepted_get_p50_ms"] = Summarize(get).P50
 	}
 	m.Notes = strconv.Itoa(effectsPerExec) + " timed POSTs per client run (after its connection's first), " + strconv.Itoa(r.o.Warmups) + " warm-up run(s) per sandbox"
 	m.Baseline = baseline("the same POST, host not effectful", defEffectsPlain, base, baseErr)
