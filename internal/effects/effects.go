@@ -213,17 +213,15 @@ type replayJSON struct {
 }
 
 // Begin records an effectful request's intent (egress.Ledger), or answers
-// a repeat from the ledger. It is serialised (s.mu) so two concurrent
-// requests with the same key cannot both be sent; a repeat of an effect
-// still being sent waits (bounded) for its outcome and is then answered
-// from it.
+// a repeat from the ledger. It is serialised per lineage so two
+// concurrent requests with the same key cannot both be sent; a repeat of
+// an effect still being sent waits (bounded) for its outcome and is then
+// answered from it.
 func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	step := ""
-	if s.cfg.Steps != nil {
-		step = s.cfg.Steps.CurrentStep(ctx, in.SandboxID)
-	}
+	step := lookupStep(ctx, s.cfg.Steps, in.SandboxID)
+	defer step.get() // joined before Begin returns
 	for waits := 0; ; waits++ {
 		t, wait, err := s.begin(ctx, in, step, waits < maxWaits)
 		if t.Effect != "" && t.Replay == nil && err == nil {
@@ -283,7 +281,7 @@ func (s *Service) lockLineage(ctx context.Context, id string) (store.EffectScope
 
 // begin is one decision under the lineage's lock; wait is set when the
 // request repeats an effect in flight and may wait for it (mayWait).
-func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayWait bool) (egress.Ticket, <-chan struct{}, error) {
+func (s *Service) begin(ctx context.Context, in egress.Intent, step *stepLookup, mayWait bool) (egress.Ticket, <-chan struct{}, error) {
 	sc, unlock, err := s.lockLineage(ctx, in.SandboxID)
 	if err != nil {
 		return egress.Ticket{}, nil, err
@@ -295,7 +293,13 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 	if err != nil {
 		return egress.Ticket{}, nil, err
 	}
-	id := Identity(sc.Lineage, step, in.Method, in.Host, in.Path, in.BodySHA256)
+	// With the agent's key the read is by key alone, so the step (a read
+	// of the task ledger) is looked up alongside it; the identity, which
+	// needs the step, is computed after.
+	id := ""
+	if in.Key == "" {
+		id = Identity(sc.Lineage, step.get(), in.Method, in.Host, in.Path, in.BodySHA256)
+	}
 	key, source := in.Key, ""
 	switch {
 	case key != "":
@@ -309,6 +313,9 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 	found, err := s.core.Store().FindEffects(ctx, sc.Lineage, key, id, 16)
 	if err != nil {
 		return egress.Ticket{}, nil, err
+	}
+	if id == "" {
+		id = Identity(sc.Lineage, step.get(), in.Method, in.Host, in.Path, in.BodySHA256)
 	}
 	s.mu.Lock()
 	locked := true
@@ -371,7 +378,7 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 	// Reserved here, under s.mu, so a repeat decided from now on sees it
 	// in flight; written by the committer (Begin waits for that).
 	e := &store.Effect{ID: newID(), Lineage: sc.Lineage, SandboxID: in.SandboxID, Owner: u.owner,
-		Step: step, Method: in.Method, Host: in.Host, Path: in.Path, BodySHA256: in.BodySHA256, BodySize: in.BodySize,
+		Step: step.get(), Method: in.Method, Host: in.Host, Path: in.Path, BodySHA256: in.BodySHA256, BodySize: in.BodySize,
 		Key: key, KeySource: source, Identity: id, Secret: in.Secret, StartedAt: s.cfg.Now().UTC()}
 	u.n++
 	s.inflight[e.ID] = &flight{sandbox: in.SandboxID, done: make(chan struct{}), rec: e}
@@ -380,6 +387,32 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 		t.SetKey = key
 	}
 	return t, nil, nil
+}
+
+// stepLookup is the sandbox's current step, read from the StepSource on
+// a goroutine of its own while the decision reads the store; get waits
+// for it (Begin's goroutine only).
+type stepLookup struct {
+	ch   chan string
+	val  string
+	done bool
+}
+
+func lookupStep(ctx context.Context, src StepSource, sandboxID string) *stepLookup {
+	l := &stepLookup{ch: make(chan string, 1)}
+	if src == nil {
+		l.done = true
+		return l
+	}
+	go func() { l.ch <- src.CurrentStep(ctx, sandboxID) }()
+	return l
+}
+
+func (l *stepLookup) get() string {
+	if !l.done {
+		l.val, l.done = <-l.ch, true
+	}
+	return l.val
 }
 
 // commitIntent waits until the intent reserved for t is durable (it
@@ -513,12 +546,13 @@ func (s *Service) Since(ctx context.Context, sandboxID string, t time.Time) ([]V
 			return nil, err
 		}
 		s.mu.Lock()
+		var gone []int // pending in the read, no longer in flight: read again
 		for _, e := range list {
 			f, live := s.inflight[e.ID]
 			switch {
 			case e.State != store.EffectPending:
 			case !live:
-				e.State = store.EffectUnknown // its daemon stopped before the outcome
+				gone = append(gone, len(out))
 			case f.out != nil: // the outcome's commit is under way
 				e.State, e.Status, e.RespSize, e.Reason, e.EndedAt = f.out.State, f.out.Status, f.out.RespSize, f.out.Reason, f.out.EndedAt
 			}
@@ -528,6 +562,18 @@ func (s *Service) Since(ctx context.Context, sandboxID string, t time.Time) ([]V
 		s.mu.Unlock()
 		if err != nil {
 			return nil, err
+		}
+		// A flight leaves only once its outcome is stored, so the outcome
+		// may have landed between the listing's read and the look at
+		// memory: read it again before calling it unknown.
+		for _, i := range gone {
+			v := &out[i]
+			if e, err := s.core.Store().GetEffect(ctx, v.ID); err == nil && e.State != store.EffectPending {
+				e.Replay = nil
+				v.Effect, v.Replayable = e, e.State == store.EffectCompleted && e.Reason == ""
+			} else {
+				v.State = store.EffectUnknown // its daemon stopped before the outcome
+			}
 		}
 		if sc.Parent == "" {
 			break

@@ -2,6 +2,7 @@ package effects
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,5 +78,48 @@ func TestLineagesDecideInParallel(t *testing.T) {
 	l.mu.Unlock()
 	if n != 0 {
 		t.Fatalf("%d lineage locks left after every decision ended", n)
+	}
+}
+
+// stepAfterRead names step "task/1", but only once the decision's store
+// read has begun (or "sequential" after 5 s): with the agent's key the
+// step is looked up alongside the read, not before it.
+type stepAfterRead struct{ read chan struct{} }
+
+func (s stepAfterRead) CurrentStep(context.Context, string) string {
+	select {
+	case <-s.read:
+		return "task/1"
+	case <-time.After(5 * time.Second):
+		return "sequential"
+	}
+}
+
+type signalReads struct {
+	store.Store
+	read chan struct{}
+	once sync.Once
+}
+
+func (s *signalReads) FindEffects(ctx context.Context, lineage, key, identity string, limit int) ([]store.Effect, error) {
+	s.once.Do(func() { close(s.read) })
+	return s.Store.FindEffects(ctx, lineage, key, identity, limit)
+}
+
+func TestStepLookedUpAlongsideTheRead(t *testing.T) {
+	_, st := newLedger(t, Config{}, "a")
+	read := make(chan struct{})
+	l := New(storeCore{&signalReads{Store: st, read: read}}, Config{Steps: stepAfterRead{read}})
+	t.Cleanup(func() { _ = l.Flush(context.Background()) })
+	tk := sent(t, l, post("a", "k1", "x"))
+	if err := l.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	e, err := st.GetEffect(t.Context(), tk.Effect)
+	if err != nil || e.Step != "task/1" {
+		t.Fatalf("effect = %+v, %v; want step task/1 (looked up while the store was read)", e, err)
+	}
+	if want := Identity("a", "task/1", "POST", "api.test", "/send", "x"); e.Identity != want {
+		t.Fatalf("identity %s, want the one of step task/1 (%s)", e.Identity, want)
 	}
 }
