@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
 )
@@ -24,29 +25,44 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 	var errList []error
 	// Merges a crash interrupted first: their targets may still be frozen.
 	errList = append(errList, d.merges.Recover(ctx))
-	for _, sb := range all {
-		known[sb.ID] = true
-		if err := d.snaps.PinLegacy(ctx, sb); err != nil { // internal/checkpoint/pin.go
-			d.log.Error("pin layers", "sandbox_id", sb.ID, "err", err)
-			errList = append(errList, err)
-		}
-		if err := d.tl.Recover(ctx, sb); err != nil { // a rewind or promote the crash interrupted
-			d.log.Error("settle timeline restart", "sandbox_id", sb.ID, "err", err)
-			errList = append(errList, err)
-		}
-		if err := d.reconcileOne(ctx, sb); err != nil {
-			d.log.Error("reconcile", "sandbox_id", sb.ID, "err", err)
-			errList = append(errList, err)
-		}
-	}
-	// Orphans: runtime containers and directories nobody owns.
+	// One List per runtime (after the merges: they thaw what they froze)
+	// instead of a State per sandbox: with runc each is a process, and a
+	// restart over 1,000 sandboxes spent its time starting `runc state`.
+	listed := map[string]map[string]runtime.Status{}
 	for name, rt := range d.runtimes {
 		sts, err := rt.List(ctx)
 		if err != nil {
 			errList = append(errList, errs.Wrap(errs.Internal, err, "list %s containers", name))
 			continue
 		}
+		m := make(map[string]runtime.Status, len(sts))
 		for _, st := range sts {
+			m[st.ID] = st
+		}
+		listed[name] = m
+	}
+	for _, sb := range all {
+		known[sb.ID] = true
+		if err := d.snaps.PinLegacy(ctx, sb); err != nil { // internal/checkpoint/pin.go
+			d.log.Error("pin layers", "sandbox_id", sb.ID, "err", err)
+			errList = append(errList, err)
+		}
+		runState := ""
+		if rt, err := d.RuntimeFor(sb); err == nil {
+			runState = listed[rt.Name()][sb.ID].State // "" when not listed: Recover asks
+		}
+		if err := d.tl.Recover(ctx, sb, runState); err != nil { // a rewind or promote the crash interrupted
+			d.log.Error("settle timeline restart", "sandbox_id", sb.ID, "err", err)
+			errList = append(errList, err)
+		}
+		if err := d.reconcileOne(ctx, sb, listed); err != nil {
+			d.log.Error("reconcile", "sandbox_id", sb.ID, "err", err)
+			errList = append(errList, err)
+		}
+	}
+	// Orphans: runtime containers and directories nobody owns.
+	for name, rt := range d.runtimes {
+		for _, st := range listed[name] {
 			if !known[st.ID] {
 				d.log.Warn("removing orphan container", "sandbox_id", st.ID, "runtime", name)
 				errList = append(errList, rt.Delete(ctx, st.ID))
@@ -71,12 +87,21 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 	return errors.Join(errList...)
 }
 
-func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox) error {
+// reconcileOne settles one sandbox; listed is what each runtime's List
+// reported at the start of Reconcile (a runtime missing from it, or a
+// container not in its list, is asked directly).
+func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox, listed map[string]map[string]runtime.Status) error {
 	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
 	}
-	st, stErr := rt.State(ctx, sb.ID)
+	st, ok := listed[rt.Name()][sb.ID]
+	var stErr error
+	// Not listed, or listed frozen while it should run (Recover may have
+	// thawed it since): the runtime is asked.
+	if !ok || (st.State == "paused" && sb.State != sandbox.Paused) {
+		st, stErr = rt.State(ctx, sb.ID)
+	}
 	alive := stErr == nil && (st.State == "running" || st.State == "paused")
 	healthy := func() bool {
 		if !alive || st.State != "running" {
