@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"sync"
@@ -307,6 +308,12 @@ func (m *Manager) UpdatePolicy(ctx context.Context, id string, pol Policy) error
 		return errs.E(errs.NotFound, "sandbox %s has no network", id)
 	}
 	old := r.Policy
+	if reflect.DeepEqual(old, pol) {
+		// Unchanged (every running sandbox at a daemon start): the ruleset
+		// renders it already, and a load plus a state write per sandbox made
+		// a restart over N sandboxes O(N²). The new proxy still needs it.
+		return m.cfg.Egress.SetSandbox(id, r.IP, pol)
+	}
 	r.Policy = pol
 	if err := m.applyLocked(ctx); err != nil {
 		r.Policy = old
