@@ -2,7 +2,12 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,5 +80,35 @@ func TestHostProcAlive(t *testing.T) {
 	}
 	if _, ok := hostProcOf(0); ok {
 		t.Errorf("pid 0 is a process")
+	}
+}
+
+// The key quota is raised to the minimums, never lowered, and a file that
+// is not a number is an error.
+func TestRaiseKeyQuota(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, v string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(name string) string {
+		b, _ := os.ReadFile(filepath.Join(dir, name))
+		return strings.TrimSpace(string(b))
+	}
+	write("maxkeys", "200\n")
+	write("maxbytes", "90000000\n")
+	if err := raiseKeyQuota(dir, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if got := read("maxkeys"); got != strconv.Itoa(minMaxKeys) {
+		t.Errorf("maxkeys = %s, want %d", got, minMaxKeys)
+	}
+	if got := read("maxbytes"); got != "90000000" {
+		t.Errorf("maxbytes = %s, want the operator's larger 90000000 kept", got)
+	}
+	write("maxkeys", "lots")
+	if err := raiseKeyQuota(dir, slog.New(slog.DiscardHandler)); err == nil {
+		t.Errorf("a maxkeys that is not a number passed")
 	}
 }
