@@ -87,6 +87,8 @@ func (a *Service) WriteMetrics(ctx context.Context, w io.Writer, pools []PoolMet
 	sample("berth_reaper_rounds_total", nil, float64(a.rounds))
 	family("berth_reaper_round_sandboxes", "gauge", "Sandboxes the last reaper round visited.")
 	sample("berth_reaper_round_sandboxes", nil, float64(lr.Sandboxes))
+	family("berth_reaper_round_start_seconds", "gauge", "When the last reaper round started (Unix time).")
+	sample("berth_reaper_round_start_seconds", nil, float64(lr.At.UnixMilli())/1000)
 	family("berth_reaper_round_seconds", "gauge", "Wall time of the last reaper round.")
 	sample("berth_reaper_round_seconds", nil, lr.Wall.Seconds())
 	family("berth_reaper_round_cpu_seconds", "gauge", "Process CPU (daemon and its runtime commands) during the last reaper round, by phase.")

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +46,8 @@ func TestRoundStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"berth_reaper_rounds_total 2\n", "berth_reaper_round_sandboxes 3\n",
-		`berth_reaper_round_cpu_seconds{phase="metering"} `, `berth_reaper_round_cpu_seconds{phase="reaping"} `, "berth_reaper_round_seconds "} {
+		`berth_reaper_round_cpu_seconds{phase="metering"} `, `berth_reaper_round_cpu_seconds{phase="reaping"} `, "berth_reaper_round_seconds ",
+		"berth_reaper_round_start_seconds " + strconv.FormatFloat(float64(t0.Add(10*time.Second).Unix()), 'g', -1, 64) + "\n"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}

@@ -41,7 +41,7 @@ const (
 	defScaleLsREST  = "GET /v1/sandboxes, every page (client.ListAll), from the warm bench process with N sandboxes on the server, 20 calls; the clock stops when the last page is decoded."
 	defScaleCreate  = "With N idle sandboxes on the server, SCALECR extra sandboxes one after the other: create request sent → `echo ok`'s output back (each deleted after, outside the clock). ratio_vs_0 = p50 / the p50 of the same measured before the first sandbox existed."
 	defScaleRSS     = "The server process's VmRSS (/proc/PID/status) with N idle sandboxes, minus its VmRSS before the first sandbox, divided by N (KiB per sandbox), read after the step's reaper rounds. rss_mib = the VmRSS itself. The server's RSS only: the sandboxes' own processes are in their cgroups."
-	defScaleRound   = "CPU of one reaper round with N sandboxes (the loop that samples every sandbox's cgroup and disk for metering, asks every agent for its activity and decides): the server's berth_reaper_round_cpu_seconds (getrusage of the daemon plus the runtime commands it waited for, taken around each phase of the round), over the rounds completed after the step's creates (2 unless --scale-rounds says otherwise). metering_ms and reaping_ms split the p50 round; wall_ms is the round's wall time."
+	defScaleRound   = "CPU of one reaper round with N sandboxes (the loop that samples every sandbox's cgroup and disk for metering, asks every agent for its activity and decides): the server's berth_reaper_round_cpu_seconds (getrusage of the daemon plus the runtime commands it waited for, taken around each phase of the round), over rounds that started after the step's extra sandboxes were torn down (2 unless --scale-rounds says otherwise), so that nothing else runs in the daemon meanwhile. metering_ms and reaping_ms split the p50 round; wall_ms is the round's wall time."
 	defScaleRestart = "SIGTERM to the server with N running sandboxes, wait for it to exit (stop_ms), start it again on the same data dir (clock starts at the spawn), then every sandbox is sent `true` (SCALEPAR at a time, each retried until it exits 0): the clock stops at the last answer. adopted = sandboxes whose container still has the same PID as before the stop (runc list), so they were re-adopted, not recreated."
 )
 
@@ -158,7 +158,11 @@ func (r *Runner) scale(ctx context.Context, rt string) []Metric {
 		st.create, st.createErrs = r.scaleCreates(ctx, rt)
 
 		r.logf("scale: step %d: reaper rounds", n)
-		st.rounds, st.roundErr = r.scaleRounds(ctx, len(ids), cmp.Or(r.o.ScaleRounds, 2))
+		// Only rounds that start once the extra sandboxes' teardown is
+		// over: the round's CPU is the process's, and a ruleset load of a
+		// teardown (an nft child) would be billed to it.
+		waitSandboxDirs(srv.DataDir, len(ids), time.Minute)
+		st.rounds, st.roundErr = r.scaleRounds(ctx, len(ids), cmp.Or(r.o.ScaleRounds, 2), time.Now())
 		if rss, err := processRSSKiB(srv.PID()); err != nil {
 			st.rssErr = err
 		} else if len(ids) > 0 {
@@ -183,6 +187,18 @@ func (r *Runner) scale(ctx context.Context, rt string) []Metric {
 		}
 	}
 	return rows
+}
+
+// waitSandboxDirs waits until the server holds n sandbox directories (the
+// background half of deletes has finished) or limit has passed.
+func waitSandboxDirs(dataDir string, n int, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if es, err := os.ReadDir(filepath.Join(dataDir, "sandboxes")); err != nil || len(es) <= n {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // waitFootprint waits until the host holds no more than before (deletes
@@ -263,7 +279,7 @@ func (r *Runner) scaleExecAll(ctx context.Context, ids []string, retryFor time.D
 
 // scaleRounds waits for k reaper rounds that saw at least n sandboxes and
 // returns their cost as the server reports it.
-func (r *Runner) scaleRounds(ctx context.Context, n, k int) ([]roundSample, error) {
+func (r *Runner) scaleRounds(ctx context.Context, n, k int, after time.Time) ([]roundSample, error) {
 	first, err := r.roundMetrics(ctx)
 	if err != nil {
 		return nil, err
@@ -282,7 +298,7 @@ func (r *Runner) scaleRounds(ctx context.Context, n, k int) ([]roundSample, erro
 			continue
 		}
 		last = m.rounds
-		if m.sandboxes >= n {
+		if m.sandboxes >= n && m.start >= float64(after.UnixMilli())/1000 {
 			out = append(out, roundSample{meter: m.meter * 1000, reap: m.reap * 1000, wall: m.wall * 1000})
 		}
 	}
@@ -296,6 +312,7 @@ type roundMetric struct {
 	rounds            float64
 	sandboxes         int
 	meter, reap, wall float64 // seconds
+	start             float64 // Unix seconds
 }
 
 // roundMetrics reads the berth_reaper_round_* families from /metrics.
@@ -333,6 +350,8 @@ func (r *Runner) roundMetrics(ctx context.Context) (roundMetric, error) {
 			m.sandboxes = int(v)
 		case "berth_reaper_round_seconds":
 			m.wall = v
+		case "berth_reaper_round_start_seconds":
+			m.start = v
 		case `berth_reaper_round_cpu_seconds{phase="metering"}`:
 			m.meter = v
 		case `berth_reaper_round_cpu_seconds{phase="reaping"}`:
