@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -45,14 +46,19 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 	// redials within 200 ms of a listener appearing, so all of them connect
 	// at once instead of one after the other as the loop reaches each
 	// (~150 ms per sandbox, minutes at 1,000).
+	var live []string
 	for _, sb := range all {
 		if sb.State != sandbox.Running && sb.State != sandbox.Creating {
 			continue
 		}
 		if rt, err := d.RuntimeFor(sb); err == nil && listed[rt.Name()][sb.ID].State == "running" {
 			_, _ = d.chans.get(sb.ID)
+			live = append(live, sb.ID)
 		}
 	}
+	// And wait for them together: one agent round trip each, which on a
+	// loaded host is mostly waiting to be scheduled, not work.
+	ready := d.agentsReady(ctx, live)
 	for _, sb := range all {
 		known[sb.ID] = true
 		if err := d.snaps.PinLegacy(ctx, sb); err != nil { // internal/checkpoint/pin.go
@@ -67,7 +73,7 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 			d.log.Error("settle timeline restart", "sandbox_id", sb.ID, "err", err)
 			errList = append(errList, err)
 		}
-		if err := d.reconcileOne(ctx, sb, listed); err != nil {
+		if err := d.reconcileOne(ctx, sb, listed, ready); err != nil {
 			d.log.Error("reconcile", "sandbox_id", sb.ID, "err", err)
 			errList = append(errList, err)
 		}
@@ -101,8 +107,9 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 
 // reconcileOne settles one sandbox; listed is what each runtime's List
 // reported at the start of Reconcile (a runtime missing from it, or a
-// container not in its list, is asked directly).
-func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox, listed map[string]map[string]runtime.Status) error {
+// container not in its list, is asked directly), ready whether each agent
+// already asked answered (the others are waited for here).
+func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox, listed map[string]map[string]runtime.Status, ready map[string]bool) error {
 	rt, err := d.RuntimeFor(sb)
 	if err != nil {
 		return err
@@ -118,6 +125,9 @@ func (d *Daemon) reconcileOne(ctx context.Context, sb *sandbox.Sandbox, listed m
 	healthy := func() bool {
 		if !alive || st.State != "running" {
 			return false
+		}
+		if ok, asked := ready[sb.ID]; asked {
+			return ok
 		}
 		hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
@@ -169,4 +179,29 @@ func (d *Daemon) Run() {
 	d.GoBackground("reaper", d.adm.NewReaper(reaperCore{d}).Run)
 	d.GoBackground("activity", d.act.Run)
 	d.GoBackground("audit", d.audit.Run)
+}
+
+// agentsReady waits for the agents of ids, a few at a time, each for the
+// 3 s reconcileOne would give it: id → whether it answered.
+func (d *Daemon) agentsReady(ctx context.Context, ids []string) map[string]bool {
+	ready := make(map[string]bool, len(ids))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			_, err := d.AgentClient(id).WaitReady(hctx, 50*time.Millisecond)
+			mu.Lock()
+			ready[id] = err == nil
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return ready
 }
