@@ -90,7 +90,7 @@ func (r *Runner) scale(ctx context.Context, rt string) []Metric {
 		cleanOnce.Do(func() {
 			r.logf("scale: deleting %d sandboxes", len(ids))
 			r.removeAll(ctx, ids)
-			leak = waitFootprint(srv.DataDir, ids, host0, time.Minute)
+			leak = waitFootprint(srv.DataDir, ids, host0, 5*time.Minute) // teardown is background work: ~1 s of ruleset loads per batch at 1,000
 			if leak != "" {
 				r.logf("scale: left on the host after cleanup: %s", leak)
 			}
