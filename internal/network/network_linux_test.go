@@ -292,6 +292,12 @@ func TestAttachCleanupAndReconcile(t *testing.T) {
 	assertGone(t, att2.NetNSPath, e.mgr.vethName("crash1"))
 	assertGone(t, stray, "")
 	e.mgr = m2
+	// Nothing detached since the last load: Reconcile loads no ruleset.
+	loads := m2.loads.count()
+	must(t, m2.Reconcile(ctx, nil))
+	if got := m2.loads.count(); got != loads {
+		t.Errorf("a Reconcile that changed nothing loaded the ruleset %d time(s)", got-loads)
+	}
 
 	must(t, m2.Teardown(ctx))
 	if out, err := runOut("nft", "list", "table", "inet", cfg.Table); err == nil {
