@@ -189,12 +189,12 @@ func privateRange(p netip.Prefix) bool {
 }
 
 // deriveNetwork gives a server whose data dir is not the default its own
-// bridge, nftables table, veth prefix and /24 subnet. Two servers on one
+// bridge, nftables table, veth prefix and /22 subnet. Two servers on one
 // host (a test server next to the real one, a bench --self run) then never
 // share a bridge, a table or a proxy address. Explicit settings always win.
 //
 // The names are derived from the data dir's path; the subnet is the first
-// /24 of a path-derived sequence the host does not use. Once a server ran,
+// /22 of a path-derived sequence the host does not use. Once a server ran,
 // the layout it used (DATA_DIR/network/layout.json) is taken over as it is:
 // after a restart with sandboxes still running, the server's own bridge
 // occupies its subnet and must not push it to another one.
@@ -221,11 +221,13 @@ func deriveNetwork(dataDir string, c *NetworkServeConfig) {
 		c.Subnet = saved.Subnet.String()
 	}
 	if c.Subnet == "" {
-		// 10.200.0.0/13 carved into /24s, skipping ranges the host uses
-		// (the server's own bridge excepted: it is ours to reuse).
+		// 10.200.0.0/13 carved into /22s, skipping ranges the host uses
+		// (the server's own bridge excepted: it is ours to reuse). A /22,
+		// not a /24: a /24 stopped a server at 253 sandboxes, and the
+		// scale bench runs 1,000 on one (a bridge takes 1,024 ports).
 		for i := 0; i < 64; i++ {
 			n := (uint32(h[3])<<8 | uint32(h[4])) + uint32(i)*7919
-			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + (n>>8)%8), byte(n), 0}), 24)
+			p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(200 + (n>>8)%8), byte(n) &^ 3, 0}), 22)
 			if !hostUses(p, c.Bridge) {
 				c.Subnet = p.String()
 				return

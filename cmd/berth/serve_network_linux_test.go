@@ -32,7 +32,7 @@ func TestDeriveNetwork(t *testing.T) {
 	if len(a.Bridge) > 15 || len(a.VethPrefix) > 4 || a.Bridge == "berth0" || a.Table == "berth" {
 		t.Errorf("bad derived names: %+v", a)
 	}
-	if p, err := netip.ParsePrefix(a.Subnet); err != nil || p.Bits() != 24 || p.Overlaps(netip.MustParsePrefix("10.88.0.0/16")) {
+	if p, err := netip.ParsePrefix(a.Subnet); err != nil || p.Bits() != 22 || p.Overlaps(netip.MustParsePrefix("10.88.0.0/16")) {
 		t.Errorf("derived subnet %q", a.Subnet)
 	}
 	explicit := NetworkServeConfig{Bridge: "mine", Subnet: "10.99.0.0/16"}

@@ -93,6 +93,8 @@ type Service struct {
 	createSum     float64
 	rejections    map[string]uint64 // quota limit → count
 	actions       map[[2]string]uint64
+	rounds        uint64     // reaper rounds completed (roundcpu.go)
+	lastRound     RoundStats // the last one's cost
 }
 
 // LiveSignals are one sandbox's in-memory activity signals.

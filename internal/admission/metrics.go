@@ -82,6 +82,18 @@ func (a *Service) WriteMetrics(ctx context.Context, w io.Writer, pools []PoolMet
 	for _, k := range sortedPairs(a.actions) {
 		sample("berth_reaper_actions_total", []string{"action", k[0], "reason", k[1]}, float64(a.actions[k]))
 	}
+	lr := a.lastRound
+	family("berth_reaper_rounds_total", "counter", "Reaper rounds (sampling, metering, decisions) completed.")
+	sample("berth_reaper_rounds_total", nil, float64(a.rounds))
+	family("berth_reaper_round_sandboxes", "gauge", "Sandboxes the last reaper round visited.")
+	sample("berth_reaper_round_sandboxes", nil, float64(lr.Sandboxes))
+	family("berth_reaper_round_start_seconds", "gauge", "When the last reaper round started (Unix time).")
+	sample("berth_reaper_round_start_seconds", nil, float64(lr.At.UnixMilli())/1000)
+	family("berth_reaper_round_seconds", "gauge", "Wall time of the last reaper round.")
+	sample("berth_reaper_round_seconds", nil, lr.Wall.Seconds())
+	family("berth_reaper_round_cpu_seconds", "gauge", "Process CPU (daemon and its runtime commands) during the last reaper round, by phase.")
+	sample("berth_reaper_round_cpu_seconds", []string{"phase", "metering"}, lr.MeterCPU.Seconds())
+	sample("berth_reaper_round_cpu_seconds", []string{"phase", "reaping"}, lr.ReapCPU.Seconds())
 	a.mMu.Unlock()
 
 	if pools != nil {

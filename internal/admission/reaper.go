@@ -82,6 +82,7 @@ type Reaper struct {
 	a     *Service
 	core  ReaperCore
 	state map[string]*tracked
+	cpu   *cpuMeter // the round in progress's CPU by phase (nil outside Round)
 }
 
 // NewReaper builds the reaper loop over this service's signals.
@@ -137,6 +138,10 @@ func (r *Reaper) Load(ctx context.Context) error {
 func (r *Reaper) Round(ctx context.Context) {
 	state := r.state
 	now := r.a.core.Now()
+	wall := time.Now()
+	cpu := newCPUMeter()
+	r.cpu = cpu
+	defer func() { r.cpu = nil }()
 	list, _, err := r.a.core.Store().ListSandboxes(ctx, store.SandboxFilter{})
 	if err != nil {
 		r.a.core.Log().Error("reaper: list sandboxes", "err", err)
@@ -160,7 +165,9 @@ func (r *Reaper) Round(ctx context.Context) {
 		}
 		rec := r.sampleOne(ctx, sb, tr, now)
 		recs = append(recs, rec)
+		cpu.charge(&cpu.meter)
 		r.reapOne(ctx, sb, tr, now)
+		cpu.charge(&cpu.reap)
 	}
 	for id, tr := range state {
 		if seen[id] {
@@ -177,6 +184,8 @@ func (r *Reaper) Round(ctx context.Context) {
 			r.a.core.Log().Error("metering: record usage", "err", err)
 		}
 	}
+	cpu.charge(&cpu.meter)
+	r.a.observeRound(RoundStats{At: now, Sandboxes: len(seen), Wall: time.Since(wall), MeterCPU: cpu.meter, ReapCPU: cpu.reap})
 }
 
 // sampleOne takes one metering sample and refreshes the sandbox's signals.
@@ -213,7 +222,13 @@ func (r *Reaper) sampleOne(ctx context.Context, sb *sandbox.Sandbox, tr *tracked
 	if !prev.LastSampleAt.IsZero() && s.DiskBytes != prev.DiskBytes && sb.State == sandbox.Running {
 		tr.sig.LastWrite = now
 	}
-	r.refreshSignals(ctx, sb, tr, pol, now)
+	if r.cpu != nil {
+		r.cpu.charge(&r.cpu.meter)
+	}
+	r.refreshSignals(ctx, sb, tr, pol, now) // the agent's activity: the reaper's signal
+	if r.cpu != nil {
+		r.cpu.charge(&r.cpu.reap)
+	}
 
 	next.Owner, next.Template, next.State, next.Reserved = sb.Owner, sb.Template, sb.State, sb.Resources
 	next.CreatedAt = sb.CreatedAt

@@ -42,13 +42,24 @@ type Options struct {
 	Upstream    *HTTPSUpstream
 	UpstreamErr error
 	Log         io.Writer // progress
+	// Server is the server --self started (nil otherwise): the scale row
+	// restarts it and reads its RSS.
+	Server *SelfServer
+	// ScaleSteps are the scale row's sandbox counts (default DefaultScaleSteps).
+	ScaleSteps []int
+	// ScaleRounds is how many reaper rounds each scale step waits for
+	// (0 = 2); a round comes every 10 s on a default server.
+	ScaleRounds int
 }
 
 // Names are every metric, in measuring order.
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "delete", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
-	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases", "effects-https", "oneshot", "cli-call"}
+	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases", "effects-https", "oneshot", "cli-call", "scale"}
+
+// optIn are metrics measured only when --only names them (they take minutes).
+var optIn = []string{"scale"}
 
 // Runner measures against one server.
 type Runner struct {
@@ -89,7 +100,10 @@ func (r *Runner) want(name string) bool {
 	if group != "upload" && group != "download" {
 		group = name
 	}
-	return len(r.o.Only) == 0 || slices.Contains(r.o.Only, name) || slices.Contains(r.o.Only, group)
+	if len(r.o.Only) == 0 {
+		return !slices.Contains(optIn, name)
+	}
+	return slices.Contains(r.o.Only, name) || slices.Contains(r.o.Only, group)
 }
 
 func (r *Runner) logf(format string, args ...any) {
@@ -143,6 +157,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"pause-resume-leases"}, r.leasePause}, // leases.go
 		{[]string{"effects-https"}, r.effectsHTTPS},     // effects_linux.go
 		{[]string{"oneshot"}, r.oneshot},                // oneshot.go
+		{[]string{"scale"}, r.scale},                    // scale.go
 	}
 	for _, g := range perRuntime {
 		if !slices.ContainsFunc(g.names, r.want) {
@@ -215,14 +230,15 @@ func (r *Runner) remove(ctx context.Context, id string) {
 func (r *Runner) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	page, err := r.c.List(ctx, client.ListOptions{Labels: map[string]string{"berth-bench": r.label}})
+	// Every page: a scale run leaves far more than one page's worth behind.
+	all, err := r.c.ListAll(ctx, client.ListOptions{Labels: map[string]string{"berth-bench": r.label}})
 	if err != nil {
 		r.logf("cleanup: %v", err)
 		return
 	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 4)
-	for _, sb := range page.Sandboxes {
+	for _, sb := range all {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {

@@ -25,6 +25,7 @@ type SelfServer struct {
 	// for), or UpstreamErr why it could not be started.
 	Upstream    *HTTPSUpstream
 	UpstreamErr error
+	args        []string // the serve command line, for Restart
 	cmd         *exec.Cmd
 	done        chan struct{}
 }
@@ -47,24 +48,15 @@ func StartSelf(ctx context.Context, berthBin string, upstream bool) (*SelfServer
 	addr := ln.Addr().String()
 	ln.Close()
 	s := &SelfServer{URL: "http://" + addr, DataDir: dataDir, LogPath: dataDir + ".log", done: make(chan struct{})}
-	logf, err := os.Create(s.LogPath)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	args := []string{"serve", "--data-dir", dataDir, "--listen", addr, "--no-default-template"}
+	s.args = []string{berthBin, "serve", "--data-dir", dataDir, "--listen", addr, "--no-default-template"}
 	if upstream {
 		if s.Upstream, s.UpstreamErr = StartHTTPSUpstream(20 * time.Millisecond); s.UpstreamErr == nil {
-			args = append(args, "--egress-hosts", s.Upstream.HostsFile, "--upstream-ca", s.Upstream.CAFile)
+			s.args = append(s.args, "--egress-hosts", s.Upstream.HostsFile, "--upstream-ca", s.Upstream.CAFile)
 		}
 	}
-	// Not tied to ctx: the server is stopped explicitly (SIGTERM, then wait).
-	s.cmd = exec.Command(berthBin, args...)
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
+	if err := s.spawn(); err != nil {
 		return nil, err
 	}
-	go func() { _ = s.cmd.Wait(); close(s.done) }()
 	fail := func(err error) (*SelfServer, error) {
 		s.Stop()
 		b, _ := os.ReadFile(s.LogPath)
@@ -82,6 +74,50 @@ func StartSelf(ctx context.Context, berthBin string, upstream bool) (*SelfServer
 		return fail(err)
 	}
 	return s, nil
+}
+
+// spawn starts the server process on s.args, its output appended to the log.
+func (s *SelfServer) spawn() error {
+	logf, err := os.OpenFile(s.LogPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	// Not tied to ctx: the server is stopped explicitly (SIGTERM, then wait).
+	cmd := exec.Command(s.args[0], s.args[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.cmd, s.done = cmd, done
+	return nil
+}
+
+// PID is the running server process's.
+func (s *SelfServer) PID() int { return s.cmd.Process.Pid }
+
+// Restart stops the server with SIGTERM (sandboxes keep running: they live
+// on the host, not in the daemon) and starts it again on the same data dir
+// and address. stopped is how long the old process took to exit; Restart
+// returns once the new one answers /v1/health; spawned is when it was started.
+func (s *SelfServer) Restart(ctx context.Context) (stopped time.Duration, spawned time.Time, err error) {
+	start := time.Now()
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(60 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+		return time.Since(start), time.Time{}, fmt.Errorf("the server did not exit within 60 s of SIGTERM (killed)")
+	}
+	stopped = time.Since(start)
+	spawned = time.Now()
+	if err := s.spawn(); err != nil {
+		return stopped, spawned, err
+	}
+	return stopped, spawned, waitHealthy(ctx, s.URL, 120*time.Second)
 }
 
 // importTiny builds the busybox rootfs (as the e2e tests do) and imports it as "tiny".
@@ -132,8 +168,8 @@ func (s *SelfServer) Stop() error {
 	var errList []error
 	if s.Key != "" {
 		c := NewClient(s.URL, s.Key)
-		if page, err := c.List(ctx, client.ListOptions{}); err == nil {
-			for _, sb := range page.Sandboxes {
+		if all, err := c.ListAll(ctx, client.ListOptions{}); err == nil {
+			for _, sb := range all {
 				if err := c.Delete(ctx, sb.ID); err != nil {
 					errList = append(errList, err)
 				}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/berth-dev/berth/internal/bench"
@@ -34,6 +35,8 @@ func runBench(e *env, args []string) error {
 	md := fs.Bool("markdown", false, "print the README performance section instead of the table")
 	from := fs.String("from", "", "do not measure: render a report written earlier with --json")
 	burst := fs.Int("burst", 0, "concurrent creates in burst (default 100, or 4×runs when runs < 25)")
+	scaleSteps := fs.String("scale-steps", "10,100,1000", "the scale row's steps: sandbox counts, ascending (needs --self and --only scale)")
+	scaleRounds := fs.Int("scale-rounds", 2, "reaper rounds the scale row waits for at each step (one every 10 s)")
 	e2bTpl := fs.String("e2b-template", "", "template the E2B SDK creates from; needs /bin/bash (default: \"default\" when the server has it)")
 	if _, err := parse(fs, args); err != nil {
 		return err
@@ -58,7 +61,14 @@ func runBench(e *env, args []string) error {
 			onlyList = append(onlyList, n)
 		}
 	}
-	opts := bench.Options{Only: onlyList, Runs: *runs, Warmups: *warm, Template: *tpl, Burst: *burst,
+	steps, err := parseSteps(*scaleSteps)
+	if err != nil {
+		return err
+	}
+	if *scaleRounds < 1 {
+		return usageError{"bench: --scale-rounds must be at least 1"}
+	}
+	opts := bench.Options{ScaleSteps: steps, ScaleRounds: *scaleRounds, Only: onlyList, Runs: *runs, Warmups: *warm, Template: *tpl, Burst: *burst,
 		E2BTemplate: *e2bTpl, Self: *self, Log: e.stderr, Command: "berth bench " + strings.Join(args, " ")}
 	// The one-shot and cli-call rows run this very binary as the CLI.
 	if exe, err := os.Executable(); err == nil {
@@ -84,6 +94,7 @@ func runBench(e *env, args []string) error {
 		}()
 		c = bench.NewClient(s.URL, s.Key)
 		opts.Upstream, opts.UpstreamErr = s.Upstream, s.UpstreamErr
+		opts.Server = s
 	} else {
 		cl, err := newClient()
 		if err != nil {
@@ -135,6 +146,19 @@ func runBench(e *env, args []string) error {
 		}
 	}
 	return render(e, rep, *md)
+}
+
+// parseSteps reads --scale-steps: positive counts, ascending.
+func parseSteps(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || (len(out) > 0 && n <= out[len(out)-1]) {
+			return nil, usageError{"bench: --scale-steps must be positive sandbox counts in ascending order, e.g. 10,100,1000; got " + strconv.Quote(s)}
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func render(e *env, rep *bench.Report, md bool) error {

@@ -193,6 +193,11 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 		if userNS, err = setupUserNS(cfg); err != nil {
 			return nil, err
 		}
+		if userNS != nil {
+			if err := raiseKeyQuota(keysDir, cfg.Log); err != nil {
+				cfg.Log.Warn("runc sandboxes share one key quota; it could not be raised", "err", err)
+			}
+		}
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	d := &Daemon{

@@ -1,9 +1,13 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
@@ -21,6 +25,11 @@ import (
 type watcher struct {
 	c    watchCore
 	ooms map[string]uint64 // sandbox id → OOM kills seen (watchLoop only)
+	// inits are runc sandboxes' PID 1 as last confirmed running by the
+	// runtime (watchLoop only): while that very process lives the watch
+	// reads /proc instead of starting a `runc state` per sandbox every
+	// 2 s, which at 1,000 idle sandboxes was more CPU than the host has.
+	inits map[string]hostProc
 }
 
 // watchCore is what the watcher needs of the core: primitives and the
@@ -42,7 +51,9 @@ type watchCore interface {
 	Fail(ctx context.Context, sb *sandbox.Sandbox, reason string, cause error)
 }
 
-func newWatcher(c watchCore) *watcher { return &watcher{c: c, ooms: map[string]uint64{}} }
+func newWatcher(c watchCore) *watcher {
+	return &watcher{c: c, ooms: map[string]uint64{}, inits: map[string]hostProc{}}
+}
 
 // watchAdapter is the core as the watcher sees it.
 type watchAdapter struct{ *Daemon }
@@ -143,6 +154,11 @@ func (w *watcher) watchLoop(ctx context.Context) {
 				delete(w.ooms, id)
 			}
 		}
+		for id := range w.inits {
+			if !seen[id] {
+				delete(w.inits, id)
+			}
+		}
 	}
 }
 
@@ -160,6 +176,10 @@ func (w *watcher) watchOne(ctx context.Context, sb *sandbox.Sandbox) {
 		}
 		w.ooms[sb.ID] = st.OOMKills
 	}
+	if p, ok := w.inits[sb.ID]; ok && p.alive() {
+		return
+	}
+	delete(w.inits, sb.ID)
 	unlock := w.c.Lock(sb.ID)
 	defer unlock()
 	cur, err := w.c.Store().GetSandbox(ctx, sb.ID)
@@ -167,7 +187,54 @@ func (w *watcher) watchOne(ctx context.Context, sb *sandbox.Sandbox) {
 		return
 	}
 	if st, err := rt.State(ctx, sb.ID); err == nil && (st.State == "running" || st.State == "paused") {
+		// runc's Pid is the sandbox's PID 1 on the host; runsc's is its
+		// sandbox process, which outlives the container's init.
+		if rt.Name() == "runc" {
+			if p, ok := hostProcOf(st.Pid); ok {
+				w.inits[sb.ID] = p
+			}
+		}
 		return
 	}
 	w.c.Fail(ctx, cur, "exited", errors.New("the sandbox's init process exited"))
+}
+
+// hostProc names one host process across PID reuse: its PID and its start
+// time (clock ticks after boot, /proc/PID/stat field 22).
+type hostProc struct {
+	pid   int
+	start uint64
+}
+
+// hostProcOf reads pid's identity; false when there is no such live process.
+func hostProcOf(pid int) (hostProc, bool) {
+	if pid <= 0 {
+		return hostProc{}, false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return hostProc{}, false
+	}
+	// The command name (field 2) may hold spaces and parentheses: the
+	// fields that follow start after its last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return hostProc{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state), f[19] field 22 (starttime).
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		return hostProc{}, false
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return hostProc{}, false
+	}
+	return hostProc{pid: pid, start: start}, true
+}
+
+// alive reports whether the same process still runs (not a zombie).
+func (p hostProc) alive() bool {
+	now, ok := hostProcOf(p.pid)
+	return ok && now == p
 }

@@ -26,6 +26,8 @@ type loads struct {
 	running bool   // a load is being planned or applied by a sync caller
 	covered uint64 // the newest state generation a finished load rendered
 	err     error  // that load's outcome
+	done    int    // loads finished (any outcome)
+	ok      bool   // the newest load succeeded
 }
 
 func newLoads() *loads {
@@ -37,8 +39,9 @@ func newLoads() *loads {
 // note records a finished load of generation g.
 func (l *loads) note(g uint64, err error) {
 	l.mu.Lock()
+	l.done++
 	if g >= l.covered {
-		l.covered, l.err = g, err
+		l.covered, l.err, l.ok = g, err, err == nil
 	}
 	l.cond.Broadcast()
 	l.mu.Unlock()
@@ -91,4 +94,19 @@ func (m *Manager) loadOnce(ctx context.Context) (uint64, error) {
 		return g, err
 	}
 	return g, nftApply(ctx, script)
+}
+
+// current reports whether the kernel holds a successful load of generation
+// gen (or a later one).
+func (l *loads) current(gen uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ok && l.covered >= gen
+}
+
+// count is how many loads have finished.
+func (l *loads) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.done
 }

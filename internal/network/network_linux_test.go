@@ -146,6 +146,17 @@ func TestEgress(t *testing.T) {
 		if out, code := e.curl("live1", nil, "https://good.test/"); code == 0 {
 			t.Errorf("good.test after update: %q", out)
 		}
+		// The same policy again (as every sandbox at a daemon start): no
+		// ruleset load, no state write, and the policy still holds.
+		before, err := os.Stat(e.mgr.statePath())
+		must(t, err)
+		must(t, e.mgr.UpdatePolicy(context.Background(), "live1", policy(t, "rules", []string{"other.test"}, nil)))
+		if after, err := os.Stat(e.mgr.statePath()); err != nil || !os.SameFile(before, after) {
+			t.Errorf("an unchanged policy rewrote the network state (%v)", err)
+		}
+		if out, code := e.curl("live1", nil, "https://other.test/"); code != 0 || !strings.HasPrefix(out, "host=other.test") {
+			t.Errorf("other.test after the same policy again: exit %d %q", code, out)
+		}
 		if err := e.mgr.UpdatePolicy(context.Background(), "live1", egress.Policy{Mode: "open"}); !errs.Is(err, errs.InvalidArgument) {
 			t.Errorf("bad policy: %v", err)
 		}
@@ -281,6 +292,12 @@ func TestAttachCleanupAndReconcile(t *testing.T) {
 	assertGone(t, att2.NetNSPath, e.mgr.vethName("crash1"))
 	assertGone(t, stray, "")
 	e.mgr = m2
+	// Nothing detached since the last load: Reconcile loads no ruleset.
+	loads := m2.loads.count()
+	must(t, m2.Reconcile(ctx, nil))
+	if got := m2.loads.count(); got != loads {
+		t.Errorf("a Reconcile that changed nothing loaded the ruleset %d time(s)", got-loads)
+	}
 
 	must(t, m2.Teardown(ctx))
 	if out, err := runOut("nft", "list", "table", "inet", cfg.Table); err == nil {

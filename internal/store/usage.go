@@ -47,26 +47,22 @@ func (s *meteringTables) RecordUsage(ctx context.Context, recs []UsageRecord) er
 		}
 	}
 	return s.write(ctx, func(tx *sql.Tx) error {
-		for _, r := range recs {
-			u, in := r.Usage, r.Inc
-			_, err := tx.ExecContext(ctx, `INSERT INTO usage (sandbox_id, owner, template, state, cpu_millis, memory_mib,
+		// Prepared once per transaction: a reaper round writes every
+		// sandbox, and parsing the two upserts again for each row was
+		// 40% of a round's CPU at 1,000 sandboxes.
+		row, err := tx.PrepareContext(ctx, `INSERT INTO usage (sandbox_id, owner, template, state, cpu_millis, memory_mib,
 				disk_mib, created_at, last_sample_at, last_cpu_nanos, disk_bytes, last_active_at, signals)
 				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 				ON CONFLICT (sandbox_id) DO UPDATE SET owner = excluded.owner, template = excluded.template,
 				state = excluded.state, cpu_millis = excluded.cpu_millis, memory_mib = excluded.memory_mib,
 				disk_mib = excluded.disk_mib, created_at = excluded.created_at, last_sample_at = excluded.last_sample_at,
 				last_cpu_nanos = excluded.last_cpu_nanos, disk_bytes = excluded.disk_bytes,
-				last_active_at = excluded.last_active_at, signals = excluded.signals`,
-				u.SandboxID, u.Owner, u.Template, string(u.State), u.Reserved.CPUMillis, u.Reserved.MemoryMiB,
-				u.Reserved.DiskMiB, toNanos(u.CreatedAt), toNanos(u.LastSampleAt), int64(u.LastCPUNanos),
-				int64(u.DiskBytes), toNanos(u.LastActiveAt), u.Signals)
-			if err != nil {
-				return dbErr(err, "store: record usage of %s", u.SandboxID)
-			}
-			if r.Hour.IsZero() {
-				continue
-			}
-			_, err = tx.ExecContext(ctx, `INSERT INTO usage_hours (sandbox_id, hour, owner, cpu_seconds, mem_gib_seconds,
+				last_active_at = excluded.last_active_at, signals = excluded.signals`)
+		if err != nil {
+			return dbErr(err, "store: prepare usage upsert")
+		}
+		defer row.Close()
+		hour, err := tx.PrepareContext(ctx, `INSERT INTO usage_hours (sandbox_id, hour, owner, cpu_seconds, mem_gib_seconds,
 				mem_peak_bytes, running_seconds, frozen_seconds, paused_seconds, stopped_seconds, disk_gib_hours)
 				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 				ON CONFLICT (sandbox_id, hour) DO UPDATE SET
@@ -78,7 +74,24 @@ func (s *meteringTables) RecordUsage(ctx context.Context, recs []UsageRecord) er
 				frozen_seconds = frozen_seconds + excluded.frozen_seconds,
 				paused_seconds = paused_seconds + excluded.paused_seconds,
 				stopped_seconds = stopped_seconds + excluded.stopped_seconds,
-				disk_gib_hours = disk_gib_hours + excluded.disk_gib_hours`,
+				disk_gib_hours = disk_gib_hours + excluded.disk_gib_hours`)
+		if err != nil {
+			return dbErr(err, "store: prepare usage hour upsert")
+		}
+		defer hour.Close()
+		for _, r := range recs {
+			u, in := r.Usage, r.Inc
+			_, err := row.ExecContext(ctx,
+				u.SandboxID, u.Owner, u.Template, string(u.State), u.Reserved.CPUMillis, u.Reserved.MemoryMiB,
+				u.Reserved.DiskMiB, toNanos(u.CreatedAt), toNanos(u.LastSampleAt), int64(u.LastCPUNanos),
+				int64(u.DiskBytes), toNanos(u.LastActiveAt), u.Signals)
+			if err != nil {
+				return dbErr(err, "store: record usage of %s", u.SandboxID)
+			}
+			if r.Hour.IsZero() {
+				continue
+			}
+			_, err = hour.ExecContext(ctx,
 				u.SandboxID, toNanos(r.Hour.Truncate(time.Hour)), u.Owner, in.CPUSeconds, in.MemGiBSeconds,
 				int64(in.MemPeakBytes), in.RunningSeconds, in.FrozenSeconds, in.PausedSeconds, in.StoppedSeconds,
 				in.DiskGiBHours)

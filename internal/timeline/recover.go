@@ -63,9 +63,11 @@ func syncDir(dir string) error {
 // not switched yet, its old workspace image is put back; when they were,
 // the restart had committed and the old image is dropped (the sandbox then
 // boots on the new layers over a fresh workspace, as the restart would
-// have). Either way nothing is half.
-func (s *Service) Recover(ctx context.Context, sb *sandbox.Sandbox) error {
-	s.thawInterrupted(ctx, sb)
+// have). Either way nothing is half. runState is the container's state as
+// the caller already knows it from the runtime ("" = ask the runtime):
+// daemon start lists every container at once.
+func (s *Service) Recover(ctx context.Context, sb *sandbox.Sandbox, runState string) error {
+	s.thawInterrupted(ctx, sb, runState)
 	dir := s.core.SandboxDir(sb.ID)
 	l := rootfs.LayoutOf(dir)
 	aside := l.Image + ".timeline"
@@ -106,7 +108,7 @@ func (s *Service) Recover(ctx context.Context, sb *sandbox.Sandbox) error {
 // answer). At daemon start nothing else holds a running sandbox frozen:
 // interrupted merges, which freeze their targets, are settled before
 // this, and a pause moves the sandbox out of running first.
-func (s *Service) thawInterrupted(ctx context.Context, sb *sandbox.Sandbox) {
+func (s *Service) thawInterrupted(ctx context.Context, sb *sandbox.Sandbox, runState string) {
 	if sb.State != sandbox.Running {
 		return
 	}
@@ -114,7 +116,12 @@ func (s *Service) thawInterrupted(ctx context.Context, sb *sandbox.Sandbox) {
 	if err != nil {
 		return
 	}
-	if st, err := rt.State(ctx, sb.ID); err == nil && st.State == "paused" {
+	if runState == "" {
+		if st, err := rt.State(ctx, sb.ID); err == nil {
+			runState = st.State
+		}
+	}
+	if runState == "paused" {
 		if err := rt.Thaw(ctx, sb.ID); err != nil {
 			s.log.Warn("timeline: thaw a sandbox a checkpoint left frozen", "sandbox_id", sb.ID, "err", err)
 			return

@@ -64,7 +64,7 @@ func TestRecover(t *testing.T) {
 			c := &recoverCore{dir: dir}
 			s := New(c, Config{DataDir: t.TempDir()}, nil)
 			sb := &sandbox.Sandbox{ID: "sb1", Attrs: sandbox.Attrs{Layers: tc.layers}}
-			if err := s.Recover(t.Context(), sb); err != nil {
+			if err := s.Recover(t.Context(), sb, ""); err != nil {
 				t.Fatal(err)
 			}
 			got, _ := os.ReadFile(l.Image)
