@@ -94,7 +94,7 @@ func (m *Manager) reattachLocked(ctx context.Context, id string, r *record) erro
 	}
 	_ = deleteLinkIn(nsPath, "eth0")
 	r.IP = netip.Addr{}
-	ip, err := m.allocLocked()
+	ip, err := m.allocLocked(id)
 	if err != nil {
 		return err
 	}

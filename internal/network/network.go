@@ -117,11 +117,18 @@ type Manager struct {
 	plan PlanConfig
 	log  *slog.Logger
 
-	mu    sync.Mutex
-	sbs   map[string]*record
-	moved map[string]string // Reattached
-	lost  map[string]string
-	gen   uint64 // changes of sbs that a ruleset load must render (loads.go)
+	mu  sync.Mutex
+	sbs map[string]*record
+	// recent is the address each detached sandbox last had: a sandbox
+	// attached again (a runsc rewind or promote halts and re-attaches) gets
+	// it back, and a new sandbox takes it only when no other address is
+	// free, so neither the sandbox nor its neighbours' caches see it change.
+	// An entry goes when its address is handed to another sandbox: at most
+	// one per free address.
+	recent map[string]netip.Addr
+	moved  map[string]string // Reattached
+	lost   map[string]string
+	gen    uint64 // changes of sbs that a ruleset load must render (loads.go)
 
 	nftMu sync.Mutex // one ruleset load at a time, in order (loads.go)
 	loads *loads
@@ -152,7 +159,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := checkPlanConfig(plan); err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, err, "network config")
 	}
-	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}, moved: map[string]string{}, lost: map[string]string{}, loads: newLoads()}
+	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}, recent: map[string]netip.Addr{}, moved: map[string]string{}, lost: map[string]string{}, loads: newLoads()}
 	b, err := os.ReadFile(m.statePath())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -243,7 +250,7 @@ func (m *Manager) attach(ctx context.Context, id string, pol Policy) (att Attach
 	if _, ok := m.sbs[id]; ok {
 		return Attachment{}, 0, errs.E(errs.AlreadyExists, "sandbox %s already has a network", id)
 	}
-	ip, err := m.allocLocked()
+	ip, err := m.allocLocked(id)
 	if err != nil {
 		return Attachment{}, 0, err
 	}
@@ -350,6 +357,9 @@ func (m *Manager) detachLocked(ctx context.Context, id string) error {
 	var errList []error
 	if known {
 		delete(m.sbs, id)
+		if r.IP.IsValid() {
+			m.recent[id] = r.IP
+		}
 		errList = append(errList, deleteLink(ctx, r.Veth))
 	} else {
 		errList = append(errList, deleteLink(ctx, m.vethName(id)))
@@ -470,16 +480,37 @@ func (m *Manager) planLocked() (string, error) {
 }
 
 // allocLocked picks the lowest free address after the gateway.
-func (m *Manager) allocLocked() (netip.Addr, error) {
+func (m *Manager) allocLocked(id string) (netip.Addr, error) {
 	used := map[netip.Addr]bool{}
 	for _, r := range m.sbs {
 		used[r.IP] = true
 	}
-	last := lastAddr(m.cfg.Subnet)
-	for a := m.cfg.Gateway().Next(); a.IsValid() && a.Less(last); a = a.Next() {
-		if !used[a] {
+	if a, ok := m.recent[id]; ok {
+		delete(m.recent, id)
+		if !used[a] && m.cfg.Subnet.Contains(a) && m.cfg.Gateway().Less(a) && a.Less(lastAddr(m.cfg.Subnet)) {
 			return a, nil
 		}
+	}
+	heldBy := map[netip.Addr]string{}
+	for other, a := range m.recent {
+		heldBy[a] = other
+	}
+	last := lastAddr(m.cfg.Subnet)
+	var fallback netip.Addr
+	for a := m.cfg.Gateway().Next(); a.IsValid() && a.Less(last); a = a.Next() {
+		if used[a] {
+			continue
+		}
+		if _, held := heldBy[a]; !held {
+			return a, nil
+		}
+		if !fallback.IsValid() {
+			fallback = a
+		}
+	}
+	if fallback.IsValid() { // every free address was someone's last: the lowest, its claim dropped
+		delete(m.recent, heldBy[fallback])
+		return fallback, nil
 	}
 	return netip.Addr{}, errs.E(errs.ResourceExhausted, "no free address in %s", m.cfg.Subnet)
 }

@@ -416,3 +416,35 @@ func TestSetupReattachesOnLayoutChange(t *testing.T) {
 	}
 	e.mgr = m3
 }
+
+// A sandbox detached and attached again (a runsc rewind halts and
+// re-attaches) gets its address back even when a lower one is free, and
+// a new sandbox does not take a detached sandbox's address while another
+// is free (the rewind in TestRewindKeepsNetwork saw its address change
+// to a neighbour's freed lower one).
+func TestReattachKeepsTheAddress(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	pol := egress.Policy{Mode: egress.DenyAll}
+	low := e.attach("low1", pol)
+	mine := e.attach("mine1", pol)
+	must(t, e.mgr.Detach(ctx, "low1"))
+	must(t, e.mgr.Detach(ctx, "mine1"))
+	again := e.attach("mine1", pol)
+	if again.IP != mine.IP {
+		t.Errorf("re-attached at %s, had %s (the lower %s was free)", again.IP, mine.IP, low.IP)
+	}
+	fresh := e.attach("new1", pol)
+	if fresh.IP == low.IP || fresh.IP == mine.IP {
+		t.Errorf("a new sandbox took %s, a detached or attached sandbox's address, with others free", fresh.IP)
+	}
+	// low1's address stays its own until nothing else is free; when it comes
+	// back it has it.
+	lowAgain := e.attach("low1", pol)
+	if lowAgain.IP != low.IP {
+		t.Errorf("low1 came back at %s, had %s", lowAgain.IP, low.IP)
+	}
+	for _, id := range []string{"mine1", "new1", "low1"} {
+		must(t, e.mgr.Detach(ctx, id))
+	}
+}
