@@ -310,14 +310,6 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step *stepLookup,
 	// The read is under the lineage's lock only: other lineages decide
 	// meanwhile. A repeat can only be of an effect of this lineage, whose
 	// reservations all happen under this lock.
-	//
-	// A flight can end (its outcome committed, then dropped from memory)
-	// between the read and the look at memory below: the read then shows it
-	// pending and memory no longer has it, and the decision would take a
-	// withdrawn or completed effect for one that may have happened. The
-	// flights of the lineage before the read say which: such an effect is
-	// read again (a pending one no flight had is a crash's, left as read).
-	flying := s.lineageFlights(sc.Lineage)
 	found, err := s.core.Store().FindEffects(ctx, sc.Lineage, key, id, 16)
 	if err != nil {
 		return egress.Ticket{}, nil, err
@@ -326,25 +318,6 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step *stepLookup,
 		id = Identity(sc.Lineage, step.get(), in.Method, in.Host, in.Path, in.BodySHA256)
 	}
 	s.mu.Lock()
-	for range 4 {
-		landed := false
-		for _, e := range found {
-			if e.State == store.EffectPending && flying[e.ID] && s.inflight[e.ID] == nil {
-				landed = true
-			}
-		}
-		if !landed {
-			break
-		}
-		flying = s.lineageFlightsLocked(sc.Lineage)
-		s.mu.Unlock()
-		found, err = s.core.Store().FindEffects(ctx, sc.Lineage, key, id, 16)
-		s.mu.Lock()
-		if err != nil {
-			s.mu.Unlock()
-			return egress.Ticket{}, nil, err
-		}
-	}
 	locked := true
 	defer func() {
 		if locked {
@@ -414,23 +387,6 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step *stepLookup,
 		t.SetKey = key
 	}
 	return t, nil, nil
-}
-
-// lineageFlights are the ids of lineage's effects in flight now.
-func (s *Service) lineageFlights(lineage string) map[string]bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lineageFlightsLocked(lineage)
-}
-
-func (s *Service) lineageFlightsLocked(lineage string) map[string]bool {
-	out := map[string]bool{}
-	for id, f := range s.inflight {
-		if f.rec.Lineage == lineage {
-			out[id] = true
-		}
-	}
-	return out
 }
 
 // stepLookup is the sandbox's current step, read from the StepSource on
