@@ -36,11 +36,6 @@ type Options struct {
 	// RuntimeBins are the runtime binaries found on the host (RuntimeBinaries):
 	// the one-shot baseline hands runsc's to podman --runtime.
 	RuntimeBins map[string]string
-	// Upstream is the TLS test service of the effects-https row (--self
-	// starts it with the server); nil, with UpstreamErr saying why when
-	// it failed, makes the row not available.
-	Upstream    *HTTPSUpstream
-	UpstreamErr error
 	Log         io.Writer // progress
 	// Server is the server --self started (nil otherwise): the scale row
 	// restarts it and reads its RSS.
@@ -56,7 +51,7 @@ type Options struct {
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "delete", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
-	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases", "effects-https", "oneshot", "cli-call", "scale"}
+	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases", "oneshot", "cli-call", "scale"}
 
 // optIn are metrics measured only when --only names them (they take minutes).
 var optIn = []string{"scale"}
@@ -155,7 +150,6 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"audit-visible"}, r.auditVisible},     // audit.go
 		{[]string{"self-api-rtt"}, r.selfAPIRTT},        // selfapi.go
 		{[]string{"pause-resume-leases"}, r.leasePause}, // leases.go
-		{[]string{"effects-https"}, r.effectsHTTPS},     // effects_linux.go
 		{[]string{"oneshot"}, r.oneshot},                // oneshot.go
 		{[]string{"scale"}, r.scale},                    // scale.go
 	}
