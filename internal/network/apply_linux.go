@@ -24,8 +24,8 @@ import (
 // Links, addresses and routes are set in-process over netlink (no `ip`
 // subprocess): on the host through netlink's package-level calls (each
 // opens its socket in the calling thread's namespace), inside a sandbox's
-// namespace the same calls on a locked OS thread moved there (inNetns). Only nftables goes through a subprocess: its
-// ruleset is one golden-tested script loaded in one transaction.
+// namespace the same calls on a locked OS thread moved there (inNetns). Only nftables goes through a subprocess: the
+// whole ruleset (Plan) or a sandbox's delta, each a golden-tested script loaded in one transaction.
 
 // run executes a command, feeding stdin, and classifies failures.
 func run(ctx context.Context, stdin string, name string, args ...string) (string, error) {
@@ -223,12 +223,44 @@ func createVeth(ctx context.Context, veth, nsPath, bridge string) error {
 	}
 	defer ns.Close()
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: veth}, PeerName: "eth0",
-		PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
+		PeerHardwareAddr: sandboxMAC(veth), PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
 		return nlErr(err, "add veth %s", veth)
 	}
 	// A veth half set up (not isolated on the bridge) goes again at once.
 	if err := vethOnBridge(veth, br); err != nil {
 		return errors.Join(err, deleteLink(ctx, veth))
+	}
+	return nil
+}
+
+// sandboxMAC is the address of a sandbox's eth0: locally administered,
+// unicast, derived from its veth's name (itself from the sandbox id), so a
+// sandbox attached again after a memory pause or a rewind has the MAC it
+// had. With a random one the host's neighbour entry for its address still
+// named the old MAC after a runsc restore; the restored sandbox sends
+// nothing by itself, so the entry stayed "reachable" and the host's dials
+// to its ports went unanswered for tens of seconds (the E2B suite's runsc
+// memory pause + connect timed out).
+func sandboxMAC(veth string) net.HardwareAddr {
+	h := sha256.Sum256([]byte("berth sandbox " + veth))
+	mac := net.HardwareAddr(h[:6])
+	mac[0] = mac[0]&0xfe | 0x02
+	return mac
+}
+
+// forgetNeighbour removes the host's neighbour entry for ip on the bridge,
+// if any. An address freed by one sandbox and taken by another (or by the
+// same one in a fresh namespace) must be resolved again: an entry kept
+// from before names a MAC nobody answers to any more, and Linux keeps
+// using a "reachable" one for up to 45 s.
+func forgetNeighbour(bridge string, ip netip.Addr) error {
+	br, err := netlink.LinkByName(bridge)
+	if err != nil {
+		return nlErr(err, "bridge %s", bridge)
+	}
+	err = netlink.NeighDel(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, IP: ip.AsSlice()})
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return nlErr(err, "forget the neighbour entry of %s on %s", ip, bridge)
 	}
 	return nil
 }
@@ -250,29 +282,81 @@ func vethOnBridge(veth string, br netlink.Link) error {
 }
 
 func configureInside(ctx context.Context, nsPath string, addr netip.Prefix, gw netip.Addr) error {
+	return inNetns(nsPath, func() error { return setInside(nsPath, addr, gw, false) })
+}
+
+// setInside sets lo and eth0 up with eth0's address and the default route;
+// again tolerates the address and route being there already
+// (reconfigureInside).
+func setInside(nsPath string, addr netip.Prefix, gw netip.Addr, again bool) error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return nlErr(err, "lo in %s", nsPath)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return nlErr(err, "set lo up in %s", nsPath)
+	}
+	eth0, err := netlink.LinkByName("eth0")
+	if err != nil {
+		return nlErr(err, "eth0 in %s", nsPath)
+	}
+	if err := netlink.AddrAdd(eth0, ifAddr(addr)); err != nil && !(again && errors.Is(err, unix.EEXIST)) {
+		return nlErr(err, "address %s on eth0 in %s", addr, nsPath)
+	}
+	if err := netlink.LinkSetUp(eth0); err != nil {
+		return nlErr(err, "set eth0 up in %s", nsPath)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice()}); err != nil && !(again && errors.Is(err, unix.EEXIST)) {
+		return nlErr(err, "default route via %s in %s", gw, nsPath)
+	}
+	return nil
+}
+
+// reconfigureInside gives an existing namespace's eth0 what
+// configureInside gave it, whatever is left of that: IPv4 addresses other
+// than addr are dropped, addr, the IPv6 link-local address and the default
+// route are added where missing. The link is not set down and up to make
+// the kernel do it: a veth set up again passes no traffic until the
+// kernel's link watch runs (up to a second).
+func reconfigureInside(ctx context.Context, nsPath string, addr netip.Prefix, gw netip.Addr) error {
 	return inNetns(nsPath, func() error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return nlErr(err, "lo in %s", nsPath)
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return nlErr(err, "set lo up in %s", nsPath)
-		}
 		eth0, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return nlErr(err, "eth0 in %s", nsPath)
 		}
-		if err := netlink.AddrAdd(eth0, ifAddr(addr)); err != nil {
-			return nlErr(err, "address %s on eth0 in %s", addr, nsPath)
+		if err := dropOtherAddrs(eth0, addr); err != nil {
+			return err
 		}
-		if err := netlink.LinkSetUp(eth0); err != nil {
-			return nlErr(err, "set eth0 up in %s", nsPath)
+		if err := ensureLinkLocal(eth0); err != nil {
+			return err
 		}
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
-			return nlErr(err, "default route via %s in %s", gw, nsPath)
-		}
-		return nil
+		return setInside(nsPath, addr, gw, true)
 	})
+}
+
+// ensureLinkLocal gives link the IPv6 link-local address the kernel made
+// for it when it was set up (EUI-64 of its MAC, the default address
+// generation mode) unless it has one: runsc takes it too.
+func ensureLinkLocal(link netlink.Link) error {
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V6)
+	if err != nil {
+		return nlErr(err, "list IPv6 addresses of %s", link.Attrs().Name)
+	}
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() {
+			return nil
+		}
+	}
+	mac := link.Attrs().HardwareAddr
+	if len(mac) != 6 {
+		return nil
+	}
+	ip := net.IP{0xfe, 0x80, 0, 0, 0, 0, 0, 0, mac[0] ^ 0x02, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]}
+	err = netlink.AddrAdd(link, &netlink.Addr{IPNet: &net.IPNet{IP: ip, Mask: net.CIDRMask(64, 128)}})
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return nlErr(err, "link-local address %s on %s", ip, link.Attrs().Name)
+	}
+	return nil
 }
 
 // deleteLink removes a host link; a missing one is fine.

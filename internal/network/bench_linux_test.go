@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"testing"
 
@@ -81,17 +83,56 @@ func BenchmarkEgress(b *testing.B) {
 
 // BenchmarkAttach measures the network phase of a cold create: Attach
 // (namespace, veth on the bridge, address, route, ruleset) of one sandbox
-// while another is attached, and its Detach outside the clock.
-func BenchmarkAttach(b *testing.B) {
+// beside N others, and its Detach outside the clock. The others are
+// records in the ruleset only (no namespace or veth: the ruleset is what
+// grows with them); BenchmarkDetach is the same with the clocks swapped.
+func BenchmarkAttach(b *testing.B) { benchAttachDetach(b, true) }
+
+// BenchmarkDetach: see BenchmarkAttach.
+func BenchmarkDetach(b *testing.B) { benchAttachDetach(b, false) }
+
+func benchAttachDetach(b *testing.B, attach bool) {
+	envSubnetBits = 20 // room for 1,000 others
+	defer func() { envSubnetBits = 24 }()
 	e := newEnv(b)
-	e.attach("benchother", policy(b, "deny-all", nil, nil))
 	ctx := context.Background()
-	for b.Loop() {
-		if _, err := e.mgr.Attach(ctx, "benchone", policy(b, "deny-all", nil, nil)); err != nil {
-			b.Fatal(err)
-		}
-		b.StopTimer()
-		must(b, e.mgr.Detach(ctx, "benchone"))
-		b.StartTimer()
+	have := 0
+	for _, n := range []int{0, 100, 1000} {
+		seedRuleset(b, e.mgr, have, n)
+		have = n
+		b.Run(fmt.Sprintf("others=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				if !attach {
+					b.StopTimer()
+				}
+				if _, err := e.mgr.Attach(ctx, "benchone", policy(b, "deny-all", nil, nil)); err != nil {
+					b.Fatal(err)
+				}
+				if attach {
+					b.StopTimer()
+				} else {
+					b.StartTimer()
+				}
+				must(b, e.mgr.Detach(ctx, "benchone"))
+				if attach {
+					b.StartTimer()
+				}
+			}
+		})
 	}
+}
+
+// seedRuleset adds sandboxes from..to-1 to the manager's state as records
+// only and loads the whole ruleset with them.
+func seedRuleset(b *testing.B, m *Manager, from, to int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	base := m.cfg.Subnet.Addr().As4()
+	for i := from; i < to; i++ {
+		v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3]) + uint32(i) + 2
+		ip := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+		id := fmt.Sprintf("seed%05d", i)
+		m.sbs[id] = &record{IP: ip, Veth: m.vethName(id), Policy: egress.Policy{Mode: egress.AllowAll}}
+	}
+	must(b, seedLoad(m))
 }

@@ -48,6 +48,9 @@ const hostsFile = `203.0.113.10 good.test a.wild.test
 127.0.0.1 local.test
 `
 
+// envSubnetBits is the size of the sandboxes' subnet of the next newEnv.
+var envSubnetBits = 24
+
 type env struct {
 	t       testing.TB
 	dir     string
@@ -97,7 +100,7 @@ func newEnv(t testing.TB) *env {
 	e.ca = ca
 	cfg := Config{
 		BridgeName: "btb" + sfx,
-		Subnet:     netip.MustParsePrefix(fmt.Sprintf("10.213.%d.0/24", rb[0])),
+		Subnet:     netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 213, rb[0], 0}), envSubnetBits).Masked(),
 		StateDir:   filepath.Join(e.dir, "state"),
 		Table:      "btt" + sfx,
 		VethPrefix: "bx" + sfx[:2],

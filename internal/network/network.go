@@ -1,9 +1,11 @@
 // Package network gives every sandbox its own network namespace on a host
 // bridge owned by berth, with an address, a default route, NAT and an
 // nftables ruleset that steers all of its traffic through the egress proxy
-// and resolver (internal/egress). Plans are pure (Plan); the effects are
-// small wrappers around netlink (links, addresses, routes, set in-process)
-// and `nft` (apply_linux.go).
+// and resolver (internal/egress). Plans are pure (Plan, the whole ruleset);
+// the effects are small wrappers around netlink (links, addresses, routes,
+// set in-process; apply_linux.go), `nft` for the whole ruleset, and one
+// netlink batch per group of per-sandbox deltas whose cost does not grow
+// with the number of sandboxes (loads.go, nl_linux.go).
 package network
 
 import (
@@ -129,8 +131,14 @@ type Manager struct {
 	moved  map[string]string // Reattached
 	lost   map[string]string
 	gen    uint64 // changes of sbs that a ruleset load must render (loads.go)
+	// pending are the ruleset deltas of the changes no load has taken yet.
+	pending []delta
 
 	nftMu sync.Mutex // one ruleset load at a time, in order (loads.go)
+	// stale: the kernel may not hold the ruleset the last load rendered
+	// (nothing loaded yet, or a load failed); the next load is a whole one.
+	// Guarded by nftMu.
+	stale bool
 	loads *loads
 }
 
@@ -159,7 +167,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := checkPlanConfig(plan); err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, err, "network config")
 	}
-	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}, recent: map[string]netip.Addr{}, moved: map[string]string{}, lost: map[string]string{}, loads: newLoads()}
+	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}, recent: map[string]netip.Addr{}, moved: map[string]string{}, lost: map[string]string{}, loads: newLoads(), stale: true}
 	b, err := os.ReadFile(m.statePath())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -197,7 +205,7 @@ func (m *Manager) Setup(ctx context.Context) error {
 	if err := m.reconcileLayoutLocked(ctx); err != nil {
 		return err
 	}
-	if err := m.applyLocked(ctx); err != nil {
+	if err := m.loadLocked(ctx, true); err != nil {
 		return err
 	}
 	if hadPrev {
@@ -225,7 +233,7 @@ func (m *Manager) Attach(ctx context.Context, id string, pol Policy) (Attachment
 	if err := m.sync(ctx, gen); err != nil {
 		m.mu.Lock()
 		derr := m.detachLocked(ctx, id)
-		dgen := m.changedLocked()
+		dgen := m.gen
 		m.mu.Unlock()
 		return Attachment{}, errors.Join(err, derr, m.sync(ctx, dgen))
 	}
@@ -255,6 +263,9 @@ func (m *Manager) attach(ctx context.Context, id string, pol Policy) (att Attach
 		return Attachment{}, 0, err
 	}
 	r := &record{IP: ip, Veth: m.vethName(id), Policy: pol}
+	if err := checkSandboxNet(m.plan, sandboxNet(id, r)); err != nil {
+		return Attachment{}, 0, err
+	}
 	// Intent first: after a crash, Reconcile finds and removes what follows.
 	m.sbs[id] = r
 	var cleanup undo.Stack
@@ -275,11 +286,14 @@ func (m *Manager) attach(ctx context.Context, id string, pol Policy) (att Attach
 	if err = configureInside(ctx, nsPath, netip.PrefixFrom(ip, m.cfg.Subnet.Bits()), m.cfg.Gateway()); err != nil {
 		return Attachment{}, 0, err
 	}
+	if err = forgetNeighbour(m.cfg.BridgeName, ip); err != nil {
+		return Attachment{}, 0, err
+	}
 	if err = m.cfg.Egress.SetSandbox(id, ip, pol); err != nil {
 		return Attachment{}, 0, err
 	}
 	cleanup.Push(func(context.Context) error { m.cfg.Egress.RemoveSandbox(id); return nil })
-	return m.attachmentLocked(id, r), m.changedLocked(), nil
+	return m.attachmentLocked(id, r), m.changedLocked(delta{opAttach, sandboxNet(id, r)}), nil
 }
 
 // Get returns the attachment of a sandbox.
@@ -322,7 +336,9 @@ func (m *Manager) UpdatePolicy(ctx context.Context, id string, pol Policy) error
 		return m.cfg.Egress.SetSandbox(id, r.IP, pol)
 	}
 	r.Policy = pol
-	if err := m.applyLocked(ctx); err != nil {
+	m.changedLocked(delta{opUpdate, sandboxNet(id, r)})
+	if err := m.loadLocked(ctx, false); err != nil {
+		// The load failed as a whole: the kernel still has the old policy.
 		r.Policy = old
 		return err
 	}
@@ -333,20 +349,45 @@ func (m *Manager) UpdatePolicy(ctx context.Context, id string, pol Policy) error
 	return m.saveLocked()
 }
 
+// Refresh readies a kept attachment for a new start of its sandbox in the
+// same namespace, once every process of the old start is gone: the egress
+// proxy forgets the old processes' connections and per-sandbox state (the
+// next UpdatePolicy or SetSandbox starts it afresh, as Attach does), and
+// eth0 is configured again as Attach left it. runsc (network=sandbox)
+// moves eth0's addresses and routes into its own netstack when it
+// starts, so a start in the kept namespace would come up with none.
+// The namespace, veth, address and ruleset stay: no other sandbox can
+// take the address meanwhile, and no nftables load is needed.
+func (m *Manager) Refresh(ctx context.Context, id string) error {
+	m.mu.Lock()
+	r, ok := m.sbs[id]
+	var ip netip.Addr
+	if ok {
+		ip = r.IP
+	}
+	m.mu.Unlock()
+	if !ok {
+		return errs.E(errs.NotFound, "sandbox %s has no network", id)
+	}
+	if m.cfg.Egress != nil {
+		m.cfg.Egress.RemoveSandbox(id)
+	}
+	return reconfigureInside(ctx, m.netnsPath(id), netip.PrefixFrom(ip, m.cfg.Subnet.Bits()), m.cfg.Gateway())
+}
+
 // Detach removes everything Attach created. Detaching an unknown sandbox is
 // not an error.
 func (m *Manager) Detach(ctx context.Context, id string) error {
 	m.mu.Lock()
 	err := m.detachLocked(ctx, id)
-	gen := m.changedLocked()
+	gen := m.gen
 	m.mu.Unlock()
 	return errors.Join(err, m.sync(ctx, gen))
 }
 
-// detachLocked removes a sandbox's attachment; the ruleset without it is
-// loaded by the caller (Detach's sync, Reconcile's final load, Teardown's
-// removal of the tables).
-
+// detachLocked removes a sandbox's attachment and queues the ruleset delta
+// without it, loaded by the caller (Detach's sync, Reconcile's final load;
+// Teardown removes the tables).
 func (m *Manager) detachLocked(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -356,7 +397,16 @@ func (m *Manager) detachLocked(ctx context.Context, id string) error {
 	}
 	var errList []error
 	if known {
+		sb := sandboxNet(id, r)
 		delete(m.sbs, id)
+		if checkSandboxNet(m.plan, sb) != nil {
+			// Not one the ruleset can name (Setup drops those): the next
+			// load is a whole one, without it.
+			m.markStaleLocked()
+			m.changedLocked()
+		} else {
+			m.changedLocked(delta{opDetach, sb})
+		}
 		if r.IP.IsValid() {
 			m.recent[id] = r.IP
 		}
@@ -384,7 +434,6 @@ func (m *Manager) Reconcile(ctx context.Context, liveIDs []string) error {
 	for id := range m.sbs {
 		if !live[id] {
 			errList = append(errList, m.detachLocked(ctx, id))
-			m.changedLocked()
 		}
 	}
 	entries, _ := os.ReadDir(m.netnsDir())
@@ -406,11 +455,11 @@ func (m *Manager) Reconcile(ctx context.Context, liveIDs []string) error {
 			errList = append(errList, deleteLink(ctx, l))
 		}
 	}
-	// Setup loaded this very state moments ago at a daemon start; a second
-	// load of the whole ruleset (~1 s at 1,000 sandboxes) is only needed
-	// when something was detached since.
+	// Setup loaded this very state moments ago at a daemon start: a load is
+	// only needed when something was detached since (its deltas), or the
+	// last load failed (the whole ruleset).
 	if !m.loads.current(m.gen) {
-		errList = append(errList, m.applyLocked(ctx))
+		errList = append(errList, m.loadLocked(ctx, false))
 	}
 	return errors.Join(errList...)
 }
@@ -429,7 +478,10 @@ func (m *Manager) Teardown(ctx context.Context) error {
 	for _, id := range ids {
 		errList = append(errList, m.detachLocked(ctx, id))
 	}
+	m.nftMu.Lock()
+	m.pending, m.stale = nil, true // no tables: a later Setup loads them whole
 	errList = append(errList, nftApply(ctx, PlanDelete(m.cfg.Table)), deleteLink(ctx, m.cfg.BridgeName))
+	m.nftMu.Unlock()
 	return errors.Join(errList...)
 }
 
@@ -456,25 +508,22 @@ func DialSandbox(ctx context.Context, sandboxIP netip.Addr, port uint16) (net.Co
 	return c, nil
 }
 
-// applyLocked loads the ruleset of the current state at once, in order
-// with the group-committed loads (loads.go).
-func (m *Manager) applyLocked(ctx context.Context) error {
-	script, err := m.planLocked()
-	if err != nil {
-		return err
-	}
+// markStaleLocked makes the next load a whole one.
+func (m *Manager) markStaleLocked() {
 	m.nftMu.Lock()
-	err = nftApply(ctx, script)
+	m.stale = true
 	m.nftMu.Unlock()
-	m.loads.note(m.gen, err)
-	return err
+}
+
+func sandboxNet(id string, r *record) SandboxNet {
+	return SandboxNet{ID: id, IP: r.IP, Veth: r.Veth, Policy: r.Policy}
 }
 
 // planLocked renders the ruleset of every attached sandbox.
 func (m *Manager) planLocked() (string, error) {
 	sbs := make([]SandboxNet, 0, len(m.sbs))
 	for id, r := range m.sbs {
-		sbs = append(sbs, SandboxNet{ID: id, IP: r.IP, Veth: r.Veth, Policy: r.Policy})
+		sbs = append(sbs, sandboxNet(id, r))
 	}
 	return Plan(m.plan, sbs)
 }
