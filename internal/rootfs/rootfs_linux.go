@@ -64,14 +64,21 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, id
 		return "", errors.Join(err, cleanup.Run(ctx))
 	}
 
-	f, err := os.OpenFile(l.Image, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, os.ErrExist) {
+	// The image is made under a scratch name and renamed into place once
+	// formatted: a daemon killed during mkfs must not leave a disk.img
+	// that its next start takes for a workspace and cannot mount (EIO).
+	if _, err := os.Lstat(l.Image); err == nil {
 		return "", errs.E(errs.AlreadyExists, "%s already exists (use Remount)", l.Image)
 	}
+	scratch := l.Image + ".new"
+	if err := ignoreNotExist(os.Remove(scratch)); err != nil { // an earlier crash's
+		return "", errs.Wrap(errs.Internal, err, "remove %s", scratch)
+	}
+	f, err := os.OpenFile(scratch, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return "", errs.Wrap(errs.Internal, err, "create disk image")
 	}
-	cleanup.Push(func(context.Context) error { return ignoreNotExist(os.Remove(l.Image)) })
+	cleanup.Push(func(context.Context) error { return ignoreNotExist(os.Remove(scratch)) })
 	err = f.Truncate(diskMiB << 20)
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -79,9 +86,16 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, id
 	if err != nil {
 		return fail(errs.Wrap(errs.Internal, err, "size disk image to %d MiB", diskMiB))
 	}
-	if err := run(ctx, "mkfs.ext4", mkfsArgs(l.Image)...); err != nil {
+	if err := run(ctx, "mkfs.ext4", mkfsArgs(scratch)...); err != nil {
 		return fail(err)
 	}
+	if err := unix.Renameat2(unix.AT_FDCWD, scratch, unix.AT_FDCWD, l.Image, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fail(errs.E(errs.AlreadyExists, "%s already exists (use Remount)", l.Image))
+		}
+		return fail(errs.Wrap(errs.Internal, err, "put disk image in place"))
+	}
+	cleanup.Push(func(context.Context) error { return ignoreNotExist(os.Remove(l.Image)) })
 	if err := mountWS(l); err != nil {
 		return fail(err)
 	}
@@ -162,16 +176,30 @@ func Teardown(ctx context.Context, dir string) error {
 	if err := detachIdmapped(l); err != nil {
 		all = append(all, err)
 	}
+	// The workspace's own device, read before the unmount: its autoclear
+	// detaches it once the last mount (maybe in a dying sandbox's mount
+	// namespace) is gone, and only it needs watching.
+	wsLoop := loopNamed(mountedDevice(l.WS))
 	if err := unmount(l.WS); err != nil {
 		all = append(all, err)
 	}
-	if err := detachLoops(l.Image); err != nil {
-		all = append(all, err)
+	if wsLoop == "" {
+		// Not mounted here: a crash between attach and mount may have left
+		// a device on the image; look at every one.
+		if err := detachLoops(l.Image); err != nil {
+			all = append(all, err)
+		}
 	}
 	if len(all) == 0 {
 		// Teardown returns only once nothing holds the workspace, so the
 		// next mount of the image is the only one.
-		if err := waitDetached(ctx, l.Image, detachTimeout); err != nil {
+		var err error
+		if wsLoop != "" {
+			err = waitLoopFree(ctx, wsLoop, l.Image, detachTimeout)
+		} else {
+			err = waitDetached(ctx, l.Image, detachTimeout)
+		}
+		if err != nil {
 			all = append(all, err)
 		}
 	}
@@ -276,21 +304,26 @@ func detachOthers(l Layout) error {
 }
 
 // isMountPoint reports whether path is a mount point in this mount namespace.
-func isMountPoint(path string) bool {
+func isMountPoint(path string) bool { return mountedDevice(path) != "" }
+
+// mountedDevice is the major:minor of the filesystem mounted at path in
+// this mount namespace (the last mount there), or "" if none is.
+func mountedDevice(path string) string {
 	path = filepath.Clean(path)
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return false
+		return ""
 	}
+	dev := ""
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
 		if len(fields) > 4 && unescapeMountinfo(fields[4]) == path {
-			return true
+			dev = fields[2]
 		}
 	}
-	return false
+	return dev
 }
 
 // unescapeMountinfo undoes the kernel's octal escaping of space, tab,

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -212,5 +213,108 @@ func BenchmarkPrepareTeardown(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestTeardownWaitsForItsLoopDevice: the workspace still mounted in a
+// dying sandbox's mount namespace keeps its loop device bound after the
+// host's unmount; Teardown returns only once the device is free. A device
+// left bound without a mount (a crash between attach and mount) is found
+// by the scan of every device and detached.
+func TestTeardownWaitsForItsLoopDevice(t *testing.T) {
+	requireHost(t, "mkfs.ext4", "unshare", "losetup")
+	ctx := context.Background()
+	dir, _ := prepared(t, newLowers(t), 64)
+	l := LayoutOf(dir)
+	dev := loopNamed(mountedDevice(l.WS))
+	if dev == "" {
+		t.Fatalf("no loop device behind %s (mounted device %q)", l.WS, mountedDevice(l.WS))
+	}
+	// A private mount namespace holds a copy of the workspace mount for 1 s.
+	hold := exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "1")
+	if err := hold.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Wait()
+	time.Sleep(200 * time.Millisecond) // the namespace exists
+	start := time.Now()
+	if err := Teardown(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 500*time.Millisecond {
+		t.Errorf("Teardown returned after %v while another namespace still mounted the workspace", took)
+	}
+	if got := loopsBackedBy(l.Image); len(got) != 0 {
+		t.Fatalf("loop devices still attached after Teardown: %v", got)
+	}
+
+	out, err := exec.Command("losetup", "--find", "--show", l.Image).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v: %s", err, out)
+	}
+	if err := Teardown(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := loopsBackedBy(l.Image); len(got) != 0 {
+		t.Fatalf("the stray %s is still attached after Teardown: %v", strings.TrimSpace(string(out)), got)
+	}
+}
+
+// TestPrepareFormatsBeforeThePath: while mkfs runs, nothing is at
+// disk.img (a daemon killed then would leave an image its next start
+// mounts and fails on with EIO); a scratch image an earlier crash left is
+// replaced; after Prepare only disk.img is there.
+func TestPrepareFormatsBeforeThePath(t *testing.T) {
+	requireHost(t, "mkfs.ext4")
+	real, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, sync := t.TempDir(), t.TempDir()
+	script := fmt.Sprintf("#!/bin/sh\ntouch %[1]s/started\nwhile [ ! -e %[1]s/go ]; do sleep 0.01; done\nexec %[2]s \"$@\"\n", sync, real)
+	if err := os.WriteFile(filepath.Join(bin, "mkfs.ext4"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+
+	dir := t.TempDir()
+	l := LayoutOf(dir)
+	if err := os.WriteFile(l.Image+".new", []byte("half an image from a crash"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lowers := newLowers(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := Prepare(context.Background(), dir, lowers, 64, nil)
+		done <- err
+	}()
+	t.Cleanup(func() { _ = Teardown(context.Background(), dir) })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(sync, "started")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("mkfs never started")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := os.Lstat(l.Image); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("disk.img exists while mkfs runs: %v", err)
+	}
+	if st, err := os.Stat(l.Image + ".new"); err != nil || st.Size() != 64<<20 {
+		t.Errorf("scratch image while mkfs runs: %v, %v", st, err)
+	}
+	if err := os.WriteFile(filepath.Join(sync, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(l.Image + ".new"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("scratch image left after Prepare: %v", err)
+	}
+	if !Mounted(dir) {
+		t.Error("not mounted after Prepare")
 	}
 }
