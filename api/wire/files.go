@@ -11,8 +11,9 @@ type BatchResult struct {
 	Bytes   int64        `json:"bytes"`
 	Durable string       `json:"durable"`
 	Entries []BatchEntry `json:"entries"`
-	// WriteMS and SyncMS are the agent's own split of the batch: receiving
-	// and writing the entries, then the syncfs barrier.
+	// WriteMS and SyncMS split the batch: the agent receiving and writing
+	// the entries, then the syncfs barrier (the server's, on the host, for
+	// the sandbox's root filesystem).
 	WriteMS float64 `json:"write_ms"`
 	SyncMS  float64 `json:"sync_ms"`
 }

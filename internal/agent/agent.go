@@ -100,7 +100,7 @@ type Agent struct {
 
 	// What every exec reads, kept while the files are unchanged (filecache.go).
 	userCache versionedCache[*userDB]
-	envCache  versionedCache[map[string]string]
+	envCache  versionedCache[map[string]string] // renamed: set in New
 }
 
 // New builds an agent; it does not listen yet.
@@ -113,6 +113,7 @@ func New(cfg Config) *Agent {
 		children: newChildWaiter(cfg.ReapAll, cfg.Logger),
 		procs:    map[int]*process{},
 	}
+	a.envCache.renamed = true // the daemon replaces env.json by rename only
 	a.handler = a.routes()
 	return a
 }

@@ -123,6 +123,7 @@ func testCtx(t *testing.T) context.Context {
 type result struct {
 	Stdout, Stderr, PTY string
 	Exit                agentapi.Event
+	Phases              *agentapi.ExecPhases // the exit event's, kept apart from Exit
 }
 
 // collect reads a stream to its end, checking "start" comes first.
@@ -153,6 +154,7 @@ func collect(t *testing.T, s *agentapi.Stream) result {
 			pty.Write(ev.Data)
 		case "exit":
 			ev.Pid = 0
+			r.Phases = s.Phases()
 			r.Exit = ev
 		}
 	}

@@ -2,14 +2,17 @@ package agent
 
 import (
 	"archive/tar"
+	"bufio"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,6 +37,11 @@ import (
 // maxOpenBatchDirs bounds the directory descriptors a batch keeps open.
 const maxOpenBatchDirs = 256
 
+// batchReadBuffer is how much of the tar body one read asks for. net/http's
+// 4 KiB buffer made two or three socket reads per small entry, and under
+// gVisor each is a host round trip through the sentry.
+const batchReadBuffer = 1 << 20
+
 type batchWriter struct {
 	root  string // absolute path of the target directory
 	acct  account
@@ -43,6 +51,16 @@ type batchWriter struct {
 	cur   string         // the entry being written, for errors
 	devOf map[int]uint64 // open descriptor → its filesystem
 	syncs map[uint64]int // every filesystem a file was written to → a descriptor on it to syncfs
+	// fresh are the directories this batch created, each with the names
+	// written in it so far (→ the mode given): nothing else can be in one
+	// but what a process of the sandbox races in, which the rename replaces
+	// as it would after a stat, so a file there needs no lookup first.
+	fresh map[string]map[string]os.FileMode
+	// umask is the agent's: a file is created with its final bits (and
+	// gets no fchmod) when the umask takes none of them (file, below).
+	umask uint32
+	tag   string // random, per batch: temporaries' names
+	seq   uint64
 	res   agentapi.BatchResult
 }
 
@@ -64,7 +82,14 @@ func (a *Agent) handleWriteBatch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// sync=host: the daemon takes the durability barrier of the sandbox's
+	// root filesystem on the host, after this answer (one syncfs of the
+	// workspace image there, instead of gVisor's fsync of every file it
+	// holds open — see daemon.SyncWorkspace); other filesystems are still
+	// synced here.
+	hostSync := q.Get("sync") == "host"
 	root := resolvePath(acct, q.Get("path"))
+	_, statErr := os.Lstat(root)
 	if err := mkdirAllOwned(root, acct); err != nil {
 		writeError(w, err)
 		return
@@ -81,11 +106,15 @@ func (a *Agent) handleWriteBatch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b := &batchWriter{root: root, acct: acct, meta: meta, rootf: rootf, dirs: map[string]int{"": int(rootf.Fd())},
-		devOf: map[int]uint64{int(rootf.Fd()): rst.Dev}, syncs: map[uint64]int{}}
+		devOf: map[int]uint64{int(rootf.Fd()): rst.Dev}, syncs: map[uint64]int{}, fresh: map[string]map[string]os.FileMode{},
+		umask: processUmask(), tag: randomTag()}
+	if errors.Is(statErr, os.ErrNotExist) {
+		b.fresh[""] = map[string]os.FileMode{}
+	}
 	defer b.close()
 	b.res = agentapi.BatchResult{Dir: root, Entries: []agentapi.BatchEntry{}}
 	start := time.Now()
-	err = b.run(tar.NewReader(r.Body))
+	err = b.run(tar.NewReader(bufio.NewReaderSize(r.Body, batchReadBuffer)))
 	synced := time.Now()
 	b.res.WriteMS = ms(synced.Sub(start))
 	if b.res.Files > 0 || b.res.Dirs > 0 {
@@ -98,13 +127,25 @@ func (a *Agent) handleWriteBatch(w http.ResponseWriter, r *http.Request) {
 	}
 	// The one barrier: contents, inodes and names of the whole batch — one
 	// syncfs per filesystem written to (a mount beneath the root is another).
-	for _, fd := range b.syncs {
+	var rootDev uint64
+	if hostSync {
+		var st unix.Stat_t
+		if unix.Stat("/", &st) != nil {
+			hostSync = false
+		}
+		rootDev = st.Dev
+	}
+	b.res.Durable = "syncfs"
+	for dev, fd := range b.syncs {
+		if hostSync && dev == rootDev {
+			b.res.Durable = agentapi.DurableHost
+			continue
+		}
 		if err := unix.Syncfs(fd); err != nil {
 			writeError(w, fsError(err, root))
 			return
 		}
 	}
-	b.res.Durable = "syncfs"
 	b.res.SyncMS = ms(time.Since(synced))
 	writeJSON(w, http.StatusOK, b.res)
 }
@@ -194,6 +235,9 @@ func (b *batchWriter) dir(rel string, perm os.FileMode) (int, error) {
 		}
 		created = err == nil
 		err = unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if created {
+			b.fresh[rel] = map[string]os.FileMode{}
+		}
 	}
 	if err != nil {
 		return -1, b.entryError(err, rel)
@@ -250,65 +294,137 @@ func (b *batchWriter) file(rel string, perm os.FileMode, body io.Reader) (int64,
 		return 0, err
 	}
 	kind := "n"
-	var st unix.Stat_t
-	if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
-		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			return 0, errs.Field("entry", "%q is a directory in the sandbox", rel)
-		}
+	written, fresh := b.fresh[parent]
+	if prev, again := written[base]; fresh && again {
 		kind = "e"
-		if perm == 0 && st.Mode&unix.S_IFMT == unix.S_IFREG {
-			perm = os.FileMode(st.Mode & 0o777) // mode 0: keep the replaced file's, as PUT /files does
+		if perm == 0 {
+			perm = prev
+		}
+	} else if !fresh {
+		var st unix.Stat_t
+		if err := unix.Fstatat(dfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				return 0, errs.Field("entry", "%q is a directory in the sandbox", rel)
+			}
+			kind = "e"
+			if perm == 0 && st.Mode&unix.S_IFMT == unix.S_IFREG {
+				perm = os.FileMode(st.Mode & 0o777) // mode 0: keep the replaced file's, as PUT /files does
+			}
 		}
 	}
 	if perm == 0 {
 		perm = 0o644
 	}
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	tmp := "." + base + ".berth-" + kind + hex.EncodeToString(rnd[:])
-	if len(tmp) > agentapi.MaxBatchNameBytes {
-		tmp = ".berth-" + kind + hex.EncodeToString(rnd[:])
+	// The batch's random tag and a counter, digits only (the watcher reads
+	// the kind from a name like replaceFile's): unique without a
+	// getrandom(2) per file; O_EXCL refuses a name taken anyway.
+	tmpName := func() string {
+		b.seq++
+		suffix := ".berth-" + kind + b.tag + strconv.FormatUint(b.seq, 10)
+		if tmp := "." + base + suffix; len(tmp) <= agentapi.MaxBatchNameBytes {
+			return tmp
+		}
+		return suffix
 	}
-	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	tmp := tmpName()
+	// Created with its final bits when the chown cannot clear any (it
+	// clears set-id bits) and the umask takes none: then no fchmod. The
+	// temporary's name is not the target's: nobody reads it as the file.
+	createMode, chmod := uint32(0o600), true
+	if uint32(perm)&^0o777 == 0 && uint32(perm)&b.umask == 0 {
+		createMode, chmod = uint32(perm), false
+	}
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, createMode)
+	for try := 0; errors.Is(err, unix.EEXIST) && try < 3; try++ {
+		tmp = tmpName()
+		fd, err = unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, createMode)
+	}
 	if err != nil {
 		return 0, b.entryError(err, rel)
 	}
-	f := os.NewFile(uintptr(fd), filepath.Join(b.root, rel))
-	done := false
+	// The raw descriptor, not an *os.File (whose NewFile is an fcntl(2)
+	// more per file, a host round trip under gVisor).
+	closed, done := false, false
 	defer func() {
 		if !done {
-			_ = f.Close()
+			if !closed {
+				_ = unix.Close(fd)
+			}
 			_ = unix.Unlinkat(dfd, tmp, 0)
 		}
 	}()
-	n, err := io.Copy(f, body)
-	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-			return 0, b.entryError(err, rel)
-		}
-		return 0, errs.Wrap(errs.InvalidArgument, err, "tar body: entry %q", rel)
+	n, werr, rerr := copyToFD(fd, body)
+	if werr != nil {
+		return 0, b.entryError(werr, rel)
+	}
+	if rerr != nil {
+		return 0, errs.Wrap(errs.InvalidArgument, rerr, "tar body: entry %q", rel)
 	}
 	if err := unix.Fchown(fd, b.acct.UID, b.acct.GID); err != nil {
 		return 0, b.entryError(err, rel)
 	}
 	// After the chown, which clears set-id bits.
-	if err := unix.Fchmod(fd, uint32(perm)); err != nil {
-		return 0, b.entryError(err, rel)
-	}
-	if b.meta != nil {
-		if err := setMetadata(f, b.meta); err != nil {
-			return 0, err
+	if chmod {
+		if err := unix.Fchmod(fd, uint32(perm)); err != nil {
+			return 0, b.entryError(err, rel)
 		}
 	}
-	if err := f.Close(); err != nil {
-		return 0, b.entryError(err, rel)
+	if b.meta != nil {
+		f := os.NewFile(uintptr(fd), filepath.Join(b.root, rel))
+		err := setMetadata(f, b.meta)
+		closed = true
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = b.entryError(cerr, rel)
+		}
+		if err != nil {
+			return 0, err
+		}
+	} else {
+		closed = true
+		if err := unix.Close(fd); err != nil {
+			return 0, b.entryError(err, rel)
+		}
 	}
 	if err := unix.Renameat(dfd, tmp, dfd, base); err != nil {
 		return 0, b.entryError(err, rel)
 	}
+	if fresh {
+		written[base] = perm
+	}
 	done = true
 	return n, b.touch(dfd, rel)
+}
+
+// copyToFD copies body to the file fd through one of the agent's bulk
+// buffers: the write error (the disk's) apart from the read error (the
+// tar's).
+func copyToFD(fd int, body io.Reader) (n int64, werr, rerr error) {
+	bp := bulkBufs.Get().(*[]byte)
+	defer bulkBufs.Put(bp)
+	buf := *bp
+	for {
+		m, err := body.Read(buf)
+		for off := 0; off < m; {
+			w, e := unix.Write(fd, buf[off:m])
+			if e == unix.EINTR {
+				continue
+			}
+			if e != nil {
+				return n, e, nil
+			}
+			if w == 0 {
+				return n, io.ErrShortWrite, nil
+			}
+			off += w
+			n += int64(w)
+		}
+		if errors.Is(err, io.EOF) {
+			return n, nil, nil
+		}
+		if err != nil {
+			return n, nil, err
+		}
+	}
 }
 
 // touch records that the filesystem of the open directory fd was written to.
@@ -375,6 +491,30 @@ func (b *batchWriter) entryError(err error, rel string) error {
 		return errs.Wrap(errs.InvalidArgument, err, "entry %q: %s is a directory", b.cur, full)
 	}
 	return errs.Wrap(errs.KindOf(fsError(err, full)), fsError(err, full), "entry %q", b.cur)
+}
+
+func randomTag() string {
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	return fmt.Sprintf("%012d", binary.LittleEndian.Uint64(rnd[:])%1e12)
+}
+
+// processUmask is the agent's umask, read from /proc (umask(2) cannot read
+// it without setting it, which would race the agent's other creates); the
+// full mask when it cannot be read, so that every file gets its fchmod.
+func processUmask() uint32 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0o777
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			if m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32); err == nil {
+				return uint32(m) & 0o777
+			}
+		}
+	}
+	return 0o777
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

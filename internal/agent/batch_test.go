@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/berth-dev/berth/internal/agentapi"
@@ -113,6 +114,87 @@ func TestBatchWriteAndRead(t *testing.T) {
 	want := map[string]string{"a.txt": "0:alpha again", "link": "2:/etc/passwd", "src/": "5:", "src/deep/": "5:", "src/deep/b.go": "0:package b"}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("tar of the tree (-want +got):\n%s", d)
+	}
+}
+
+// TestBatchFreshDirAndModes: into a directory the batch creates, a name
+// written twice keeps the first's bits for mode 0 (no lookup happens there:
+// the batch knows what it wrote), bits the umask would take are still set,
+// and a file planted beside the batch in an existing directory keeps its
+// bits for mode 0.
+func TestBatchFreshDirAndModes(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	old := filepath.Join(e.home, "old")
+	mustMkdir(t, old)
+	writeFile(t, filepath.Join(old, "kept"), "x")
+	if err := os.Chmod(filepath.Join(old, "kept"), 0o751); err != nil {
+		t.Fatal(err)
+	}
+	tw := func(name, body string, mode int64) tarEntry { return tarEntry{name: name, body: body, mode: mode} }
+	ents := []tarEntry{tw("f/a", "1", 0o640), tw("f/wide", "2", 0o777), tw("f/a", "3", 0), tw("f/b", "4", 0)}
+	// tarOf turns mode 0 into 0644: write the zero-mode entries by hand.
+	var buf bytes.Buffer
+	w := tar.NewWriter(&buf)
+	for _, en := range ents {
+		_ = w.WriteHeader(&tar.Header{Name: en.name, Typeflag: tar.TypeReg, Mode: en.mode, Size: int64(len(en.body))})
+		_, _ = io.WriteString(w, en.body)
+	}
+	_ = w.Close()
+	if _, err := e.client.WriteBatch(ctx, "new", "", nil, &buf); err != nil {
+		t.Fatal(err)
+	}
+	buf.Reset()
+	w = tar.NewWriter(&buf)
+	_ = w.WriteHeader(&tar.Header{Name: "kept", Typeflag: tar.TypeReg, Mode: 0, Size: 1})
+	_, _ = io.WriteString(w, "y")
+	_ = w.Close()
+	if _, err := e.client.WriteBatch(ctx, "old", "", nil, &buf); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]os.FileMode{"new/f/a": 0o640, "new/f/wide": 0o777, "new/f/b": 0o644, "old/kept": 0o751} {
+		fi, err := os.Lstat(filepath.Join(e.home, p))
+		if err != nil || fi.Mode() != want {
+			t.Errorf("%s: mode %v %v, want %v", p, fi.Mode(), err, want)
+		}
+		if o := ownerOf(t, filepath.Join(e.home, p)); o != [2]uint32{nobody, nobody} {
+			t.Errorf("%s owned by %v", p, o)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.home, "new/f/a")); string(b) != "3" {
+		t.Errorf("new/f/a = %q, want the later entry's", b)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.home, "new/f")); len(ents) != 3 {
+		t.Errorf("new/f holds %d entries, want 3 (no temporaries left)", len(ents))
+	}
+}
+
+// TestBatchHostSync: asked for sync=host, the agent leaves the barrier of
+// its root filesystem (and only that one) to the caller and says so.
+func TestBatchHostSync(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	var root, dir syscall.Stat_t
+	if err := syscall.Stat("/", &root); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat(e.home, &dir); err != nil {
+		t.Fatal(err)
+	}
+	want := "syncfs"
+	if root.Dev == dir.Dev {
+		want = agentapi.DurableHost
+	}
+	res, err := e.client.WriteBatchOptions(ctx, "h", "", nil, tarOf(t, tarEntry{name: "a", body: "x"}), agentapi.BatchOptions{HostSync: true})
+	if err != nil || res.Durable != want || res.Files != 1 {
+		t.Fatalf("host sync: %+v %v, want durable %q", res, err, want)
+	}
+	res, err = e.client.WriteBatch(ctx, "h", "", nil, tarOf(t, tarEntry{name: "a", body: "y"}))
+	if err != nil || res.Durable != "syncfs" {
+		t.Fatalf("without host sync: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.home, "h", "a")); string(b) != "y" {
+		t.Fatalf("h/a = %q", b)
 	}
 }
 

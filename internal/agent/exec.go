@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -95,7 +96,7 @@ func (a *Agent) buildEnv(acct account, reqEnv map[string]string, tty bool) (map[
 
 // readEnvFile reads the daemon's default env (none when the file is absent).
 func (a *Agent) readEnvFile() (map[string]string, error) {
-	b, err := os.ReadFile(a.cfg.EnvFile)
+	b, err := readSmallFile(a.cfg.EnvFile)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -148,12 +149,20 @@ func isExecutable(p string) bool {
 	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }
 
+// agentUID and agentGID are the agent's own ids, which never change: read
+// once, not on every exec (each is a syscall, a Sentry trip under gVisor).
+var (
+	agentUID = sync.OnceValue(os.Getuid)
+	agentGID = sync.OnceValue(os.Getgid)
+)
+
 // credential returns the identity to switch to, or nil when already it.
 func credential(acct account) (*syscall.Credential, error) {
-	if os.Getuid() == acct.UID && os.Getgid() == acct.GID && os.Getuid() != 0 {
+	uid := agentUID()
+	if uid == acct.UID && agentGID() == acct.GID && uid != 0 {
 		return nil, nil
 	}
-	if os.Getuid() != 0 {
+	if uid != 0 {
 		return nil, errs.E(errs.PermissionDenied, "agent is not root; cannot run as %s", acct.Name)
 	}
 	groups := make([]uint32, len(acct.Groups))
@@ -176,8 +185,15 @@ func (a *Agent) spawn(spec startSpec, tag string) (*process, <-chan syscall.Wait
 	}
 	p := newProcess(agentapi.ProcessInfo{Tag: tag, Argv: spec.argv, Env: spec.env, Cwd: spec.cwd,
 		User: spec.acct.Name, TTY: spec.tty != nil, Start: time.Now().UTC()})
-	var childFiles []*os.File // closed in the parent after fork
+	// The child's ends are plain fds, never registered with Go's poller,
+	// closed in the parent after fork: under gVisor every syscall is a trip
+	// to the Sentry, and os.Open/os.Pipe cost 4-6 of them per fd (docs/EXEC.md).
+	var childFDs []int
+	var childFiles []*os.File
 	defer func() {
+		for _, fd := range childFDs {
+			syscall.Close(fd)
+		}
 		for _, f := range childFiles {
 			f.Close()
 		}
@@ -204,30 +220,30 @@ func (a *Agent) spawn(spec startSpec, tag string) (*process, <-chan syscall.Wait
 		fds = []uintptr{slave.Fd(), slave.Fd(), slave.Fd()}
 		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
 	} else {
-		var stdin *os.File
 		if spec.stdin {
 			r, w, err := os.Pipe()
 			if err != nil {
 				return fail(errs.Wrap(errs.Internal, err, "stdin pipe"))
 			}
 			p.stdin = w
-			stdin = r
+			childFiles = append(childFiles, r)
+			fds = append(fds, r.Fd())
 		} else {
-			stdin, err = os.Open(os.DevNull)
+			null, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 			if err != nil {
 				return fail(errs.Wrap(errs.Internal, err, "open %s", os.DevNull))
 			}
+			childFDs = append(childFDs, null)
+			fds = append(fds, uintptr(null))
 		}
-		childFiles = append(childFiles, stdin)
-		fds = append(fds, stdin.Fd())
-		for range 2 {
-			r, w, err := os.Pipe()
+		for _, name := range []string{"stdout", "stderr"} {
+			r, w, err := outputPipe(name)
 			if err != nil {
 				return fail(errs.Wrap(errs.Internal, err, "output pipe"))
 			}
 			p.outputs = append(p.outputs, r)
-			childFiles = append(childFiles, w)
-			fds = append(fds, w.Fd())
+			childFDs = append(childFDs, w)
+			fds = append(fds, uintptr(w))
 		}
 		sys.Setpgid = true
 	}
@@ -239,6 +255,22 @@ func (a *Agent) spawn(spec startSpec, tag string) (*process, <-chan syscall.Wait
 	p.pid = pid
 	p.info.Pid = pid
 	return p, exited, nil
+}
+
+// outputPipe returns a pipe whose read end is the agent's (non-blocking,
+// through the poller) and whose write end is a plain blocking fd for the
+// child; both close on exec.
+func outputPipe(name string) (*os.File, int, error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return nil, -1, err
+	}
+	if err := syscall.SetNonblock(p[0], true); err != nil {
+		syscall.Close(p[0])
+		syscall.Close(p[1])
+		return nil, -1, err
+	}
+	return os.NewFile(uintptr(p[0]), "|"+name), p[1], nil
 }
 
 func openPTY(size *agentapi.TTYSize) (master, slave *os.File, err error) {
@@ -316,10 +348,18 @@ func (a *Agent) handleExec(w http.ResponseWriter, r *http.Request) {
 	t2 := time.Now()
 	sub, _, _ := p.subscribe() // before any output is read
 	a.launch(p, exited, time.Duration(req.TimeoutMs)*time.Millisecond)
-	// plan: user, cwd and env resolved; spawn: PATH lookup and fork+exec.
-	a.log.Info("exec", "pid", p.pid, "argv", spec.argv, "user", spec.acct.Name, "tty", spec.tty != nil,
-		"plan_ms", msSince(t0, t1), "spawn_ms", msSince(t1, t2))
-	a.stream(r.Context(), w, p, sub, agentapi.Event{}, keepalive)
+	a.stream(r.Context(), w, p, sub, agentapi.Event{}, keepalive, &execClock{enter: t0, planned: t1, spawned: t2})
+	a.log.Debug("exec", "pid", p.pid, "argv", spec.argv, "user", spec.acct.Name, "tty", spec.tty != nil)
+}
+
+// execClock is when an exec's request arrived, was planned and spawned;
+// stream adds the rest to its exit event (agentapi.ExecPhases).
+type execClock struct{ enter, planned, spawned, started time.Time }
+
+func (c *execClock) phases(p *process) *agentapi.ExecPhases {
+	ex, dr := p.exitTimes()
+	return &agentapi.ExecPhases{PlanUs: usBetween(c.enter, c.planned), SpawnUs: usBetween(c.planned, c.spawned),
+		StartUs: usBetween(c.spawned, c.started), RunUs: usBetween(c.started, ex), DrainUs: usBetween(ex, dr)}
 }
 
 func (a *Agent) handleAttach(w http.ResponseWriter, r *http.Request) {
@@ -334,13 +374,14 @@ func (a *Agent) handleAttach(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sub, _, result := p.subscribe()
-	a.stream(r.Context(), w, p, sub, result, keepalive)
+	a.stream(r.Context(), w, p, sub, result, keepalive, nil)
 }
 
 // stream writes start, then the subscriber's events until exit. With a nil
 // subscriber the process had already ended: start and its exit event only.
-// A client going away ends only the stream, never the process.
-func (a *Agent) stream(ctx context.Context, w http.ResponseWriter, p *process, sub *subscriber, result agentapi.Event, keepalive time.Duration) {
+// A client going away ends only the stream, never the process. clock (an
+// /exec stream's) puts the exec's phases on its exit event.
+func (a *Agent) stream(ctx context.Context, w http.ResponseWriter, p *process, sub *subscriber, result agentapi.Event, keepalive time.Duration, clock *execClock) {
 	a.openStreams.Add(1)
 	defer a.openStreams.Add(-1)
 	out := startNDJSON(w, keepalive)
@@ -351,15 +392,26 @@ func (a *Agent) stream(ctx context.Context, w http.ResponseWriter, p *process, s
 	if err := out.write(agentapi.Event{Type: "start", Pid: p.pid}); err != nil {
 		return
 	}
+	if clock != nil {
+		clock.started = time.Now()
+	}
 
 	if sub == nil {
-		_ = out.write(result)
+		_ = out.writeLast(result)
 		return
 	}
 	for {
 		select {
 		case ev, ok := <-sub.ch:
 			if !ok {
+				return
+			}
+			if ev.Type == "exit" { // always the last event (process.finish)
+				last := agentapi.StreamEvent{Event: ev}
+				if clock != nil {
+					last.Phases = clock.phases(p)
+				}
+				_ = out.writeLast(last)
 				return
 			}
 			if err := out.write(ev); err != nil {
@@ -488,4 +540,10 @@ func (a *Agent) handleResize(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func msSince(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
+// usBetween is b-a in µs; 0 when either is unknown.
+func usBetween(a, b time.Time) int64 {
+	if a.IsZero() || b.IsZero() {
+		return 0
+	}
+	return b.Sub(a).Microseconds()
+}

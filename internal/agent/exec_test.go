@@ -5,10 +5,13 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,6 +53,10 @@ func TestExecResults(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := e.run(tt.req)
+			if got.Phases == nil || got.Phases.SpawnUs <= 0 {
+				t.Errorf("exit event of an exec: phases %+v, want the spawn's at least", got.Phases)
+			}
+			got.Phases = nil
 			if d := cmp.Diff(tt.want, got); d != "" {
 				t.Errorf("(-want +got):\n%s", d)
 			}
@@ -119,6 +126,7 @@ func TestExecStdin(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := collectRest(t, s)
+	got.Phases = nil
 	if d := cmp.Diff(result{Stdout: "hello world\n", Exit: ok0()}, got); d != "" {
 		t.Fatalf("(-want +got):\n%s", d)
 	}
@@ -147,6 +155,7 @@ func collectRest(t *testing.T, s *agentapi.Stream) result {
 			r.PTY += string(ev.Data)
 		case "exit":
 			ev.Pid = 0
+			r.Phases = s.Phases()
 			r.Exit = ev
 		}
 	}
@@ -210,6 +219,9 @@ func TestBackgroundAttachKill(t *testing.T) {
 	want := agentapi.Event{Type: "exit", ExitCode: -1, Signal: "killed", Status: "signal: killed", Error: "signal: killed"}
 	if d := cmp.Diff(want, got.Exit); d != "" {
 		t.Fatalf("exit (-want +got):\n%s", d)
+	}
+	if got.Phases != nil {
+		t.Fatalf("an attach stream's exit carries phases %+v: only the exec's own stream has them", got.Phases)
 	}
 	// After exit: not listed, attach still gives start+exit, signals are NotFound.
 	list, err = e.client.Processes(ctx)
@@ -325,7 +337,69 @@ func TestExecIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := e.run(agentapi.ExecRequest{Shell: "touch mine && stat -c %u mine; cat " + secret + " 2>/dev/null || echo denied"})
+	got.Phases = nil
 	if d := cmp.Diff(result{Stdout: "65534\ndenied\n", Exit: ok0()}, got); d != "" {
 		t.Fatalf("(-want +got):\n%s", d)
 	}
+}
+
+// TestExecInheritsOnlyStdio: a process gets fds 0-2 and nothing of the
+// agent's (its channel connections, the pipes of other processes, the
+// other ends of its own pipes): the spawn path's plain fds are
+// close-on-exec too. Fds this test process itself inherited without
+// close-on-exec (from whoever ran go test) are passed on, as before.
+func TestExecInheritsOnlyStdio(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t)
+	want := map[string]bool{"0": true, "1": true, "2": true}
+	for fd := range fdSet(t, "self") {
+		b, err := os.ReadFile("/proc/self/fdinfo/" + fd)
+		if err != nil {
+			continue // the directory's own fd, gone already
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "flags:"); ok {
+				if flags, err := strconv.ParseUint(strings.TrimSpace(v), 8, 64); err == nil && flags&syscall.O_CLOEXEC == 0 {
+					want[fd] = true
+				}
+			}
+		}
+	}
+	for _, stdin := range []bool{false, true} {
+		// Two at once: the first one's fds exist while the second starts.
+		var pids []int
+		for range 2 {
+			s, err := e.client.Exec(ctx, agentapi.ExecRequest{Argv: []string{"sleep", "30"}, Stdin: stdin}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			start, err := s.Next()
+			if err != nil || start.Type != "start" {
+				t.Fatalf("start = %+v, %v", start, err)
+			}
+			pids = append(pids, start.Pid)
+		}
+		for _, pid := range pids {
+			got := fdSet(t, strconv.Itoa(pid))
+			if !maps.Equal(got, want) {
+				t.Errorf("stdin %v: fds of pid %d = %v, want %v", stdin, pid, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+			}
+			_ = e.client.Signal(ctx, pid, 9)
+		}
+	}
+}
+
+// fdSet lists /proc/PID/fd.
+func fdSet(t *testing.T, pid string) map[string]bool {
+	t.Helper()
+	es, err := os.ReadDir("/proc/" + pid + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]bool{}
+	for _, e := range es {
+		set[e.Name()] = true
+	}
+	return set
 }

@@ -51,6 +51,13 @@ func (v fileVersion) settled(now time.Time) bool {
 // versionedCache holds one value derived from a set of files, valid while
 // none of them changed. The value must not be modified by its users.
 type versionedCache[T any] struct {
+	// renamed: the files are only ever replaced whole by a rename (the
+	// daemon's env.json, channels.writeFile), never rewritten in place, so
+	// every new content is a new inode while the old one still exists: a
+	// version is trusted even inside the racy window. A fresh sandbox's
+	// execs would otherwise re-read env.json for its first second.
+	renamed bool
+
 	mu   sync.Mutex
 	vers []fileVersion
 	val  T
@@ -70,7 +77,7 @@ func (c *versionedCache[T]) get(now time.Time, paths []string, load func() (T, e
 			break
 		}
 		vers[i] = v
-		cacheable = cacheable && (!v.exists || v.settled(now))
+		cacheable = cacheable && (!v.exists || c.renamed || v.settled(now))
 	}
 	c.mu.Lock()
 	if cacheable && c.ok && equalVersions(c.vers, vers) {
@@ -99,4 +106,38 @@ func equalVersions(a, b []fileVersion) bool {
 		}
 	}
 	return true
+}
+
+// maxSmallFile bounds readSmallFile.
+const maxSmallFile = 16 << 20
+
+// readSmallFile reads a small file whole with plain syscalls: os.ReadFile
+// registers the fd with Go's poller first (fcntl, epoll_ctl: four more
+// Sentry trips under gVisor, on every exec that re-reads passwd or env).
+func readSmallFile(path string) ([]byte, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer syscall.Close(fd)
+	buf := make([]byte, 0, 4096)
+	for {
+		if len(buf) == cap(buf) {
+			if len(buf) >= maxSmallFile {
+				return nil, &fs.PathError{Op: "read", Path: path, Err: errors.New("file too large")}
+			}
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := syscall.Read(fd, buf[len(buf):cap(buf)])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &fs.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
 }

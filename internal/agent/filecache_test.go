@@ -3,6 +3,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -61,4 +62,71 @@ func TestVersionedCache(t *testing.T) {
 	}
 	get(time.Now().Add(2*racyWindow), "", 6)
 	get(time.Now().Add(2*racyWindow), "", 6) // absent is a version too
+}
+
+// TestVersionedCacheRenamed: a file only ever replaced by rename (the
+// daemon's env.json) is cached at once, inside the racy window, and each
+// same-size replacement made within the same clock tick is still seen.
+func TestVersionedCacheRenamed(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "env.json")
+	replace := func(s string) {
+		t.Helper()
+		tmp := p + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := versionedCache[string]{renamed: true}
+	loads := 0
+	load := func() (string, error) {
+		loads++
+		b, err := readSmallFile(p)
+		return string(b), err
+	}
+	get := func(want string, wantLoads int) {
+		t.Helper()
+		got, err := c.get(time.Now(), []string{p}, load)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want || loads != wantLoads {
+			t.Fatalf("got %q after %d loads, want %q after %d", got, loads, want, wantLoads)
+		}
+	}
+	replace(`{"A":"1"}`)
+	get(`{"A":"1"}`, 1)
+	get(`{"A":"1"}`, 1) // just written, yet cached
+	for i, v := range []string{`{"A":"2"}`, `{"A":"3"}`, `{"A":"4"}`} {
+		replace(v) // same size, same tick: a new inode each time
+		get(v, 2+i)
+		get(v, 2+i)
+	}
+}
+
+// TestReadSmallFile reads files across its buffer growth and names the
+// path of a missing one.
+func TestReadSmallFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []int{0, 1, 4095, 4096, 4097, 100000} {
+		p := filepath.Join(dir, "f")
+		want := make([]byte, n)
+		for i := range want {
+			want[i] = byte('a' + i%26)
+		}
+		if err := os.WriteFile(p, want, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := readSmallFile(p)
+		if err != nil || string(got) != string(want) {
+			t.Fatalf("size %d: got %d bytes, err %v", n, len(got), err)
+		}
+	}
+	_, err := readSmallFile(filepath.Join(dir, "missing"))
+	if !os.IsNotExist(err) || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("missing file: %v", err)
+	}
 }

@@ -70,6 +70,16 @@ func (s *ndjson) write(v any) error {
 	if err := s.enc.Encode(v); err != nil {
 		return err
 	}
+	return s.flush()
+}
+
+// writeLast writes a stream's last value without flushing it: the handler
+// returns next, and net/http sends it together with the end of the chunked
+// answer in one write, so the daemon reads the exit and the end at once (one
+// socket write, one wake-up across the channel instead of two).
+func (s *ndjson) writeLast(v any) error { return s.enc.Encode(v) }
+
+func (s *ndjson) flush() error {
 	if err := s.rc.Flush(); err != nil {
 		return err
 	}

@@ -36,12 +36,15 @@ type process struct {
 
 	pubMu sync.Mutex // serializes publishers so every subscriber sees one order
 
-	mu       sync.Mutex
+	mu       sync.Mutex // guards the fields below up to timedOut
 	stdin    *os.File
 	subs     map[*subscriber]struct{}
 	finished bool
 	ended    time.Time
 	result   agentapi.Event
+
+	// When the wait status came and when the output was read to EOF.
+	exitedAt, drainedAt time.Time
 
 	timedOut atomic.Bool
 	done     chan struct{}
@@ -163,6 +166,7 @@ func (p *process) run(exited <-chan syscall.WaitStatus, timeout time.Duration, o
 		})
 	}
 	ws := <-exited
+	exitedAt := time.Now()
 	if timer != nil {
 		timer.Stop()
 	}
@@ -170,17 +174,35 @@ func (p *process) run(exited <-chan syscall.WaitStatus, timeout time.Duration, o
 	go func() { readers.Wait(); close(drained) }()
 	select {
 	case <-drained:
-	case <-time.After(drainGrace):
-		for _, f := range p.outputs {
-			f.Close()
+	default:
+		// A timer only when the output is not at EOF yet: arming one can
+		// wake the poller, a Sentry trip under gVisor on every exec.
+		t := time.NewTimer(drainGrace)
+		select {
+		case <-drained:
+		case <-t.C:
+			for _, f := range p.outputs {
+				f.Close()
+			}
+			<-drained
 		}
-		<-drained
+		t.Stop()
 	}
 	for _, f := range p.outputs {
 		f.Close()
 	}
+	p.mu.Lock()
+	p.exitedAt, p.drainedAt = exitedAt, time.Now()
+	p.mu.Unlock()
 	onEnd()
 	p.finish(exitEvent(p.pid, ws, p.timedOut.Load()))
+}
+
+// exitTimes returns exitedAt and drainedAt (zero while it still runs).
+func (p *process) exitTimes() (exited, drained time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.exitedAt, p.drainedAt
 }
 
 // exitEvent renders a wait status the way os/exec's ProcessState does.

@@ -1,10 +1,9 @@
 package agent
 
 import (
-	"bufio"
+	"bytes"
 	"errors"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -81,20 +80,20 @@ func readUserDB(passwdPath, groupPath string) (*userDB, error) {
 }
 
 func scanColonFile(path string, fn func([]string)) error {
-	f, err := os.Open(path)
+	b, err := readSmallFile(path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		s := strings.TrimSpace(string(line))
+		if s == "" || strings.HasPrefix(s, "#") {
 			continue
 		}
-		fn(strings.Split(line, ":"))
+		fn(strings.Split(s, ":"))
 	}
-	return sc.Err()
+	return nil
 }
 
 // lookup resolves a request's user name: "" means DefaultUser if it exists,

@@ -29,11 +29,17 @@ type BatchResult struct {
 	Bytes   int64        `json:"bytes"`
 	Durable string       `json:"durable"`
 	Entries []BatchEntry `json:"entries"`
-	// WriteMS and SyncMS are the agent's own split of the batch: receiving
-	// and writing the entries, then the syncfs barrier.
+	// WriteMS and SyncMS split the batch: the agent receiving and writing
+	// the entries, then the syncfs barrier (the server's, on the host, for
+	// the sandbox's root filesystem).
 	WriteMS float64 `json:"write_ms"`
 	SyncMS  float64 `json:"sync_ms"`
 }
+
+// DurableHost is the agent's Durable when asked for sync=host: it wrote the
+// batch and took the barrier of every filesystem but the sandbox's root,
+// which the daemon then syncs on the host (and answers "syncfs").
+const DurableHost = "host"
 
 // BatchEntry is one file or directory a batch wrote; Path is absolute.
 type BatchEntry struct {
@@ -51,7 +57,23 @@ func CheckBatchName(name string) error { return batchname.Check(name) }
 // directories, names relative to dir) into dir, written as user. Entries are
 // resolved beneath dir without following any symbolic link.
 func (c *Client) WriteBatch(ctx context.Context, dir, user string, meta map[string]string, tarBody io.Reader) (BatchResult, error) {
+	return c.WriteBatchOptions(ctx, dir, user, meta, tarBody, BatchOptions{})
+}
+
+// BatchOptions are WriteBatchOptions' extras.
+type BatchOptions struct {
+	// HostSync asks the agent to leave the root filesystem's barrier to the
+	// caller, who syncs the sandbox's workspace on the host after the
+	// answer; whatever the agent answers, the caller must take it.
+	HostSync bool
+}
+
+// WriteBatchOptions is WriteBatch with options.
+func (c *Client) WriteBatchOptions(ctx context.Context, dir, user string, meta map[string]string, tarBody io.Reader, o BatchOptions) (BatchResult, error) {
 	q := url.Values{"path": {dir}}
+	if o.HostSync {
+		q.Set("sync", "host")
+	}
 	if user != "" {
 		q.Set("user", user)
 	}

@@ -259,6 +259,7 @@ type Stream struct {
 	cancel context.CancelFunc // ends the request
 	obs    ExecObserver       // nil unless the client has an Observer
 	timing ExecTiming
+	phases *ExecPhases // the agent's, from its exit event
 }
 
 // Next returns the next event; io.EOF after the exit event. A stream cut
@@ -267,8 +268,8 @@ func (s *Stream) Next() (Event, error) {
 	if s.done {
 		return Event{}, io.EOF
 	}
-	var ev Event
-	if err := s.dec.next(&ev); err != nil {
+	var sev StreamEvent
+	if err := s.dec.next(&sev); err != nil {
 		s.done = true
 		if s.obs != nil {
 			s.obs.Closed()
@@ -278,8 +279,10 @@ func (s *Stream) Next() (Event, error) {
 		}
 		return Event{}, errs.Wrap(errs.Unavailable, err, "agent stream ended before exit")
 	}
+	ev := sev.Event
 	if ev.Type == "exit" {
 		s.done, s.exited = true, true
+		s.phases = sev.Phases
 	}
 	if s.obs != nil {
 		s.obs.Event(&ev)
@@ -333,6 +336,11 @@ type ExecTiming struct {
 
 // Timing reports the start of the exec this stream belongs to.
 func (s *Stream) Timing() ExecTiming { return s.timing }
+
+// Phases is what the agent reported on the exit event (nil before it, or
+// if it said nothing); call it from the goroutine that read the exit, or
+// after it (its Next happens before).
+func (s *Stream) Phases() *ExecPhases { return s.phases }
 
 // Exec starts a process and streams its events, "start" first. Closing the
 // stream does not stop the process.
@@ -437,6 +445,8 @@ func (c *Client) WriteFileMetadata(ctx context.Context, path, user string, mode 
 	}
 	if r == nil {
 		r = http.NoBody
+	} else {
+		r = bulkBody{r}
 	}
 	resp, err := c.do(ctx, http.MethodPut, "/files", q, r, "application/octet-stream")
 	if err != nil {

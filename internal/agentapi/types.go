@@ -102,6 +102,29 @@ type Event struct {
 	Error    string `json:"error,omitempty"`  // set for type "error" and for timeouts
 }
 
+// StreamEvent is an Event as the agent writes it: the exit event of an
+// /exec stream also says where the exec's time went inside the sandbox
+// (docs/EXEC.md). Event itself stays the wire's ExecEvent; Stream.Next
+// keeps Phases aside for the daemon's debug log (Stream.Phases): the
+// sandbox's own claim about itself, used for nothing else.
+type StreamEvent struct {
+	Event
+	Phases *ExecPhases `json:"phases,omitempty"`
+}
+
+// ExecPhases is one exec inside the sandbox, in µs: Plan from the request's
+// arrival until user, cwd and env were resolved; Spawn the PATH lookup and
+// fork+exec; Start the start event's write; Run until the wait status came
+// (the process's life, its exit and the reap); Drain until its output was
+// read to EOF. The exit event then leaves with the end of the answer.
+type ExecPhases struct {
+	PlanUs  int64 `json:"plan_us"`
+	SpawnUs int64 `json:"spawn_us"`
+	StartUs int64 `json:"start_us"`
+	RunUs   int64 `json:"run_us"`
+	DrainUs int64 `json:"drain_us"`
+}
+
 type ProcessInfo struct {
 	Pid   int               `json:"pid"`
 	Tag   string            `json:"tag,omitempty"`

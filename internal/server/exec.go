@@ -59,14 +59,30 @@ func (s sandboxAPI) exec(w http.ResponseWriter, r *http.Request, p daemon.Princi
 	t3 := time.Now()
 	rel := s.pipeEvents(w, r, st, paused)
 	if s.log.Enabled(ctx, slog.LevelDebug) {
-		// The exec's phases, like the boot's: where a round trip goes.
+		// The exec's phases, like the boot's: where a round trip goes. The
+		// agent_* ones are what the agent reported on its exit event
+		// (agentapi.ExecPhases): the sandbox's word, for this log only.
 		tm := st.Timing()
+		var ph agentapi.ExecPhases
+		if p := st.Phases(); p != nil {
+			ph = *p
+		}
 		s.log.DebugContext(ctx, "exec", "sandbox_id", id, "decode_ms", ms(t1.Sub(t0)), "lookup_ms", ms(t2.Sub(t1)),
 			"conn_ms", ms(tm.Conn), "conn_reused", tm.Reused, "agent_start_ms", ms(tm.Answer-tm.Conn),
 			"first_event_ms", ms(rel.first.Sub(t3)), "exit_ms", ms(rel.exit.Sub(t3)), "relay_ms", ms(rel.relay),
-			"total_ms", ms(time.Since(t0)))
+			"total_ms", ms(time.Since(t0)), "agent_plan_ms", usMs(ph.PlanUs), "agent_spawn_ms", usMs(ph.SpawnUs),
+			"agent_start_write_ms", usMs(ph.StartUs), "agent_run_ms", usMs(ph.RunUs), "agent_drain_ms", usMs(ph.DrainUs))
 	}
 	return nil
+}
+
+// usMs is a count of µs the agent reported, in ms; nonsense (negative,
+// beyond an hour) reads as 0.
+func usMs(us int64) float64 {
+	if us < 0 || us > int64(time.Hour/time.Microsecond) {
+		return 0
+	}
+	return float64(us) / 1000
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -109,10 +125,21 @@ func (s sandboxAPI) pipeEvents(w http.ResponseWriter, r *http.Request, st eventS
 			events <- ev
 		}
 	}()
+	exited := false
 	defer func() {
-		st.Close()
-		for range events {
+		end := func() {
+			st.Close()
+			for range events {
+			}
 		}
+		if exited {
+			// The agent's answer ends right after its exit event (Close reads
+			// that end, bounded by agentapi's drain limits): the client's
+			// answer need not wait for it.
+			go end()
+			return
+		}
+		end()
 	}()
 	enc := json.NewEncoder(w)
 	for {
@@ -132,6 +159,14 @@ func (s sandboxAPI) pipeEvents(w http.ResponseWriter, r *http.Request, st eventS
 			if ev.Type == "exit" {
 				tm.exit = now
 				trace.Set(r.Context(), trace.Int("process.exit_code", ev.ExitCode), trace.String("process.signal", ev.Signal))
+				// The last event: not flushed, so it leaves with the end of
+				// the chunked answer in one write once the handler returns,
+				// and the client's read of it also reads the end (its
+				// connection is then kept alive rather than closed).
+				_ = enc.Encode(ev)
+				tm.relay += time.Since(now)
+				exited = true
+				return
 			}
 			if err := enc.Encode(ev); err != nil {
 				return

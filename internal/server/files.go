@@ -148,9 +148,25 @@ func (s sandboxAPI) writeBatch(w http.ResponseWriter, r *http.Request, p daemon.
 	if err != nil {
 		return err
 	}
-	res, err := c.WriteBatch(r.Context(), q.Get("path"), q.Get("user"), nil, r.Body)
+	// The root filesystem's barrier is taken here, on the host, when the
+	// workspace image is mounted (daemon.SyncWorkspace says why); it is
+	// taken whatever the agent answers, so the promise does not rest on it.
+	id := r.PathValue("id")
+	hostSync := s.d.WorkspaceBarrier(id)
+	res, err := c.WriteBatchOptions(r.Context(), q.Get("path"), q.Get("user"), nil, r.Body, agentapi.BatchOptions{HostSync: hostSync})
 	if err != nil {
 		return err
+	}
+	if hostSync {
+		took, err := s.d.SyncWorkspace(id)
+		if err != nil {
+			return err
+		}
+		res.Durable = "syncfs"
+		res.SyncMS += float64(took.Microseconds()) / 1000
+	}
+	if res.Durable != "syncfs" {
+		return errs.E(errs.Internal, "the agent answered the batch with durable %q", res.Durable)
 	}
 	writeJSON(w, http.StatusOK, res)
 	return nil

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/api/wire"
+	"github.com/berth-dev/berth/internal/safefs"
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
@@ -193,6 +194,60 @@ func TestFilesBatchAttackedFromInside(t *testing.T) {
 				t.Fatalf("the sandbox's link was created on the host: %v", err)
 			}
 			intact("cp both ways")
+			s.must("rm", "-f", id)
+		})
+	}
+}
+
+// TestFilesBatchHostBarrier: the batch's durability barrier is taken on the
+// host (one syncfs of the workspace image), which is only the same promise
+// if the runtime holds no written data of its own. Right after the answer,
+// before anything in the sandbox is asked to flush, every file of the batch
+// is read from the host's workspace upper dir (beneath it, no symlinks
+// followed) with its bytes and bits.
+func TestFilesBatchHostBarrier(t *testing.T) {
+	s := startServer(t)
+	for _, rt := range runtimesOf(t, s) {
+		t.Run(rt, func(t *testing.T) {
+			id := s.create("--runtime", rt)
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			want := map[string]string{}
+			modes := map[string]os.FileMode{}
+			for i := range 300 {
+				name := fmt.Sprintf("d%d/f%03d", i%5, i)
+				body := strings.Repeat(fmt.Sprintf("%d-%s.", i, rt), 1+i*13%400)
+				mode := []os.FileMode{0o644, 0o600, 0o750}[i%3]
+				if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: int64(mode), Size: int64(len(body))}); err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.WriteString(tw, body)
+				want[name], modes[name] = body, mode
+			}
+			_ = tw.Close()
+			code, res, msg := s.batchPost(id, "/home/user/hb", &buf)
+			if code != http.StatusOK || res.Files != 300 || res.Durable != "syncfs" {
+				t.Fatalf("batch: HTTP %d %s", code, msg)
+			}
+			up, err := safefs.OpenRoot(filepath.Join(s.dataDir, "sandboxes", id, "ws", "upper"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer up.Close()
+			for name, body := range want {
+				b, err := up.ReadFile("home/user/hb/"+name, 1<<20)
+				if err != nil || string(b) != body {
+					t.Fatalf("%s on the host right after the answer: %d bytes, %v; want %d", name, len(b), err, len(body))
+				}
+				st, err := up.Lstat("home/user/hb/" + name)
+				if err != nil || os.FileMode(st.Mode&0o7777) != modes[name] {
+					t.Fatalf("%s on the host: mode %o %v, want %o", name, st.Mode&0o7777, err, modes[name])
+				}
+			}
+			// No temporaries left beside the files.
+			if out := s.must("exec", id, "--", "sh", "-c", "find /home/user/hb -name '.*berth*' | wc -l; find /home/user/hb -type f | wc -l"); out != "0\n300" {
+				t.Fatalf("the batch's directory holds: %q", out)
+			}
 			s.must("rm", "-f", id)
 		})
 	}
