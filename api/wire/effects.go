@@ -29,7 +29,7 @@ type Effect struct {
 	IdempotencyKey string    `json:"idempotency_key,omitempty"`
 	KeySource      string    `json:"key_source,omitempty"` // agent | derived
 	Secret         bool      `json:"secret"`               // carried an injected secret
-	State          string    `json:"state"`                // pending | completed | unknown
+	State          string    `json:"state"`                // pending | completed | unknown | withdrawn
 	Status         int       `json:"status,omitempty"`     // the upstream's HTTP status
 	ResponseSize   int64     `json:"response_size"`
 	Replayable     bool      `json:"replayable"` // a repeat is answered from the ledger

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/leases"
 	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -44,6 +45,9 @@ type Core interface {
 	Lock(id string) func()
 	Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	Transition(ctx context.Context, id string, to sandbox.State, actor, reason, msg string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error)
+	// TransitionLeases is Transition with ch applied to the sandbox's leases
+	// in the same commit (store.TransitionLeases).
+	TransitionLeases(ctx context.Context, id string, to sandbox.State, actor, reason, msg string, fn func(*sandbox.Sandbox) error, ch store.LeaseChange) (*sandbox.Sandbox, error)
 	Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, reason, msg string, data map[string]string)
 	RuntimeFor(sb *sandbox.Sandbox) (runtime.Runtime, error)
 	Runtimes() map[string]runtime.Runtime
@@ -118,6 +122,14 @@ type Config struct {
 	Log      *slog.Logger
 	// Hooks hears pause, resume and fork (internal/statehook). Optional.
 	Hooks *statehook.Bus
+	// Leases reissues a resumed sandbox's leases in the resume's own commit
+	// (internal/leases). Optional: without it the resumed hook does.
+	Leases Reissuer
+}
+
+// Reissuer plans a resume's lease reissue ahead of its commit (leases.Service).
+type Reissuer interface {
+	PlanReissue(ctx context.Context, sb *sandbox.Sandbox, actor string) (*leases.Reissue, error)
 }
 
 // SnapshotPolicyKey is the key of a snapshot record's Extra that carries

@@ -337,6 +337,9 @@ func (s *Service) restoreFrom(ctx context.Context, sb *sandbox.Sandbox, lowers [
 	if err := s.boundedRestore(ctx, rt, sb, s.core.Spec(sb, nil, root), img); err != nil {
 		return err
 	}
+	// img is a snapshot's or a timeline checkpoint's and outlives the
+	// load: a snapshot is not deleted while a sandbox made from it exists.
+	s.watchPageLoad(sb, rt, count, "")
 	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR2); err != nil {
 		return fmt.Errorf("wake agent: %w", err)
 	}

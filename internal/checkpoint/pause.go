@@ -11,6 +11,8 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/leases"
+	"github.com/berth-dev/berth/internal/phases"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/statehook"
@@ -56,8 +58,8 @@ func (s *Service) Pause(ctx context.Context, owner, id string, mode sandbox.Paus
 func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.PauseMode, actor, reason string) (_ *sandbox.Sandbox, err error) {
 	ctx, span := trace.Phase(ctx, "sandbox.pause")
 	defer span.EndErr(&err)
-	ph := newPhases("pause")
-	defer func() { ph.log(ctx, s.log, id, err) }()
+	ph := phases.Start("pause")
+	defer func() { ph.Log(ctx, s.log, id, err) }()
 	unlock := s.core.Lock(id)
 	handedOff := false
 	defer func() {
@@ -65,12 +67,12 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 			unlock()
 		}
 	}()
-	ph.mark("lock")
+	ph.Mark("lock")
 	sb, err := s.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
-	ph.mark("lookup")
+	ph.Mark("lookup")
 	if mode == "" {
 		mode = s.DefaultMode(sb)
 	}
@@ -86,7 +88,7 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 		return nil, err
 	}
 	_ = s.cfg.Hooks.Fire(ctx, statehook.Event{Phase: statehook.BeforePause, Sandbox: sb, Actor: actor})
-	ph.mark("hooks_before")
+	ph.Mark("hooks_before")
 	// Intent before effect: a crash while pausing is resolved by ReconcilePaused.
 	if _, err := s.core.Transition(ctx, id, sandbox.Pausing, actor, reason, "", func(s *sandbox.Sandbox) error {
 		s.PauseRequested = mode
@@ -94,7 +96,7 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 	}); err != nil {
 		return nil, err
 	}
-	ph.mark("intent_write")
+	ph.Mark("intent_write")
 	s.notifyPaused(id)
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
@@ -122,7 +124,7 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 			return nil, s.pauseRefused(ctx, sb, actor, mode, why, err)
 		}
 	}
-	ph.mark(string(actual))
+	ph.Mark(string(actual))
 	if why != "" {
 		s.core.Event(tctx, sb, "berth", "pause_degraded", "fallback_to_disk", why,
 			map[string]string{"requested": string(mode), "actual": string(actual)})
@@ -134,10 +136,10 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 		s.PauseMillis = time.Since(start).Milliseconds()
 		return nil
 	})
-	ph.mark("state_write")
+	ph.Mark("state_write")
 	if err == nil {
 		_ = s.cfg.Hooks.Fire(tctx, statehook.Event{Phase: statehook.Paused, Sandbox: out, Actor: actor})
-		ph.mark("hooks_after")
+		ph.Mark("hooks_after")
 	}
 	if release != nil {
 		// The image is durable and the processes are gone (RAM freed): answer
@@ -265,6 +267,9 @@ func (s *Service) checkpoint(ctx context.Context, sb *sandbox.Sandbox) (release 
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, err
 	}
+	// The runtime's Checkpoint waited for any background page load of
+	// sb: images of past resumes still here are read by nothing.
+	s.removeLoadingDirs(sb.ID)
 	if err := syncDir(filepath.Dir(final)); err != nil {
 		return nil, err
 	}
@@ -309,16 +314,16 @@ func (s *Service) ResumeCold(ctx context.Context, owner, id string) (*sandbox.Sa
 func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bool) (_ *sandbox.Sandbox, err error) {
 	ctx, span := trace.Phase(ctx, "sandbox.resume", trace.Bool("resume.cold", cold))
 	defer span.EndErr(&err)
-	ph := newPhases("resume")
-	defer func() { ph.log(ctx, s.log, id, err) }()
+	ph := phases.Start("resume")
+	defer func() { ph.Log(ctx, s.log, id, err) }()
 	unlock := s.core.Lock(id)
 	defer unlock()
-	ph.mark("lock")
+	ph.Mark("lock")
 	sb, err := s.core.Visible(ctx, owner, id)
 	if err != nil {
 		return nil, err
 	}
-	ph.mark("lookup")
+	ph.Mark("lookup")
 	span.Set(append(trace.Sandbox(sb), trace.String("resume.paused_with", string(sb.PauseActual)))...)
 	if sb.State == sandbox.Failed {
 		if _, err := os.Stat(filepath.Join(s.core.SandboxDir(id), "disk.img")); err == nil {
@@ -333,17 +338,33 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 	if err != nil {
 		return nil, err
 	}
+	from, restores := sb.PauseActual, sb.RestoreCount
+	thaw, restore, why := resumeFrom(sb.PauseActual, cold)
+	// The lease reissue is planned (store reads) during the intent's commit
+	// and the thaw, and written in the transition to running below: one
+	// commit, not two. A thaw's files are written during the thaw (they
+	// name no lease until that commit: the proxy refuses them), not beside
+	// a commit: ext4 renames wait on its fsync. A boot rewrites env.json,
+	// so its files are written beside the commit.
+	writeFiles := make(chan bool, 1)
+	reissue := s.planReissue(context.WithoutCancel(ctx), sb, actor, writeFiles)
+	defer func() { // a failed resume still waits for its reads
+		select {
+		case writeFiles <- false:
+		default:
+		}
+		reissue()
+	}()
 	// The Resuming intent stays even for a thaw, where it costs a commit
 	// (1-1.5 ms) next to a 0.2 ms thaw: the activity timeline and the
 	// events classify a resume by its resuming → running transition.
 	if _, err := s.core.Transition(ctx, id, sandbox.Resuming, actor, "resuming", "", nil); err != nil {
 		return nil, err
 	}
-	ph.mark("intent_write")
+	writeFiles <- thaw
+	ph.Mark("intent_write")
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()
-	from, restores := sb.PauseActual, sb.RestoreCount
-	thaw, restore, why := resumeFrom(sb.PauseActual, cold)
 	if why != "" {
 		from = sandbox.PauseDisk
 	}
@@ -371,29 +392,117 @@ func (s *Service) ResumeAs(ctx context.Context, owner, id, actor string, cold bo
 			return nil, err
 		}
 	}
-	ph.mark(string(from))
+	ph.Mark(string(from))
 	_ = os.RemoveAll(s.MemoryDir(id))
-	ph.mark("cleanup")
+	ph.Mark("cleanup")
 	if why != "" && sb.PauseActual != sandbox.PauseDisk {
 		s.core.Event(tctx, sb, "berth", "resume_degraded", "cold_boot", why,
 			map[string]string{"paused_with": string(sb.PauseActual), "resumed_from": string(from)})
 	}
 	span.Set(trace.String("resume.from", string(from)), trace.String("resume.reason", why))
-	out, err := s.core.Transition(tctx, id, sandbox.Running, actor, "resumed", why, func(s *sandbox.Sandbox) error {
+	plan := reissue()
+	ph.Mark("lease_plan_wait")
+	if plan.err != nil {
+		s.log.WarnContext(ctx, "lease reissue not planned ahead; the resumed hook does it", "sandbox_id", id, "err", plan.err)
+	}
+	if plan.wrote && from == sandbox.PauseDisk {
+		plan.wrote = false // the thaw failed and the boot wrote env.json
+	}
+	out, folded, fileErr, err := s.commitResume(tctx, id, actor, why, plan, func(s *sandbox.Sandbox) {
 		s.ResumedFrom = from
 		s.RestoreCount = restores
-		return nil
 	})
-	ph.mark("state_write")
+	ph.Mark("state_write")
 	if err == nil {
-		_ = s.cfg.Hooks.Fire(tctx, statehook.Event{Phase: statehook.Resumed, Sandbox: out, Actor: actor})
-		ph.mark("hooks_after")
+		ev := statehook.Event{Phase: statehook.Resumed, Sandbox: out, Actor: actor, LeasesReissued: folded}
+		_ = s.cfg.Hooks.Fire(tctx, ev)
+		if folded && plan.re != nil {
+			// The files' failure leaves the old placeholders, now revoked:
+			// the proxy refuses them (fail closed), and the error is said.
+			if err := errors.Join(fileErr, plan.re.Committed(tctx, out)); err != nil {
+				s.cfg.Hooks.Report(tctx, ev, "leases", err)
+			}
+		}
+		ph.Mark("hooks_after")
 	}
 	return out, err
 }
 
+// leasePlan is a resume's lease reissue planned ahead (planReissue).
+type leasePlan struct {
+	re      *leases.Reissue // nil: nothing to reissue (when err is nil and planned)
+	planned bool            // a Config.Leases planned it
+	wrote   bool            // its files are written (fileErr says how)
+	fileErr error
+	err     error
+}
+
+// planReissue starts planning sb's lease reissue (Config.Leases), writes
+// its files when write says true (once), and returns a function that
+// waits for both.
+func (s *Service) planReissue(ctx context.Context, sb *sandbox.Sandbox, actor string, write <-chan bool) func() leasePlan {
+	if s.cfg.Leases == nil {
+		return func() leasePlan { return leasePlan{} }
+	}
+	var p leasePlan
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.re, p.err = s.cfg.Leases.PlanReissue(ctx, sb, actor)
+		p.planned = p.err == nil
+		if <-write && p.re != nil {
+			p.wrote, p.fileErr = true, p.re.WriteFiles()
+		}
+	}()
+	return func() leasePlan { <-done; return p }
+}
+
+// commitResume moves the sandbox to running (set fills in the resume's
+// fields); with a planned reissue, its leases' change goes in the same
+// commit (folded), its files written beside it unless they were already.
+// If that commit fails (the leases changed since the plan, a placeholder
+// taken), nothing of it was written: the state is committed alone and the
+// resumed hook reissues as before (the files it wrote name no lease).
+func (s *Service) commitResume(ctx context.Context, id, actor, why string, p leasePlan, set func(*sandbox.Sandbox)) (_ *sandbox.Sandbox, folded bool, fileErr, err error) {
+	if p.planned && p.re == nil {
+		// Nothing to reissue (no lease, no grant): nothing for the hook either.
+		out, err := s.core.Transition(ctx, id, sandbox.Running, actor, "resumed", why, func(sb *sandbox.Sandbox) error {
+			set(sb)
+			return nil
+		})
+		return out, true, nil, err
+	}
+	if re := p.re; re != nil {
+		files := make(chan error, 1)
+		if p.wrote {
+			files <- p.fileErr
+		} else {
+			go func() { files <- re.WriteFiles() }()
+		}
+		out, err := s.core.TransitionLeases(ctx, id, sandbox.Running, actor, "resumed", why, func(sb *sandbox.Sandbox) error {
+			set(sb)
+			re.SetRow(sb)
+			return nil
+		}, re.Rows())
+		fileErr := <-files
+		if err == nil {
+			return out, true, fileErr, nil
+		}
+		s.log.WarnContext(ctx, "resume with its lease reissue not committed; committing the state alone", "sandbox_id", id, "err", err)
+	}
+	out, err := s.core.Transition(ctx, id, sandbox.Running, actor, "resumed", why, func(sb *sandbox.Sandbox) error {
+		set(sb)
+		return nil
+	})
+	return out, false, nil, err
+}
+
 // restore starts the sandbox from its memory image and tells the agent.
-func (s *Service) restore(ctx context.Context, sb *sandbox.Sandbox, count int) error {
+func (s *Service) restore(ctx context.Context, sb *sandbox.Sandbox, count int) (err error) {
+	// Its own phases in the debug log: the resume's "memory" phase is all
+	// of this, and the runtime's restore is only part of it.
+	ph := phases.Start("restore")
+	defer func() { ph.Log(ctx, s.log, sb.ID, err) }()
 	rt, err := s.core.RuntimeFor(sb)
 	if err != nil {
 		return err
@@ -410,6 +519,7 @@ func (s *Service) restore(ctx context.Context, sb *sandbox.Sandbox, count int) e
 	if err != nil {
 		return err
 	}
+	ph.Mark("lookup")
 	// As in boot: attach the network while the filesystem is mounted.
 	netErr := make(chan error, 1)
 	go func() { netErr <- s.core.NetUp(ctx, sb, "") }()
@@ -418,6 +528,7 @@ func (s *Service) restore(ctx context.Context, sb *sandbox.Sandbox, count int) e
 		return errors.Join(err, nerr)
 	}
 	s.core.NetTrust(sb, root)
+	ph.Mark("net_and_root")
 	ch, err := s.core.OpenChannel(sb.ID)
 	if err != nil {
 		return err
@@ -425,16 +536,28 @@ func (s *Service) restore(ctx context.Context, sb *sandbox.Sandbox, count int) e
 	if err := s.boundedRestore(ctx, rt, sb, s.core.Spec(sb, &tpl, root), img); err != nil {
 		return err
 	}
+	ph.Mark("runtime_restore")
+	// The sandbox runs while its pages may still load (pageload.go): the
+	// image moves aside, to be removed when the load is over.
+	discard := img
+	if err := os.Rename(img, s.loadingDir(sb.ID, count)); err == nil {
+		discard = s.loadingDir(sb.ID, count)
+	}
+	s.watchPageLoad(sb, rt, count, discard)
 	if err := rt.Kill(ctx, sb.ID, syscall.SIGUSR2); err != nil {
 		return fmt.Errorf("wake agent: %w", err)
 	}
+	ph.Mark("wake")
 	wctx, cancel := context.WithTimeout(ctx, s.cfg.ReadyTimeout)
 	defer cancel()
 	c := ch.Client()
 	if _, err := c.WaitReady(wctx, 2*time.Millisecond); err != nil {
 		return err
 	}
-	return c.Restored(ctx, agentapi.RestoredRequest{RestoreCount: count, HostTime: time.Now()})
+	ph.Mark("agent_ready")
+	err = c.Restored(ctx, agentapi.RestoredRequest{RestoreCount: count, HostTime: time.Now()})
+	ph.Mark("agent_restored")
+	return err
 }
 
 // canFreeze asks only what is known now: runc's capabilities otherwise

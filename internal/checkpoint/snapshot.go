@@ -241,7 +241,7 @@ func (s *Snapshots) DeleteSnapshot(ctx context.Context, owner, id string) error 
 	if err := s.core.Store().DeleteSnapshot(ctx, id); err != nil {
 		return err
 	}
-	_ = os.RemoveAll(s.dir(id))
+	removeWhenUnread(s.core, s.dir(id), sn.MemoryPath)
 	if used, err := s.layerUsed(ctx, sn.Layers[0]); err == nil && !used {
 		if err := s.layers.RemoveLayer(sn.Layers[0]); err != nil && !errs.Is(err, errs.NotFound) {
 			s.log.Warn("remove snapshot layer", "snapshot", id, "err", err)

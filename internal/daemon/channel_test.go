@@ -2,13 +2,18 @@ package daemon
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
@@ -125,5 +130,126 @@ func TestWriteEnv(t *testing.T) {
 	}
 	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o644 {
 		t.Errorf("env.json mode %v, want 0644", fi.Mode().Perm())
+	}
+}
+
+// TestWriteFileReplaces: each write replaces the file whole with another
+// inode than the one it replaces (the agent's cache relies on it), leaves
+// no other name in the channel dir, and a reader holding the old file
+// keeps reading its content.
+func TestWriteFileReplaces(t *testing.T) {
+	c, _ := testChannels(t)
+	if err := c.ensureDir("r"); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(c.dir("r"), "leases.env")
+	var inodes []uint64
+	var held *os.File
+	for i := range 5 {
+		if err := c.writeFile("r", "leases.env", []byte(fmt.Sprintf("V=%d\n", i))); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			f, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			held = f
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		// The new inode is made while the one it replaces exists, so it
+		// differs from it; freed inodes of earlier writes may come back.
+		if n := len(inodes); n > 0 && inodes[n-1] == st.Ino {
+			t.Errorf("write %d kept inode %d of the file it replaced", i, st.Ino)
+		}
+		inodes = append(inodes, st.Ino)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "V=4\n" {
+		t.Errorf("leases.env = %q, want V=4", b)
+	}
+	if b, _ := io.ReadAll(held); string(b) != "V=0\n" {
+		t.Errorf("the first file, held open, reads %q", b)
+	}
+	entries, err := os.ReadDir(c.dir("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "leases.env.") {
+			t.Errorf("left in the channel dir: %s", e.Name())
+		}
+	}
+}
+
+// TestChannelDirTmpfs: with the real filesystem a new channel dir is a
+// tmpfs of its own (nosuid, nodev, 0711), its files are written there and
+// a listener works on it; a channel dir that already existed (a sandbox
+// started before, whose bind mount holds that dir) is left as it is; and
+// removeSandboxDir takes the mount with the directory.
+func TestChannelDirTmpfs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	c, base := testChannels(t)
+	c.tmpfs = true
+	t.Cleanup(func() {
+		for _, id := range []string{"n", "o"} {
+			_ = unix.Unmount(filepath.Join(base, id, "chan"), unix.MNT_DETACH)
+		}
+	})
+	if err := c.ensureDir("n"); err != nil {
+		t.Fatal(err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(c.dir("n"), &fs); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC {
+		t.Fatalf("new channel dir is on fs type %#x, not a tmpfs", fs.Type)
+	}
+	if fs.Flags&unix.ST_NOSUID == 0 || fs.Flags&unix.ST_NODEV == 0 {
+		t.Errorf("channel tmpfs flags %#x lack nosuid or nodev", fs.Flags)
+	}
+	if fi, _ := os.Stat(c.dir("n")); fi.Mode().Perm() != 0o711 {
+		t.Errorf("channel tmpfs mode %v, want 0711", fi.Mode().Perm())
+	}
+	if err := c.writeFile("n", "leases.env", []byte("A=1\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.open("n"); err != nil {
+		t.Fatalf("listen on the tmpfs: %v", err)
+	}
+	c.drop("n")
+
+	// A dir made before (plain, holding a socket a running sandbox uses).
+	old := filepath.Join(base, "o", "chan")
+	if err := os.MkdirAll(old, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(old, "env.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ensureDir("o"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Statfs(old, &fs); err != nil || fs.Type == unix.TMPFS_MAGIC {
+		t.Fatalf("an existing channel dir was mounted over (%v)", err)
+	}
+
+	for _, id := range []string{"n", "o"} {
+		if err := removeSandboxDir(filepath.Join(base, id)); err != nil {
+			t.Fatalf("removeSandboxDir %s: %v", id, err)
+		}
+		if _, err := os.Lstat(filepath.Join(base, id)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("sandbox dir %s left: %v", id, err)
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), base+"/") {
+		t.Errorf("a mount under %s is left", base)
 	}
 }

@@ -25,6 +25,10 @@ func (c checkpointCore) Lock(id string) func() { return c.d.Lock(id) }
 func (c checkpointCore) Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
 	return c.d.Visible(ctx, owner, id)
 }
+func (c checkpointCore) TransitionLeases(ctx context.Context, id string, to sandbox.State, actor, reason, msg string, fn func(*sandbox.Sandbox) error, ch store.LeaseChange) (*sandbox.Sandbox, error) {
+	return c.d.TransitionLeases(ctx, id, to, actor, reason, msg, fn, ch)
+}
+
 func (c checkpointCore) Transition(ctx context.Context, id string, to sandbox.State, actor, reason, msg string, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
 	return c.d.Transition(ctx, id, to, actor, reason, msg, fn)
 }

@@ -246,6 +246,7 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 // channel registry and the checkpoint services (checkpoint_core.go).
 func wireCore(d *Daemon, chanKey []byte) {
 	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
+	_, d.chans.tmpfs = d.cfg.Filesystem.(overlayFS)
 	d.self = newSelfAPI(d)
 	d.chans.callers = d.self.accept // every channel serves its sandbox's in-sandbox API
 	d.watch = newWatcher(watchAdapter{d})
@@ -257,7 +258,7 @@ func wireCore(d *Daemon, chanKey []byte) {
 	d.ckpt, d.snaps = checkpoint.New(checkpointCore{d}, checkpoint.Config{
 		DataDir: d.cfg.DataDir, ReadyTimeout: d.cfg.ReadyTimeout,
 		CheckpointTimeout: d.cfg.CheckpointTimeout, CheckpointTimeoutPerGiB: d.cfg.CheckpointTimeoutPerGiB,
-		Lifetime: d.bg, Log: d.log, Hooks: d.hooks,
+		Lifetime: d.bg, Log: d.log, Hooks: d.hooks, Leases: leaseReissuer{d},
 	}, d.templates)
 	d.tl = timeline.New(timelineCore{d}, timeline.Config{DataDir: d.cfg.DataDir, Log: d.log, Hooks: d.hooks}, d.templates)
 }
@@ -349,6 +350,18 @@ func (d *Daemon) Transition(ctx context.Context, id string, to sandbox.State, ac
 		}
 		return nil
 	})
+}
+
+// TransitionLeases is Transition with a change of the sandbox's leases in the same commit.
+func (d *Daemon) TransitionLeases(ctx context.Context, id string, to sandbox.State, actor, reason, msg string, fn func(*sandbox.Sandbox) error, ch store.LeaseChange) (*sandbox.Sandbox, error) {
+	ev := sandbox.Event{SandboxID: id, Time: d.cfg.Now(), Actor: actor, Type: "transition", Reason: reason, Message: msg}
+	return d.store.TransitionLeases(context.WithoutCancel(ctx), id, to, ev, func(sb *sandbox.Sandbox) error {
+		sb.Reason, sb.Message = reason, msg
+		if fn != nil {
+			return fn(sb)
+		}
+		return nil
+	}, ch)
 }
 
 // Visible loads a sandbox and hides other owners' sandboxes behind NotFound.

@@ -67,6 +67,24 @@ func (c leasesCore) Refresh(ctx context.Context, sb *sandbox.Sandbox, freeze boo
 	return c.d.net.RefreshGrants(ctx, sb)
 }
 
+// PrepareProxyLeases opens the secrets of the leases a change computed;
+// set registers them with the proxy.
+func (c leasesCore) PrepareProxyLeases(ctx context.Context, sb *sandbox.Sandbox, ls []store.Lease) (func() error, error) {
+	gs, err := proxyGrants(ls)
+	if err != nil {
+		return nil, err
+	}
+	return c.d.net.PrepareLeaseGrants(ctx, sb, gs)
+}
+
+// leaseReissuer is the lease service as a resume sees it (checkpoint.Reissuer);
+// d.leases is built after the checkpoint service.
+type leaseReissuer struct{ d *Daemon }
+
+func (r leaseReissuer) PlanReissue(ctx context.Context, sb *sandbox.Sandbox, actor string) (*leases.Reissue, error) {
+	return r.d.leases.PlanReissue(ctx, sb, actor)
+}
+
 // leaseSource is the lease service as host networking sees it.
 type leaseSource struct{ d *Daemon }
 
@@ -75,6 +93,11 @@ func (l leaseSource) ProxyLeases(ctx context.Context, sb *sandbox.Sandbox) ([]ho
 	if err != nil {
 		return nil, err
 	}
+	return proxyGrants(ls)
+}
+
+// proxyGrants is leases as the proxy registers them.
+func proxyGrants(ls []store.Lease) ([]hostnet.LeaseGrant, error) {
 	out := make([]hostnet.LeaseGrant, 0, len(ls))
 	for _, x := range ls {
 		st := egress.GrantActive

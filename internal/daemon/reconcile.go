@@ -98,7 +98,7 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 			errList = append(errList, err)
 			continue
 		}
-		errList = append(errList, os.RemoveAll(dir))
+		errList = append(errList, removeSandboxDir(dir))
 	}
 	errList = append(errList, d.tl.Sweep(ctx)) // images no checkpoint owns
 	errList = append(errList, d.net.Reconcile(ctx))

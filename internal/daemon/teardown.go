@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"sync"
 	"time"
 
@@ -210,7 +209,7 @@ func (d *Daemon) destroyPhases(ctx context.Context, sb *sandbox.Sandbox, ph *pha
 	if err := d.haltPhases(ctx, sb, ph); err != nil {
 		return err
 	}
-	err := os.RemoveAll(d.SandboxDir(sb.ID))
+	err := removeSandboxDir(d.SandboxDir(sb.ID))
 	ph.mark("rmdir_ms")
 	return err
 }

@@ -40,31 +40,63 @@ func (c timelineCore) AgentClient(id string) *agentapi.Client   { return c.d.Age
 func (c timelineCore) ReserveSnapshot(ctx context.Context, owner string) (func(), error) {
 	return c.d.adm.ReserveSnapshot(ctx, owner)
 }
-func (c timelineCore) Halt(ctx context.Context, sb *sandbox.Sandbox) error { return c.d.halt(ctx, sb) }
 
-// HaltForRestart is halt without the network detach: PID 1 stopped and
-// the filesystem unmounted, the sandbox's network attachment (netns,
-// address, policy) left in place for the boot that follows at once —
-// Boot's net.Up keeps an attachment it finds, as after a memory pause,
-// and applies the stored policy again. Saves the detach and re-attach
-// (~40 ms of ip/nft commands on a loaded host) of every runc rewind and
-// promote (runsc halts fully: timeline.haltForRestart). Nothing runs in the netns meanwhile; a restart that ends in
-// Fail detaches it there (fail halts fully), a rollback halts fully.
+// HaltForRestart is halt without the network detach: the processes
+// ended and the filesystem unmounted, the sandbox's network attachment
+// (netns, veth, address, ruleset) kept for the boot that follows at once
+// and, on runsc, refreshed for it (hostnet.Refresh: the old Sentry's
+// proxied connections end; eth0 gets back the address and routes the
+// Sentry took). Boot's net.Up keeps an attachment it finds, as after a
+// memory pause, and applies the stored policy again. Saves the detach and
+// re-attach (~30-60 ms of netlink and nftables work) of every rewind and
+// promote. Nothing runs in the netns meanwhile; a halt that fails detaches
+// it (the boot then attaches afresh), a restart that ends in Fail detaches
+// it there (fail halts fully), a rollback halts fully.
 func (c timelineCore) HaltForRestart(ctx context.Context, sb *sandbox.Sandbox) error {
 	d := c.d
-	d.chans.drop(sb.ID)
+	ph := startPhases()
 	var errList []error
-	if rt, err := d.RuntimeFor(sb); err == nil {
-		if err := rt.Delete(ctx, sb.ID); err != nil {
-			errList = append(errList, err)
-		}
-	} else {
-		errList = append(errList, err)
+	deleted, killErr := d.endProcesses(ctx, sb)
+	errList = append(errList, killErr)
+	ph.mark("kill_ms")
+	// Once no process of the sandbox runs, its namespace is the daemon's
+	// alone: refresh it while the runtime and the filesystem are torn down.
+	// runc: its processes' sockets closed with them, and the sandbox (no
+	// CAP_NET_ADMIN) cannot have changed the namespace: nothing to refresh.
+	netErr := make(chan error, 1)
+	refresh := func() { netErr <- d.net.Refresh(ctx, sb) }
+	if sb.Runtime != "runsc" {
+		refresh = func() { netErr <- nil }
 	}
-	if err := d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)); err != nil {
-		errList = append(errList, err)
+	if killErr == nil && !deleted {
+		go refresh()
 	}
-	return errors.Join(errList...)
+	if rt, err := d.RuntimeFor(sb); err == nil && !deleted {
+		errList = append(errList, rt.Delete(ctx, sb.ID))
+	}
+	ph.mark("runtime_delete_ms")
+	errList = append(errList, d.cfg.Filesystem.Teardown(ctx, d.SandboxDir(sb.ID)))
+	ph.mark("fs_ms")
+	switch {
+	case killErr != nil: // processes may run: the namespace is not touched, only detached below
+		netErr <- nil
+	case deleted: // the runtime's delete ended them
+		refresh()
+	}
+	errList = append(errList, <-netErr)
+	ph.mark("net_wait_ms")
+	if err := errors.Join(errList...); err != nil {
+		// Not sure what the namespace holds: the next boot attaches afresh.
+		return errors.Join(err, d.net.Down(ctx, sb))
+	}
+	ph.log(ctx, d.log, "halt for restart phases", "sandbox_id", sb.ID, "runtime", sb.Runtime)
+	return nil
+}
+func (c timelineCore) Halt(ctx context.Context, sb *sandbox.Sandbox) error {
+	ph := startPhases()
+	err := c.d.haltPhases(ctx, sb, ph)
+	ph.log(ctx, c.d.log, "halt phases", "sandbox_id", sb.ID, "runtime", sb.Runtime)
+	return err
 }
 func (c timelineCore) Boot(ctx context.Context, sb *sandbox.Sandbox) error {
 	return c.d.boot(ctx, sb, nil)

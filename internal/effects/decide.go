@@ -103,6 +103,9 @@ func Decide(req Request, priors []Prior) Decision {
 		if !req.Keyed && p.SandboxID == req.SandboxID && !Undone(req.Windows, p.StartedAt) {
 			continue
 		}
+		if p.State == store.EffectWithdrawn {
+			continue // recorded but never sent: nothing to repeat
+		}
 		switch {
 		case p.State == store.EffectPending && p.InFlight:
 			return Decision{Action: Refuse, Prior: p, Status: http.StatusConflict,

@@ -24,6 +24,8 @@ func TestDecide(t *testing.T) {
 	stale.State = store.EffectPending // its daemon died: not in flight
 	live := stale
 	live.ID, live.InFlight = "live", true
+	withdrawn := done("wd", "parent", 2*time.Second)
+	withdrawn.State, withdrawn.Replayable = store.EffectWithdrawn, false
 	other := done("otherhost", "parent", time.Second)
 	other.Host = "elsewhere.test"
 	undo := []store.RestoreWindow{{PointAt: t0, At: t0.Add(time.Hour)}}
@@ -42,6 +44,8 @@ func TestDecide(t *testing.T) {
 		{"answer too large to replay: refused", Request{SandboxID: "child", Host: "api.test", Keyed: true}, []Prior{big}, Refuse, "big", "too large"},
 		{"outcome unknown: refused", Request{SandboxID: "child", Host: "api.test", Keyed: true}, []Prior{unknown}, Refuse, "unk", "unknown"},
 		{"pending of a dead daemon counts as unknown", Request{SandboxID: "child", Host: "api.test", Keyed: true}, []Prior{stale}, Refuse, "stale", "unknown"},
+		{"withdrawn (never sent): sent", Request{SandboxID: "child", Host: "api.test", Keyed: true}, []Prior{withdrawn}, Send, "", ""},
+		{"withdrawn is skipped, an older completed one answers", Request{SandboxID: "child", Host: "api.test", Keyed: true}, []Prior{withdrawn, done("p1", "parent", time.Second)}, Replay, "p1", ""},
 		{"in flight: refused", Request{SandboxID: "child", Host: "api.test", Keyed: true}, []Prior{live}, Refuse, "live", "being sent"},
 		{"same key to another host: not a repeat", Request{SandboxID: "child", Host: "api.test", Keyed: true}, []Prior{other}, Send, "", ""},
 		{"keyless, same sandbox, same timeline: a new effect", Request{SandboxID: "parent", Host: "api.test"}, []Prior{done("p1", "parent", time.Second)}, Send, "", ""},

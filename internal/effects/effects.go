@@ -7,9 +7,13 @@
 // effect is answered from the ledger or refused, never sent again.
 //
 // It implements egress.Ledger for the proxy and statehook.Hook for the
-// lifecycle. Its lock (Service.mu) is a leaf: it is taken by the proxy's
-// goroutines, by hooks (under a sandbox's lock) and by the committer's
-// completions, and held while the store is read, never while the core is
+// lifecycle. Two locks: a lineage's lock serialises the repeat decisions
+// of that lineage (the read of its earlier effects and the reservation
+// of the new one) and the changes of its scopes, so lineages decide in
+// parallel; Service.mu guards the maps and is a leaf, taken under a
+// lineage's lock, never the other way round. Both are taken by the
+// proxy's goroutines and by hooks (under a sandbox's lock), Service.mu
+// also by the committer's completions; neither is held while the core is
 // called or a commit is waited for. Intents and outcomes are written by
 // the committer (commit.go): one commit for all that arrive together.
 package effects
@@ -85,7 +89,15 @@ type Service struct {
 	scopes   map[string]store.EffectScope // cache of the store's scopes
 	counts   map[string]*usage            // per sandbox, loaded on first use
 	inflight map[string]*flight           // effects sent by this daemon whose outcome is not stored yet
+	lineages map[string]*lineageLock      // decisions under way, per lineage
 	w        *committer
+}
+
+// lineageLock is one lineage's decision lock; refs counts the goroutines
+// holding or waiting for it (it is dropped from the map at zero).
+type lineageLock struct {
+	mu   sync.Mutex
+	refs int
 }
 
 // flight is an effect being sent; done is closed once its outcome is
@@ -93,8 +105,9 @@ type Service struct {
 type flight struct {
 	sandbox string
 	done    chan struct{}
-	// rec is the intent while its commit is under way (nil once durable):
-	// a repeat decided meanwhile finds it here, not yet in the store.
+	// rec is the intent. A repeat decided while it is in flight finds it
+	// here, whether or not the decision's read of the store (made before
+	// the lineage's other goroutines take s.mu) saw it committed.
 	rec *store.Effect
 	// out is the outcome while its commit is under way: listings show it.
 	out *store.EffectOutcome
@@ -124,7 +137,7 @@ func New(core Core, cfg Config) *Service {
 		cfg.ReplayBudget = DefaultReplayBudget
 	}
 	return &Service{core: core, cfg: cfg, log: cfg.Log, scopes: map[string]store.EffectScope{},
-		counts: map[string]*usage{}, inflight: map[string]*flight{},
+		counts: map[string]*usage{}, inflight: map[string]*flight{}, lineages: map[string]*lineageLock{},
 		w: &committer{st: core.Store, log: cfg.Log, linger: linger}}
 }
 
@@ -200,17 +213,15 @@ type replayJSON struct {
 }
 
 // Begin records an effectful request's intent (egress.Ledger), or answers
-// a repeat from the ledger. It is serialised (s.mu) so two concurrent
-// requests with the same key cannot both be sent; a repeat of an effect
-// still being sent waits (bounded) for its outcome and is then answered
-// from it.
+// a repeat from the ledger. It is serialised per lineage so two
+// concurrent requests with the same key cannot both be sent; a repeat of
+// an effect still being sent waits (bounded) for its outcome and is then
+// answered from it.
 func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, error) {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	step := ""
-	if s.cfg.Steps != nil {
-		step = s.cfg.Steps.CurrentStep(ctx, in.SandboxID)
-	}
+	step := lookupStep(ctx, s.cfg.Steps, in.SandboxID)
+	defer step.get() // joined before Begin returns
 	for waits := 0; ; waits++ {
 		t, wait, err := s.begin(ctx, in, step, waits < maxWaits)
 		if t.Effect != "" && t.Replay == nil && err == nil {
@@ -228,20 +239,67 @@ func (s *Service) Begin(ctx context.Context, in egress.Intent) (egress.Ticket, e
 	}
 }
 
-// begin is one decision under s.mu; wait is set when the request repeats
-// an effect in flight and may wait for it (mayWait).
-func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayWait bool) (egress.Ticket, <-chan struct{}, error) {
+// lockLineage takes the decision lock of sandbox id's lineage and returns
+// its scope, read under that lock (a scope changes only under it), and
+// the unlock.
+func (s *Service) lockLineage(ctx context.Context, id string) (store.EffectScope, func(), error) {
+	for {
+		s.mu.Lock()
+		sc, err := s.scopeLocked(ctx, id)
+		if err != nil {
+			s.mu.Unlock()
+			return store.EffectScope{}, nil, err
+		}
+		l := s.lineages[sc.Lineage]
+		if l == nil {
+			l = &lineageLock{}
+			s.lineages[sc.Lineage] = l
+		}
+		l.refs++
+		s.mu.Unlock()
+		l.mu.Lock()
+		unlock := func() {
+			l.mu.Unlock()
+			s.mu.Lock()
+			if l.refs--; l.refs == 0 {
+				delete(s.lineages, sc.Lineage)
+			}
+			s.mu.Unlock()
+		}
+		s.mu.Lock()
+		now, err := s.scopeLocked(ctx, id)
+		s.mu.Unlock()
+		if err == nil && now.Lineage == sc.Lineage {
+			return now, unlock, nil
+		}
+		unlock() // it joined another lineage meanwhile (a fork's scope put): again
+		if err != nil {
+			return store.EffectScope{}, nil, err
+		}
+	}
+}
+
+// begin is one decision under the lineage's lock; wait is set when the
+// request repeats an effect in flight and may wait for it (mayWait).
+func (s *Service) begin(ctx context.Context, in egress.Intent, step *stepLookup, mayWait bool) (egress.Ticket, <-chan struct{}, error) {
+	sc, unlock, err := s.lockLineage(ctx, in.SandboxID)
+	if err != nil {
+		return egress.Ticket{}, nil, err
+	}
+	defer unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	sc, err := s.scopeLocked(ctx, in.SandboxID)
-	if err != nil {
-		return egress.Ticket{}, nil, err
-	}
 	u, err := s.usageLocked(ctx, in.SandboxID)
+	s.mu.Unlock()
 	if err != nil {
 		return egress.Ticket{}, nil, err
 	}
-	id := Identity(sc.Lineage, step, in.Method, in.Host, in.Path, in.BodySHA256)
+	// With the agent's key the read is by key alone, so the step (a read
+	// of the task ledger) is looked up alongside it; the identity, which
+	// needs the step, is computed after.
+	id := ""
+	if in.Key == "" {
+		id = Identity(sc.Lineage, step.get(), in.Method, in.Host, in.Path, in.BodySHA256)
+	}
 	key, source := in.Key, ""
 	switch {
 	case key != "":
@@ -249,23 +307,64 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 	case in.Policy.Idempotency == egress.IdempotencyDerive:
 		key, source = DeriveKey(id), "derived"
 	}
+	// The read is under the lineage's lock only: other lineages decide
+	// meanwhile. A repeat can only be of an effect of this lineage, whose
+	// reservations all happen under this lock.
+	//
+	// A flight can end (its outcome committed, then dropped from memory)
+	// between the read and the look at memory below: the read then shows it
+	// pending and memory no longer has it, and the decision would take a
+	// withdrawn or completed effect for one that may have happened. The
+	// flights of the lineage before the read say which: such an effect is
+	// read again (a pending one no flight had is a crash's, left as read).
+	flying := s.lineageFlights(sc.Lineage)
 	found, err := s.core.Store().FindEffects(ctx, sc.Lineage, key, id, 16)
 	if err != nil {
 		return egress.Ticket{}, nil, err
 	}
+	if id == "" {
+		id = Identity(sc.Lineage, step.get(), in.Method, in.Host, in.Path, in.BodySHA256)
+	}
+	s.mu.Lock()
+	for range 4 {
+		landed := false
+		for _, e := range found {
+			if e.State == store.EffectPending && flying[e.ID] && s.inflight[e.ID] == nil {
+				landed = true
+			}
+		}
+		if !landed {
+			break
+		}
+		flying = s.lineageFlightsLocked(sc.Lineage)
+		s.mu.Unlock()
+		found, err = s.core.Store().FindEffects(ctx, sc.Lineage, key, id, 16)
+		s.mu.Lock()
+		if err != nil {
+			s.mu.Unlock()
+			return egress.Ticket{}, nil, err
+		}
+	}
+	locked := true
+	defer func() {
+		if locked {
+			s.mu.Unlock()
+		}
+	}()
 	priors := make([]Prior, 0, len(found))
-	// Intents whose commit is under way are the newest: not in the store yet.
+	// Effects in flight are the newest, and the read may predate their
+	// commit: taken from memory (their outcome is not stored yet, or its
+	// commit's completion has not run: a repeat waits for it).
 	for eid, f := range s.inflight {
-		if r := f.rec; r != nil && r.Lineage == sc.Lineage && (key != "" && r.Key == key || key == "" && r.Identity == id) {
+		if r := f.rec; r.Lineage == sc.Lineage && (key != "" && r.Key == key || key == "" && r.Identity == id) {
 			priors = append(priors, Prior{ID: eid, SandboxID: r.SandboxID, Host: r.Host, State: store.EffectPending, InFlight: true, StartedAt: r.StartedAt})
 		}
 	}
 	for _, e := range found {
-		if f := s.inflight[e.ID]; f != nil && f.rec != nil {
+		if s.inflight[e.ID] != nil {
 			continue // listed above
 		}
-		_, live := s.inflight[e.ID]
-		priors = append(priors, Prior{ID: e.ID, SandboxID: e.SandboxID, Host: e.Host, State: e.State, InFlight: live,
+		priors = append(priors, Prior{ID: e.ID, SandboxID: e.SandboxID, Host: e.Host, State: e.State,
 			Status: e.Status, Replayable: e.State == store.EffectCompleted && e.Reason == "", StartedAt: e.StartedAt})
 	}
 	// Replayable is settled against the stored answer below; a completed
@@ -275,6 +374,11 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 		return egress.Ticket{}, f.done, nil
 	}
 	data := map[string]string{"method": in.Method, "host": in.Host, "path": in.Path, "body_sha256": in.BodySHA256}
+	if dec.Action != Send {
+		// The answer is read from the store under the lineage's lock only.
+		s.mu.Unlock()
+		locked = false
+	}
 	switch dec.Action {
 	case Replay:
 		e, err := s.core.Store().GetEffect(ctx, dec.Prior.ID)
@@ -301,7 +405,7 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 	// Reserved here, under s.mu, so a repeat decided from now on sees it
 	// in flight; written by the committer (Begin waits for that).
 	e := &store.Effect{ID: newID(), Lineage: sc.Lineage, SandboxID: in.SandboxID, Owner: u.owner,
-		Step: step, Method: in.Method, Host: in.Host, Path: in.Path, BodySHA256: in.BodySHA256, BodySize: in.BodySize,
+		Step: step.get(), Method: in.Method, Host: in.Host, Path: in.Path, BodySHA256: in.BodySHA256, BodySize: in.BodySize,
 		Key: key, KeySource: source, Identity: id, Secret: in.Secret, StartedAt: s.cfg.Now().UTC()}
 	u.n++
 	s.inflight[e.ID] = &flight{sandbox: in.SandboxID, done: make(chan struct{}), rec: e}
@@ -310,6 +414,49 @@ func (s *Service) begin(ctx context.Context, in egress.Intent, step string, mayW
 		t.SetKey = key
 	}
 	return t, nil, nil
+}
+
+// lineageFlights are the ids of lineage's effects in flight now.
+func (s *Service) lineageFlights(lineage string) map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lineageFlightsLocked(lineage)
+}
+
+func (s *Service) lineageFlightsLocked(lineage string) map[string]bool {
+	out := map[string]bool{}
+	for id, f := range s.inflight {
+		if f.rec.Lineage == lineage {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+// stepLookup is the sandbox's current step, read from the StepSource on
+// a goroutine of its own while the decision reads the store; get waits
+// for it (Begin's goroutine only).
+type stepLookup struct {
+	ch   chan string
+	val  string
+	done bool
+}
+
+func lookupStep(ctx context.Context, src StepSource, sandboxID string) *stepLookup {
+	l := &stepLookup{ch: make(chan string, 1)}
+	if src == nil {
+		l.done = true
+		return l
+	}
+	go func() { l.ch <- src.CurrentStep(ctx, sandboxID) }()
+	return l
+}
+
+func (l *stepLookup) get() string {
+	if !l.done {
+		l.val, l.done = <-l.ch, true
+	}
+	return l.val
 }
 
 // commitIntent waits until the intent reserved for t is durable (it
@@ -327,7 +474,6 @@ func (s *Service) commitIntent(t egress.Ticket) (egress.Ticket, error) {
 	s.w.submit(job{w: store.EffectWrite{Record: e}, done: func(err error) { res <- err }})
 	err := <-res
 	s.mu.Lock()
-	f.rec = nil
 	if err != nil {
 		delete(s.inflight, t.Effect)
 		if u := s.counts[e.SandboxID]; u != nil {
@@ -365,6 +511,11 @@ func (s *Service) Finish(ctx context.Context, id string, out egress.Outcome) {
 		sbID = f.sandbox
 	}
 	switch {
+	case out.NotSent:
+		o.State, o.Reason = store.EffectWithdrawn, "not sent"
+		if out.Err != nil {
+			o.Reason = "not sent: " + out.Err.Error()
+		}
 	case out.Err != nil:
 		o.State, o.Reason = store.EffectUnknown, "sending failed mid-way: "+out.Err.Error()
 	case !out.Complete:
@@ -439,12 +590,13 @@ func (s *Service) Since(ctx context.Context, sandboxID string, t time.Time) ([]V
 			return nil, err
 		}
 		s.mu.Lock()
+		var gone []int // pending in the read, no longer in flight: read again
 		for _, e := range list {
 			f, live := s.inflight[e.ID]
 			switch {
 			case e.State != store.EffectPending:
 			case !live:
-				e.State = store.EffectUnknown // its daemon stopped before the outcome
+				gone = append(gone, len(out))
 			case f.out != nil: // the outcome's commit is under way
 				e.State, e.Status, e.RespSize, e.Reason, e.EndedAt = f.out.State, f.out.Status, f.out.RespSize, f.out.Reason, f.out.EndedAt
 			}
@@ -454,6 +606,18 @@ func (s *Service) Since(ctx context.Context, sandboxID string, t time.Time) ([]V
 		s.mu.Unlock()
 		if err != nil {
 			return nil, err
+		}
+		// A flight leaves only once its outcome is stored, so the outcome
+		// may have landed between the listing's read and the look at
+		// memory: read it again before calling it unknown.
+		for _, i := range gone {
+			v := &out[i]
+			if e, err := s.core.Store().GetEffect(ctx, v.ID); err == nil && e.State != store.EffectPending {
+				e.Replay = nil
+				v.Effect, v.Replayable = e, e.State == store.EffectCompleted && e.Reason == ""
+			} else {
+				v.State = store.EffectUnknown // its daemon stopped before the outcome
+			}
 		}
 		if sc.Parent == "" {
 			break
@@ -487,24 +651,28 @@ func (s *Service) OnState(ctx context.Context, ev statehook.Event) error {
 	id := ev.Sandbox.ID
 	switch {
 	case ev.Phase == statehook.Forked, ev.Phase == statehook.Restored && ev.From != "" && ev.From != id:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		from, err := s.scopeLocked(ctx, ev.From)
+		from, unlock, err := s.lockLineage(ctx, ev.From) // the lineage id joins
 		if err != nil {
 			return err
 		}
+		defer unlock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		sc := store.EffectScope{SandboxID: id, Lineage: from.Lineage, Parent: ev.From, PointAt: ev.PointAt}
 		if err := s.core.Store().PutEffectScope(ctx, sc); err != nil {
 			return err
 		}
 		s.scopes[id] = sc
 	case ev.Phase == statehook.Restored && ev.From == id:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		sc, err := s.scopeLocked(ctx, id)
+		// Under the lineage's lock: a decision sees the undone span or
+		// comes before it, never half of it.
+		sc, unlock, err := s.lockLineage(ctx, id)
 		if err != nil {
 			return err
 		}
+		defer unlock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		at := ev.At
 		if at.IsZero() {
 			at = s.cfg.Now()

@@ -225,7 +225,7 @@ func (p *Proxy) relayHTTP(st *sandboxState, q Query, host string, client net.Con
 		req.Host = canonicalHost(req.Host, rh)
 		if led := p.ledgerOf(); led != nil && recordable(pol.Effects, rh, q.Port, req.Method, false) {
 			in := Intent{SandboxID: st.id, Host: rh, Port: q.Port, Policy: pol.Effects}
-			end, err := p.relayEffect(context.Background(), led, in, req, cc, uc, ubr)
+			end, err := p.relayEffect(context.Background(), led, in, req, cc, uc, ubr, func() error { return nil }) // plain HTTP: dialled already
 			if err != nil || end {
 				return 0, 0, err
 			}

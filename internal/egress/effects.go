@@ -149,6 +149,9 @@ type Outcome struct {
 	Complete bool   // Body holds the whole response body (≤ MaxReplayBody)
 	Size     int64  // response body bytes relayed
 	Err      error  // sending or reading failed: the outcome is unknown
+	// NotSent: no byte of the request went upstream (the upstream's TLS
+	// handshake failed after the intent was recorded): it never happened.
+	NotSent  bool
 	Duration time.Duration
 }
 

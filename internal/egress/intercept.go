@@ -27,19 +27,37 @@ func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, po
 		return 0, 0, err
 	}
 	hsCtx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
-	defer cancel()
 	down := tls.Server(cc, &tls.Config{
 		Certificates: []tls.Certificate{*leaf},
 		NextProtos:   []string{"http/1.1"},
 		MinVersion:   tls.VersionTLS12,
 	})
-	if err := down.HandshakeContext(hsCtx); err != nil {
-		return 0, 0, err
-	}
+	// The upstream's handshake runs alongside the sandbox's, the reading of
+	// the first request and, for a recorded one, its intent's commit:
+	// ready() waits for it before a request's first byte is written
+	// upstream (so "recorded before sent" holds: the write follows both).
 	upTLS := tls.Client(uc, p.upstreamTLS(host))
-	if err := upTLS.HandshakeContext(hsCtx); err != nil {
-		// The sandbox sees a 502 rather than a silently broken stream.
-		writeStatus(down, http.StatusBadGateway, "berth egress: upstream TLS to "+host+" failed")
+	upHS := make(chan error, 1)
+	go func() { upHS <- upTLS.HandshakeContext(hsCtx) }()
+	var upErr error
+	upWaited := false
+	ready := func() error {
+		if !upWaited {
+			upErr, upWaited = <-upHS, true
+			if upErr != nil {
+				// The sandbox sees a 502 rather than a silently broken stream.
+				writeStatus(down, http.StatusBadGateway, "berth egress: upstream TLS to "+host+" failed")
+			}
+		}
+		return upErr
+	}
+	defer func() {
+		cancel() // aborts a handshake still under way; joined before returning
+		if !upWaited {
+			<-upHS
+		}
+	}()
+	if err := down.HandshakeContext(hsCtx); err != nil {
 		return 0, 0, err
 	}
 	lim := &headLimit{r: down}
@@ -70,7 +88,7 @@ func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, po
 		if led := p.ledgerOf(); led != nil {
 			if _, pol, ok := p.snapshot(st.ip); ok && recordable(pol.Effects, host, port, req.Method, len(injected) > 0) {
 				in := Intent{SandboxID: st.id, Host: host, Port: port, Secret: len(injected) > 0, Policy: pol.Effects}
-				end, err := p.relayEffect(ctx, led, in, req, down, upTLS, ubr)
+				end, err := p.relayEffect(ctx, led, in, req, down, upTLS, ubr, ready)
 				if err != nil {
 					return 0, 0, err
 				}
@@ -80,6 +98,9 @@ func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, po
 				}
 				continue
 			}
+		}
+		if err := ready(); err != nil {
+			return 0, 0, err
 		}
 		if err := req.Write(upTLS); err != nil {
 			return 0, 0, err

@@ -34,9 +34,12 @@ func recordable(pol EffectPolicy, host string, port uint16, method string, secre
 // answer has been relayed — Finish does not wait for its commit, so
 // neither the answer's last byte nor the next request on the connection
 // waits for the store (a repeat arriving meanwhile waits for it in the
-// ledger). A repeat the ledger answers is never sent. end says the
-// connection must close.
-func (p *Proxy) relayEffect(ctx context.Context, led Ledger, in Intent, req *http.Request, client io.Writer, up io.Writer, ubr *bufio.Reader) (end bool, err error) {
+// ledger). A repeat the ledger answers is never sent. ready waits until
+// up can be written (the upstream's handshake may still be running while
+// the intent commits); if it cannot, the effect is withdrawn: nothing was
+// sent. end says the connection must close.
+func (p *Proxy) relayEffect(ctx context.Context, led Ledger, in Intent, req *http.Request, client io.Writer, up io.Writer, ubr *bufio.Reader,
+	ready func() error) (end bool, err error) {
 	if req.ContentLength > MaxEffectBody {
 		writeStatus(client, http.StatusRequestEntityTooLarge, "berth egress: a side effect's body is limited to "+strconv.Itoa(MaxEffectBody)+" bytes (the ledger hashes it before sending); not sent")
 		return true, nil
@@ -94,6 +97,11 @@ func (p *Proxy) relayEffect(ctx context.Context, led Ledger, in Intent, req *htt
 	start := time.Now()
 	fail := func(err error) (bool, error) {
 		led.Finish(context.WithoutCancel(ctx), t.Effect, Outcome{Err: err, Duration: time.Since(start)})
+		return true, err
+	}
+	if err := ready(); err != nil {
+		// Nothing of it went upstream: the intent is withdrawn, not unknown.
+		led.Finish(context.WithoutCancel(ctx), t.Effect, Outcome{Err: err, NotSent: true, Duration: time.Since(start)})
 		return true, err
 	}
 	if err := req.Write(up); err != nil {

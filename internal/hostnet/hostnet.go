@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-dev/berth/internal/auth"
@@ -66,6 +67,10 @@ type Service struct {
 	auditor Auditor       // egress verdicts (audit.go); nil: none
 	ledger  egress.Ledger // side effects (SetLedger); nil: none
 	leases  LeaseSource   // nil: grants are the sandbox's secret refs as they are
+
+	// secretsChanged counts secret writes and deletes: grants opened ahead
+	// (PrepareLeaseGrants) are opened again if it moved.
+	secretsChanged atomic.Uint64
 
 	// net is set once by Start, before any sandbox is reconciled or
 	// served, and never changes after; nil: networking is disabled.
@@ -460,6 +465,22 @@ func (h *Service) Down(ctx context.Context, sb *sandbox.Sandbox) error {
 	h.net.mu.Unlock()
 	h.feed.NoteEgress(sb.ID, 0)
 	return h.net.mgr.Detach(ctx, sb.ID)
+}
+
+// Refresh keeps a halted sandbox's attachment for the start that follows
+// at once (a rewind or promote), as network.Manager.Refresh says: its
+// old processes' proxied connections end, and its namespace is set up
+// again as an attach leaves it. Up then keeps it and applies the stored
+// policy. Nothing to do without networking or an attachment.
+func (h *Service) Refresh(ctx context.Context, sb *sandbox.Sandbox) error {
+	if h.net == nil {
+		return nil
+	}
+	if _, ok := h.net.mgr.Get(sb.ID); !ok {
+		return nil
+	}
+	h.feed.NoteEgress(sb.ID, 0)
+	return h.net.mgr.Refresh(ctx, sb.ID)
 }
 
 // appendCA adds pem to the trust bundle at rel inside root if the bundle

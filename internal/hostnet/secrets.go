@@ -64,6 +64,7 @@ func (h *Service) PutSecret(ctx context.Context, owner, name, host, header strin
 	if err != nil {
 		return SecretInfo{}, err
 	}
+	h.secretsChanged.Add(1)
 	h.refreshGrants(ctx, owner, name)
 	return infoOf(stored), nil
 }
@@ -87,6 +88,7 @@ func (h *Service) DeleteSecret(ctx context.Context, owner, name string) error {
 	if err := h.core.Store().DeleteSecret(ctx, owner, name); err != nil {
 		return err
 	}
+	h.secretsChanged.Add(1)
 	h.refreshGrants(ctx, owner, name)
 	return nil
 }
@@ -120,6 +122,33 @@ func (h *Service) RefreshGrants(ctx context.Context, sb *sandbox.Sandbox) error 
 	return h.applyGrants(ctx, sb)
 }
 
+// PrepareLeaseGrants opens the secrets of ls (as LeaseSource.ProxyLeases
+// returns them: the lease service's own change, not read again) now, and
+// returns set, which registers them as sb's grants with the proxy if sb is
+// attached then (a resume opens them before its commit, sets them after).
+func (h *Service) PrepareLeaseGrants(ctx context.Context, sb *sandbox.Sandbox, ls []LeaseGrant) (set func() error, err error) {
+	if h.net == nil {
+		return func() error { return nil }, nil
+	}
+	gen := h.secretsChanged.Load()
+	gs, err := h.openLeaseGrants(ctx, sb, ls)
+	if err != nil {
+		return nil, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	return func() error {
+		if _, ok := h.net.mgr.Get(sb.ID); !ok {
+			return nil
+		}
+		if h.secretsChanged.Load() != gen { // a secret changed in between: open them again
+			if gs, err = h.openLeaseGrants(ctx, sb, ls); err != nil {
+				return err
+			}
+		}
+		return h.net.px.SetGrants(sb.ID, gs)
+	}, nil
+}
+
 // FreezeGrants marks sb's active grants frozen in the proxy at once (a
 // pause; the lease service's records say the same, derived from the
 // sandbox's state).
@@ -136,6 +165,12 @@ func (h *Service) leaseGrants(ctx context.Context, sb *sandbox.Sandbox) ([]egres
 	if err != nil {
 		return nil, err
 	}
+	return h.openLeaseGrants(ctx, sb, ls)
+}
+
+// openLeaseGrants is leaseGrants of the leases ls.
+func (h *Service) openLeaseGrants(ctx context.Context, sb *sandbox.Sandbox, ls []LeaseGrant) ([]egress.Grant, error) {
+	var err error
 	var out []egress.Grant
 	secs := map[string]store.Secret{}
 	for _, l := range ls {

@@ -72,8 +72,8 @@ func checkEffect(e *store.Effect) error {
 }
 
 func checkOutcome(o store.EffectOutcome) error {
-	if o.State != store.EffectCompleted && o.State != store.EffectUnknown {
-		return errs.Field("state", "must be %s or %s, got %q", store.EffectCompleted, store.EffectUnknown, o.State)
+	if o.State != store.EffectCompleted && o.State != store.EffectUnknown && o.State != store.EffectWithdrawn {
+		return errs.Field("state", "must be %s, %s or %s, got %q", store.EffectCompleted, store.EffectUnknown, store.EffectWithdrawn, o.State)
 	}
 	return nil
 }

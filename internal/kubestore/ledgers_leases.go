@@ -59,6 +59,33 @@ func (s *Store) ApplyLeases(ctx context.Context, sandboxID string, set []store.L
 	return s.applyLeases(ctx, sandboxID, set, issue, sb, upd)
 }
 
+// TransitionLeases applies ch, then the transition (no transaction across
+// objects): the move is checked first, so an illegal one writes no lease;
+// a crash in between leaves the sandbox in its old state with the new
+// leases, which that state (resuming) freezes.
+func (s *Store) TransitionLeases(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error, ch store.LeaseChange) (*sandbox.Sandbox, error) {
+	sb, err := s.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := sandbox.Transition(sb.State, to); err != nil {
+		return nil, err
+	}
+	if ch.Seen >= 0 {
+		ls, err := s.ListLeases(ctx, store.LeaseFilter{SandboxID: id})
+		if err != nil {
+			return nil, err
+		}
+		if len(ls) != ch.Seen {
+			return nil, errs.E(errs.Conflict, "the leases of %s changed since the change was planned (%d, then %d)", id, ch.Seen, len(ls))
+		}
+	}
+	if err := s.applyLeases(ctx, id, ch.Set, ch.Issue, nil, nil); err != nil {
+		return nil, err
+	}
+	return s.Transition(ctx, id, to, ev, fn)
+}
+
 var errNoChange = errors.New("kubestore: sandbox unchanged")
 
 // applyLeases: all or nothing without a transaction. Everything that can

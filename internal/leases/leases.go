@@ -29,6 +29,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/phases"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
@@ -52,6 +53,11 @@ type Core interface {
 	// freeze it only marks the proxy's active grants of sb frozen (a pause:
 	// no store read on the way).
 	Refresh(ctx context.Context, sb *sandbox.Sandbox, freeze bool) error
+	// PrepareProxyLeases opens the secrets of ls (as ProxyLeases would
+	// return them: a change's own result, with no lease read) and returns
+	// set, which registers them as sb's grants with the proxy if sb is
+	// attached by then.
+	PrepareProxyLeases(ctx context.Context, sb *sandbox.Sandbox, ls []store.Lease) (set func() error, err error)
 	Now() time.Time
 }
 
@@ -100,6 +106,9 @@ func (s *Service) OnState(ctx context.Context, ev statehook.Event) error {
 		// proxy is told (a freeze pause keeps the network attached).
 		return s.core.Refresh(ctx, ev.Sandbox, true)
 	case statehook.Resumed:
+		if ev.LeasesReissued {
+			return nil // in the resume's commit (Reissue)
+		}
 		return s.apply(ctx, ev.Sandbox, OpReissue, ReasonResumed, ev.Actor, true)
 	case statehook.Forked:
 		return s.apply(ctx, ev.Sandbox, OpEnsure, "", ev.Actor, true)
@@ -127,6 +136,11 @@ func (s *Service) ProxyLeases(ctx context.Context, sb *sandbox.Sandbox) ([]store
 	if err != nil {
 		return nil, err
 	}
+	return s.proxyList(ls, sb), nil
+}
+
+// proxyList is what ProxyLeases returns of sb's leases ls.
+func (s *Service) proxyList(ls []store.Lease, sb *sandbox.Sandbox) []store.Lease {
 	now := s.core.Now()
 	var live, revoked []store.Lease
 	for _, l := range ls {
@@ -139,44 +153,111 @@ func (s *Service) ProxyLeases(ctx context.Context, sb *sandbox.Sandbox) ([]store
 	if n := len(revoked); n > s.cfg.KeepRevoked {
 		revoked = revoked[n-s.cfg.KeepRevoked:]
 	}
-	return append(live, revoked...), nil
+	return append(live, revoked...)
 }
 
 // apply plans op on sb's leases, stores the change (with the sandbox's env
 // and grants, in one transaction) and publishes the sandbox's placeholders
 // (and the proxy's grants when refresh).
-func (s *Service) apply(ctx context.Context, sb *sandbox.Sandbox, op Op, reason, actor string, refresh bool) error {
-	ch, _, after, err := s.plan(ctx, sb, op, reason)
+func (s *Service) apply(ctx context.Context, sb *sandbox.Sandbox, op Op, reason, actor string, refresh bool) (err error) {
+	ph := phases.Start("lease " + string(op))
+	defer func() { ph.Log(ctx, s.cfg.Log, sb.ID, err) }()
+	ch, ls, after, err := s.plan(ctx, sb, op, reason, ph)
 	if err != nil || ch.Empty() {
 		return err
 	}
-	for _, l := range ch.Issue {
-		s.audit(ctx, actor, "lease.issue", l, ReasonIssued)
-	}
-	for _, u := range ch.Set {
-		if u.State == store.LeaseRevoked {
-			s.audit(ctx, actor, "lease.revoke", store.Lease{ID: u.ID, SandboxID: sb.ID}, u.Reason)
-		}
-	}
+	s.auditChange(ctx, actor, sb.ID, ch)
+	ph.Mark("audits")
 	if !refresh {
 		return nil
 	}
 	if after == nil {
 		after = sb // the sandbox's row did not change
 	}
-	return s.core.Refresh(ctx, after, false)
+	// The leases just written, not read again (nor ensured: every granted
+	// secret with a scope has one now).
+	err = s.setProxyLeases(ctx, after, s.proxyList(ls, after))
+	ph.Mark("refresh")
+	return err
+}
+
+func (s *Service) setProxyLeases(ctx context.Context, sb *sandbox.Sandbox, ls []store.Lease) error {
+	set, err := s.core.PrepareProxyLeases(ctx, sb, ls)
+	if err != nil {
+		return err
+	}
+	return set()
+}
+
+func (s *Service) auditChange(ctx context.Context, actor, sandboxID string, ch Change) {
+	for _, l := range ch.Issue {
+		s.audit(ctx, actor, "lease.issue", l, ReasonIssued)
+	}
+	for _, u := range ch.Set {
+		if u.State == store.LeaseRevoked {
+			s.audit(ctx, actor, "lease.revoke", store.Lease{ID: u.ID, SandboxID: sandboxID}, u.Reason)
+		}
+	}
 }
 
 // plan computes and stores op's change; it returns the change, the
-// sandbox's current placeholders after it and its stored row if the
-// change rewrote it (nil: unchanged).
-func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason string) (Change, map[string]string, *sandbox.Sandbox, error) {
+// sandbox's leases after it and its stored row if the change rewrote it
+// (nil: unchanged).
+func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason string, ph *phases.Timer) (Change, []store.Lease, *sandbox.Sandbox, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: sb.ID})
-	if err != nil {
+	ls, ch, err := s.read(ctx, sb, op, reason, ph)
+	if err != nil || ch.Empty() {
+		return ch, nil, nil, err
+	}
+	all := After(ls, ch)
+	cur := Current(all, s.core.Now())
+	// The files are written beside the store write (a resume waits for
+	// both): if the write fails, the files name placeholders of no lease,
+	// which the proxy refuses (fail closed), and the hook's error says so.
+	predicted, envChanged := predict(sb, cur)
+	var fileErr error
+	var fileTime time.Duration
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.Now()
+		fileErr = s.core.WriteFiles(predicted, EnvFile(cur), envChanged)
+		fileTime = time.Since(t)
+	})
+	var after *sandbox.Sandbox
+	err = s.st.ApplyLeases(ctx, sb.ID, ch.Set, ch.Issue, func(x *sandbox.Sandbox) bool {
+		after = nil
+		if SetPlaceholders(x, cur, "") {
+			after = x
+		}
+		return after != nil
+	})
+	ph.Mark("commit")
+	wg.Wait()
+	ph.Add("files", fileTime)
+	if err = errors.Join(err, fileErr); err != nil {
 		return Change{}, nil, nil, err
 	}
+	return ch, all, after, nil
+}
+
+// predict is sb as it will be stored with placeholders cur, and whether
+// its env changes.
+func predict(sb *sandbox.Sandbox, cur map[string]string) (*sandbox.Sandbox, bool) {
+	p := *sb
+	p.Env, p.Net.Secrets = maps.Clone(sb.Env), slices.Clone(sb.Net.Secrets)
+	changed := SetPlaceholders(&p, cur, "")
+	return &p, changed
+}
+
+// read plans op on sb's leases (store reads only): sb's leases as read and
+// the change.
+func (s *Service) read(ctx context.Context, sb *sandbox.Sandbox, op Op, reason string, ph *phases.Timer) ([]store.Lease, Change, error) {
+	ls, err := s.st.ListLeases(ctx, store.LeaseFilter{SandboxID: sb.ID})
+	if err != nil {
+		return nil, Change{}, err
+	}
+	ph.Mark("list")
 	has := map[string]bool{}
 	for _, l := range ls {
 		has[l.Secret] = true
@@ -191,45 +272,21 @@ func (s *Service) plan(ctx context.Context, sb *sandbox.Sandbox, op Op, reason s
 			continue // deleted: its placeholder reaches the server unreplaced
 		}
 		if err != nil {
-			return Change{}, nil, nil, err
+			return nil, Change{}, err
 		}
 		scopes[ref.Name] = sc
 	}
-	now := s.core.Now()
+	ph.Mark("scopes")
 	ch := Plan(op, Input{
-		Sandbox: sb.ID, Owner: sb.Owner, Refs: sb.Net.Secrets, Leases: ls, Scopes: scopes, TTL: sb.Net.LeaseTTL, Now: now, Reason: reason,
+		Sandbox: sb.ID, Owner: sb.Owner, Refs: sb.Net.Secrets, Leases: ls, Scopes: scopes, TTL: sb.Net.LeaseTTL, Now: s.core.Now(), Reason: reason,
 		NewID: newLeaseID, NewPlaceholder: egress.NewPlaceholder,
 		Taken: func(ph string) bool {
 			other, err := s.st.ListLeases(ctx, store.LeaseFilter{Placeholder: ph})
 			return err != nil || len(other) > 0
 		},
 	})
-	if ch.Empty() {
-		return ch, nil, nil, nil
-	}
-	cur := Current(After(ls, ch), now)
-	// The files are written beside the store write (a resume waits for
-	// both): if the write fails, the files name placeholders of no lease,
-	// which the proxy refuses (fail closed), and the hook's error says so.
-	predicted := *sb
-	predicted.Env, predicted.Net.Secrets = maps.Clone(sb.Env), slices.Clone(sb.Net.Secrets)
-	envChanged := SetPlaceholders(&predicted, cur, "")
-	var fileErr error
-	var wg sync.WaitGroup
-	wg.Go(func() { fileErr = s.core.WriteFiles(&predicted, EnvFile(cur), envChanged) })
-	var after *sandbox.Sandbox
-	err = s.st.ApplyLeases(ctx, sb.ID, ch.Set, ch.Issue, func(x *sandbox.Sandbox) bool {
-		after = nil
-		if SetPlaceholders(x, cur, "") {
-			after = x
-		}
-		return after != nil
-	})
-	wg.Wait()
-	if err = errors.Join(err, fileErr); err != nil {
-		return Change{}, nil, nil, err
-	}
-	return ch, cur, after, nil
+	ph.Mark("plan")
+	return ls, ch, nil
 }
 
 // List returns a sandbox's leases as owner may see them ("" = admin), as

@@ -24,6 +24,7 @@ type testCore struct {
 	files   map[string]string // sandbox → last leases.env
 	refresh int
 	freezes int
+	proxied map[string][]store.Lease // sandbox → last SetProxyLeases
 }
 
 func (c *testCore) Visible(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
@@ -59,6 +60,15 @@ func (c *testCore) Refresh(_ context.Context, _ *sandbox.Sandbox, freeze bool) e
 	return nil
 }
 
+func (c *testCore) PrepareProxyLeases(_ context.Context, sb *sandbox.Sandbox, ls []store.Lease) (func() error, error) {
+	return func() error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.proxied[sb.ID] = ls
+		return nil
+	}, nil
+}
+
 type auditLog struct {
 	mu      sync.Mutex
 	actions []string
@@ -76,7 +86,7 @@ func newTest(t *testing.T) (*Service, *testCore, *auditLog) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	c := &testCore{st: st, now: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC), files: map[string]string{}}
+	c := &testCore{st: st, now: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC), files: map[string]string{}, proxied: map[string][]store.Lease{}}
 	a := &auditLog{}
 	return New(c, st, Config{Auditor: a}), c, a
 }

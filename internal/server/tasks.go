@@ -75,13 +75,19 @@ func taskSummaryView(s *tasks.Summary) *wire.TaskSummary {
 // The ledger is secondary there: a failure to read it is logged, never the
 // answer's failure.
 func (s *Server) withTasks(ctx context.Context, v wire.Sandbox) wire.Sandbox {
-	sum, err := s.d.Tasks().Summary(ctx, v.ID)
-	if err != nil {
-		s.log.WarnContext(ctx, "task summary", "sandbox_id", v.ID, "err", err)
-		return v
-	}
-	v.Tasks = taskSummaryView(sum)
+	v.Tasks = s.taskSummary(ctx, v.ID)
 	return v
+}
+
+// taskSummary is withTasks's summary of sandbox id (nil: none, or it could
+// not be read).
+func (s *Server) taskSummary(ctx context.Context, id string) *wire.TaskSummary {
+	sum, err := s.d.Tasks().Summary(ctx, id)
+	if err != nil {
+		s.log.WarnContext(ctx, "task summary", "sandbox_id", id, "err", err)
+		return nil
+	}
+	return taskSummaryView(sum)
 }
 
 func (s taskAPI) writeTask(w http.ResponseWriter, status int, t *tasks.Task, err error) error {

@@ -56,6 +56,10 @@ type Event struct {
 	Snapshot   string
 	PointAt    time.Time
 	At         time.Time
+	// LeasesReissued: the step's own commit already revoked the sandbox's
+	// leases and issued the next generation, or its plan found nothing to
+	// reissue (a resume, internal/leases Reissue): the lease hook skips it.
+	LeasesReissued bool
 }
 
 // Hook is one state service's reaction to lifecycle moments. It ignores
@@ -108,17 +112,27 @@ func (b *Bus) Fire(ctx context.Context, ev Event) error {
 	for _, n := range hooks {
 		if err := n.h.OnState(ctx, ev); err != nil {
 			all = append(all, err)
-			id := ""
-			if ev.Sandbox != nil {
-				id = ev.Sandbox.ID
-			}
-			if b.Log != nil {
-				b.Log.WarnContext(ctx, "state hook failed", "hook", n.name, "phase", ev.Phase, "sandbox_id", id, "err", err)
-			}
-			if b.OnError != nil {
-				b.OnError(ctx, ev, n.name, err)
-			}
+			b.Report(ctx, ev, n.name, err)
 		}
 	}
 	return errors.Join(all...)
+}
+
+// Report logs and reports a failure of hook's part of ev that the
+// lifecycle did itself (a part folded into the step's commit), as Fire
+// does a hook's error.
+func (b *Bus) Report(ctx context.Context, ev Event, hook string, err error) {
+	if b == nil {
+		return
+	}
+	id := ""
+	if ev.Sandbox != nil {
+		id = ev.Sandbox.ID
+	}
+	if b.Log != nil {
+		b.Log.WarnContext(ctx, "state hook failed", "hook", hook, "phase", ev.Phase, "sandbox_id", id, "err", err)
+	}
+	if b.OnError != nil {
+		b.OnError(ctx, ev, hook, err)
+	}
 }

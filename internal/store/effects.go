@@ -16,6 +16,10 @@ const (
 	EffectPending   = "pending"   // intent recorded, no outcome yet
 	EffectCompleted = "completed" // an answer came back (any status)
 	EffectUnknown   = "unknown"   // sending or reading failed mid-way
+	// EffectWithdrawn: recorded, then not sent at all (no byte of it went
+	// upstream: the upstream's TLS handshake, which ran alongside the
+	// intent's commit, failed). It never happened: a repeat is sent.
+	EffectWithdrawn = "withdrawn"
 )
 
 // Effect is one side effect in the ledger (internal/effects): the intent,
@@ -47,7 +51,7 @@ type Effect struct {
 
 // EffectOutcome completes a pending effect.
 type EffectOutcome struct {
-	State    string // EffectCompleted or EffectUnknown
+	State    string // EffectCompleted, EffectUnknown or EffectWithdrawn
 	Status   int
 	RespSize int64
 	Reason   string
@@ -173,8 +177,8 @@ func (s *stateTables) FinishEffect(ctx context.Context, id string, o EffectOutco
 }
 
 func checkOutcome(o EffectOutcome) error {
-	if o.State != EffectCompleted && o.State != EffectUnknown {
-		return errs.Field("state", "must be %s or %s, got %q", EffectCompleted, EffectUnknown, o.State)
+	if o.State != EffectCompleted && o.State != EffectUnknown && o.State != EffectWithdrawn {
+		return errs.Field("state", "must be %s, %s or %s, got %q", EffectCompleted, EffectUnknown, EffectWithdrawn, o.State)
 	}
 	return nil
 }

@@ -46,6 +46,17 @@ type LeaseUpdate struct {
 	At     time.Time
 }
 
+// LeaseChange is a change of one sandbox's leases planned from a read of
+// them (TransitionLeases).
+type LeaseChange struct {
+	Set   []LeaseUpdate
+	Issue []Lease
+	// Seen is how many leases the sandbox had when the change was planned:
+	// the write is a Conflict if it has another number by then (another
+	// change came in between; leases are only ever added). -1: unchecked.
+	Seen int
+}
+
 // LeaseFilter selects leases; zero fields match everything.
 type LeaseFilter struct {
 	SandboxID   string
@@ -63,6 +74,14 @@ type LeaseStore interface {
 	// transaction (its env and grants follow its leases): when it returns
 	// true the row is written back (Version incremented).
 	ApplyLeases(ctx context.Context, sandboxID string, set []LeaseUpdate, issue []Lease, sb func(*sandbox.Sandbox) bool) error
+	// TransitionLeases is Transition of sandbox id (fn also sets its env and
+	// grants) with ch applied to its leases as ApplyLeases does, in one
+	// transaction where the backend has them (a resume's state and its
+	// leases' next generation: one durable commit). A backend without
+	// transactions writes the leases first, then the state (a crash in
+	// between leaves the sandbox in its old state with the new leases, which
+	// that state freezes).
+	TransitionLeases(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error, ch LeaseChange) (*sandbox.Sandbox, error)
 	GetLease(ctx context.Context, id string) (Lease, error)
 	// ListLeases lists matching leases by issue time, then generation, then id.
 	ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error)
@@ -76,6 +95,45 @@ func validLeaseState(s string) bool {
 
 // ApplyLeases updates and inserts a sandbox's leases at once.
 func (s *stateTables) ApplyLeases(ctx context.Context, sandboxID string, set []LeaseUpdate, issue []Lease, sbFn func(*sandbox.Sandbox) bool) error {
+	if err := checkLeaseChange(sandboxID, set, issue); err != nil {
+		return err
+	}
+	return s.write(ctx, func(tx *sql.Tx) error {
+		if err := applyLeasesTx(ctx, tx, sandboxID, LeaseChange{Set: set, Issue: issue, Seen: -1}); err != nil {
+			return err
+		}
+		if sbFn == nil {
+			return nil
+		}
+		sb, err := getSandbox(ctx, tx, sandboxID)
+		if err != nil {
+			return err
+		}
+		if !sbFn(sb) {
+			return nil
+		}
+		return putSandbox(ctx, tx, sandboxID, sb.Version, sb)
+	})
+}
+
+// TransitionLeases writes ch and the transition in one transaction.
+func (s *stateTables) TransitionLeases(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error, ch LeaseChange) (*sandbox.Sandbox, error) {
+	if err := checkLeaseChange(id, ch.Set, ch.Issue); err != nil {
+		return nil, err
+	}
+	var out *sandbox.Sandbox
+	err := s.write(ctx, func(tx *sql.Tx) (err error) {
+		if err := applyLeasesTx(ctx, tx, id, ch); err != nil {
+			return err
+		}
+		out, err = transitionTx(ctx, tx, id, to, ev, fn)
+		return err
+	})
+	return out, err
+}
+
+// checkLeaseChange refuses a malformed change before any write.
+func checkLeaseChange(sandboxID string, set []LeaseUpdate, issue []Lease) error {
 	if sandboxID == "" {
 		return errs.Field("sandbox_id", "must not be empty")
 	}
@@ -96,56 +154,58 @@ func (s *stateTables) ApplyLeases(ctx context.Context, sandboxID string, set []L
 			return errs.Field("state", "must be active, frozen or revoked, got %q", l.State)
 		}
 	}
-	return s.write(ctx, func(tx *sql.Tx) error {
-		for _, u := range set {
-			var sb, state string
-			err := tx.QueryRowContext(ctx, `SELECT sandbox_id, state FROM leases WHERE id = ?`, u.ID).Scan(&sb, &state)
-			if errors.Is(err, sql.ErrNoRows) || (err == nil && sb != sandboxID) {
-				return errs.E(errs.NotFound, "lease %s not found", u.ID)
-			}
-			if err != nil {
-				return dbErr(err, "store: get lease %s", u.ID)
-			}
-			if state == LeaseRevoked && u.State != LeaseRevoked {
-				return errs.E(errs.FailedPrecondition, "lease %s is revoked: it never becomes %s again", u.ID, u.State)
-			}
-			if state == LeaseRevoked {
-				continue // already final: keep its first reason
-			}
-			at := u.At
-			if at.IsZero() {
-				at = time.Now().UTC()
-			}
-			if _, err := tx.ExecContext(ctx, `UPDATE leases SET state = ?, reason = ?, changed_at = ? WHERE id = ?`,
-				u.State, u.Reason, toNanos(at), u.ID); err != nil {
-				return dbErr(err, "store: update lease %s", u.ID)
-			}
+	return nil
+}
+
+// applyLeasesTx writes a checked change in tx.
+func applyLeasesTx(ctx context.Context, tx *sql.Tx, sandboxID string, ch LeaseChange) error {
+	if ch.Seen >= 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM leases WHERE sandbox_id = ?`, sandboxID).Scan(&n); err != nil {
+			return dbErr(err, "store: count leases of %s", sandboxID)
 		}
-		for _, l := range issue {
-			if l.IssuedAt.IsZero() {
-				l.IssuedAt = time.Now().UTC()
-			}
-			if l.ChangedAt.IsZero() {
-				l.ChangedAt = l.IssuedAt
-			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-				l.ID, l.SandboxID, l.Owner, l.Generation, l.Secret, l.Host, l.Header, l.Placeholder,
-				toNanos(l.IssuedAt), toNanos(l.ExpiresAt), l.State, l.Reason, toNanos(l.ChangedAt)); err != nil {
-				return dbErr(err, "store: issue lease %s", l.ID)
-			}
+		if n != ch.Seen {
+			return errs.E(errs.Conflict, "the leases of %s changed since the change was planned (%d, then %d)", sandboxID, ch.Seen, n)
 		}
-		if sbFn == nil {
-			return nil
+	}
+	for _, u := range ch.Set {
+		var sb, state string
+		err := tx.QueryRowContext(ctx, `SELECT sandbox_id, state FROM leases WHERE id = ?`, u.ID).Scan(&sb, &state)
+		if errors.Is(err, sql.ErrNoRows) || (err == nil && sb != sandboxID) {
+			return errs.E(errs.NotFound, "lease %s not found", u.ID)
 		}
-		sb, err := getSandbox(ctx, tx, sandboxID)
 		if err != nil {
-			return err
+			return dbErr(err, "store: get lease %s", u.ID)
 		}
-		if !sbFn(sb) {
-			return nil
+		if state == LeaseRevoked && u.State != LeaseRevoked {
+			return errs.E(errs.FailedPrecondition, "lease %s is revoked: it never becomes %s again", u.ID, u.State)
 		}
-		return putSandbox(ctx, tx, sandboxID, sb.Version, sb)
-	})
+		if state == LeaseRevoked {
+			continue // already final: keep its first reason
+		}
+		at := u.At
+		if at.IsZero() {
+			at = time.Now().UTC()
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE leases SET state = ?, reason = ?, changed_at = ? WHERE id = ?`,
+			u.State, u.Reason, toNanos(at), u.ID); err != nil {
+			return dbErr(err, "store: update lease %s", u.ID)
+		}
+	}
+	for _, l := range ch.Issue {
+		if l.IssuedAt.IsZero() {
+			l.IssuedAt = time.Now().UTC()
+		}
+		if l.ChangedAt.IsZero() {
+			l.ChangedAt = l.IssuedAt
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO leases (`+leaseCols+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			l.ID, l.SandboxID, l.Owner, l.Generation, l.Secret, l.Host, l.Header, l.Placeholder,
+			toNanos(l.IssuedAt), toNanos(l.ExpiresAt), l.State, l.Reason, toNanos(l.ChangedAt)); err != nil {
+			return dbErr(err, "store: issue lease %s", l.ID)
+		}
+	}
+	return nil
 }
 
 func scanLease(sc scanner) (Lease, error) {

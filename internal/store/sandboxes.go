@@ -315,35 +315,40 @@ func (s *lifecycleTables) DeleteSandbox(ctx context.Context, id string) error {
 
 func (s *lifecycleTables) Transition(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
 	var out *sandbox.Sandbox
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		sb, err := getSandbox(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		from, read := sb.State, sb.Version
-		if err := sandbox.Transition(from, to); err != nil {
-			return err
-		}
-		if fn != nil {
-			if err := fn(sb); err != nil {
-				return err
-			}
-		}
-		sb.State = to
-		if err := putSandbox(ctx, tx, id, read, sb); err != nil {
-			return err
-		}
-		ev.SandboxID, ev.Owner, ev.From, ev.To = sb.ID, sb.Owner, from, to
-		if ev.Type == "" {
-			ev.Type = "transition"
-		}
-		if _, err := appendEvent(ctx, tx, ev); err != nil {
-			return err
-		}
-		out = sb
-		return nil
+	err := s.write(ctx, func(tx *sql.Tx) (err error) {
+		out, err = transitionTx(ctx, tx, id, to, ev, fn)
+		return err
 	})
 	return out, err
+}
+
+// transitionTx is Transition in tx (TransitionLeases writes leases in the same one).
+func transitionTx(ctx context.Context, tx *sql.Tx, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error) (*sandbox.Sandbox, error) {
+	sb, err := getSandbox(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	from, read := sb.State, sb.Version
+	if err := sandbox.Transition(from, to); err != nil {
+		return nil, err
+	}
+	if fn != nil {
+		if err := fn(sb); err != nil {
+			return nil, err
+		}
+	}
+	sb.State = to
+	if err := putSandbox(ctx, tx, id, read, sb); err != nil {
+		return nil, err
+	}
+	ev.SandboxID, ev.Owner, ev.From, ev.To = sb.ID, sb.Owner, from, to
+	if ev.Type == "" {
+		ev.Type = "transition"
+	}
+	if _, err := appendEvent(ctx, tx, ev); err != nil {
+		return nil, err
+	}
+	return sb, nil
 }
 
 func placeholders(n int) string {

@@ -51,6 +51,7 @@ func TestStore(t *testing.T, open func(t *testing.T) Store) {
 		{"Effects", suiteEffects},
 		{"EffectBatch", suiteEffectBatch},
 		{"Leases", suiteLeases},
+		{"TransitionLeases", suiteTransitionLeases},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open(t)) })
 	}

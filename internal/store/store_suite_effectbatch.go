@@ -32,13 +32,15 @@ func suiteEffectBatch(t *testing.T, s Store) {
 		{ID: "eb2", Finish: &EffectOutcome{State: "bogus"}},
 		{Record: mk("eb2")},
 		{},
+		{Record: mk("eb4")},
+		{ID: "eb4", Finish: &EffectOutcome{State: EffectWithdrawn, Reason: "not sent", EndedAt: suiteEpoch.Add(2 * time.Second)}},
 	}
 	const ok = errs.Kind(-1)
 	res, err := s.WriteEffects(ctx, ws)
 	if err != nil || len(res) != len(ws) {
 		t.Fatalf("WriteEffects = %v, %v; want one result per write", res, err)
 	}
-	for i, want := range []errs.Kind{ok, ok, errs.AlreadyExists, ok, errs.NotFound, errs.InvalidArgument, errs.InvalidArgument, ok, errs.InvalidArgument} {
+	for i, want := range []errs.Kind{ok, ok, errs.AlreadyExists, ok, errs.NotFound, errs.InvalidArgument, errs.InvalidArgument, ok, errs.InvalidArgument, ok, ok} {
 		if want == ok && res[i] != nil || want != ok && !errs.Is(res[i], want) {
 			t.Errorf("write %d: %v, want %q", i, res[i], want)
 		}
@@ -46,7 +48,7 @@ func suiteEffectBatch(t *testing.T, s Store) {
 	if ws[0].Record.Seq == 0 || ws[7].Record.Seq <= ws[0].Record.Seq {
 		t.Errorf("seqs %d, %d: want assigned in order", ws[0].Record.Seq, ws[7].Record.Seq)
 	}
-	for id, want := range map[string]string{"eb0": EffectCompleted, "eb1": EffectUnknown, "eb2": EffectPending} {
+	for id, want := range map[string]string{"eb0": EffectCompleted, "eb1": EffectUnknown, "eb2": EffectPending, "eb4": EffectWithdrawn} {
 		if e, err := s.GetEffect(ctx, id); err != nil || e.State != want {
 			t.Errorf("GetEffect(%s) = %+v, %v; want %s", id, e, err, want)
 		}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -116,5 +117,72 @@ func suiteLeases(t *testing.T, s Store) {
 	}
 	if _, err := s.GetLease(ctx, "lb1"); err != nil {
 		t.Errorf("another sandbox's lease went with it: %v", err)
+	}
+}
+
+// suiteTransitionLeases: a transition and a lease change in one commit
+// (a resume reissuing its leases), all or nothing.
+func suiteTransitionLeases(t *testing.T, s Store) {
+	ctx := t.Context()
+	mustCreate(t, s, suiteSandbox("sba", "alice", suiteEpoch))
+	old := Lease{ID: "la1", SandboxID: "sba", Owner: "alice", Generation: 1, Secret: "TOKEN", Host: "api.test",
+		Header: "Authorization", Placeholder: "ph-a1", IssuedAt: suiteEpoch, State: LeaseActive, ChangedAt: suiteEpoch}
+	if err := s.ApplyLeases(ctx, "sba", nil, []Lease{old}, nil); err != nil {
+		t.Fatal(err)
+	}
+	next := old
+	next.ID, next.Generation, next.Placeholder, next.IssuedAt, next.ChangedAt = "la2", 2, "ph-a2", suiteEpoch.Add(time.Second), suiteEpoch.Add(time.Second)
+	ch := LeaseChange{Set: []LeaseUpdate{{ID: "la1", State: LeaseRevoked, Reason: "resumed", At: next.IssuedAt}}, Issue: []Lease{next}, Seen: 1}
+	setEnv := func(sb *sandbox.Sandbox) error { sb.Env = map[string]string{"TOKEN": "ph-a2"}; return nil }
+	unchanged := func(name string) {
+		t.Helper()
+		if ls, _ := s.ListLeases(ctx, LeaseFilter{SandboxID: "sba"}); len(ls) != 1 || ls[0].State != LeaseActive {
+			t.Errorf("%s: leases %+v, want la1 alone and active", name, ls)
+		}
+		if sb, _ := s.GetSandbox(ctx, "sba"); sb.State != sandbox.Creating || sb.Env["TOKEN"] != "" {
+			t.Errorf("%s: sandbox %s env %v, want creating and unchanged", name, sb.State, sb.Env)
+		}
+	}
+	// An illegal move writes no lease; a lease change that fails (or was
+	// planned from a read since overtaken) writes no state.
+	var te *sandbox.TransitionError
+	if _, err := s.TransitionLeases(ctx, "sba", sandbox.Paused, sandbox.Event{Actor: "x"}, setEnv, ch); !errors.As(err, &te) {
+		t.Errorf("illegal move: %v, want a TransitionError", err)
+	}
+	unchanged("illegal move")
+	stale := ch
+	stale.Seen = 0
+	if _, err := s.TransitionLeases(ctx, "sba", sandbox.Running, sandbox.Event{Actor: "x"}, setEnv, stale); !errs.Is(err, errs.Conflict) {
+		t.Errorf("planned from a stale read: %v, want Conflict", err)
+	}
+	unchanged("stale plan")
+	taken := ch
+	taken.Issue = []Lease{next}
+	taken.Issue[0].Placeholder = "ph-a1"
+	if _, err := s.TransitionLeases(ctx, "sba", sandbox.Running, sandbox.Event{Actor: "x"}, setEnv, taken); !errs.Is(err, errs.AlreadyExists) {
+		t.Errorf("placeholder taken: %v, want AlreadyExists", err)
+	}
+	unchanged("placeholder taken")
+
+	out, err := s.TransitionLeases(ctx, "sba", sandbox.Running, sandbox.Event{Actor: "alice", Reason: "resumed"}, setEnv, ch)
+	if err != nil {
+		t.Fatalf("TransitionLeases: %v", err)
+	}
+	if out.State != sandbox.Running || out.Env["TOKEN"] != "ph-a2" {
+		t.Errorf("returned sandbox %s env %v", out.State, out.Env)
+	}
+	if sb, _ := s.GetSandbox(ctx, "sba"); sb.State != sandbox.Running || sb.Env["TOKEN"] != "ph-a2" || sb.Version != out.Version {
+		t.Errorf("stored sandbox %s env %v version %d (returned %d)", sb.State, sb.Env, sb.Version, out.Version)
+	}
+	got := map[string]string{}
+	ls, _ := s.ListLeases(ctx, LeaseFilter{SandboxID: "sba"})
+	for _, l := range ls {
+		got[l.ID] = l.State + "/" + l.Reason
+	}
+	if diff := cmp.Diff(map[string]string{"la1": "revoked/resumed", "la2": "active/"}, got); diff != "" {
+		t.Errorf("leases after TransitionLeases (-want +got):\n%s", diff)
+	}
+	if evs, _ := s.ListEvents(ctx, EventFilter{SandboxID: "sba"}); len(evs) != 1 || evs[0].To != sandbox.Running || evs[0].Actor != "alice" {
+		t.Errorf("events: %+v, want the one transition", evs)
 	}
 }

@@ -172,8 +172,8 @@ func (s *Service) captureDelta(ctx context.Context, sb *sandbox.Sandbox, id stri
 	}
 	began := time.Now()
 	if running && canFreeze(ctx, rt) {
-		// runc: the freezer cgroup written directly; runsc: `runsc pause`
-		// (internal/runtime/oci/freezer_linux.go).
+		// runc: the freezer cgroup written directly; runsc: its Sentry asked over the control socket
+		// (internal/runtime/oci/freezer_linux.go, runscctl_linux.go).
 		if err := rt.Freeze(ctx, sb.ID); err != nil {
 			return template.Layer{}, DeltaStat{}, errs.Wrap(errs.Internal, err, "freeze %s for a consistent checkpoint", sb.ID)
 		}

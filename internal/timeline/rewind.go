@@ -38,6 +38,7 @@ func (s *Service) Rewind(ctx context.Context, owner, id, ref, actor string) (Rew
 	start := time.Now()
 	unlock := s.core.Lock(id)
 	defer unlock()
+	locked := time.Now()
 	sb, err := s.core.Visible(ctx, owner, id)
 	if err != nil {
 		return RewindResult{}, err
@@ -63,6 +64,7 @@ func (s *Service) Rewind(ctx context.Context, owner, id, ref, actor string) (Rew
 	if memory {
 		img = c.MemoryPath
 	}
+	resolved := time.Now()
 	mode, why, err := s.restartOn(ctx, sb, c.Layers, lowers, img, "")
 	if err != nil {
 		return RewindResult{}, err
@@ -70,9 +72,11 @@ func (s *Service) Rewind(ctx context.Context, owner, id, ref, actor string) (Rew
 	if why != "" {
 		reason = why
 	}
+	restarted := time.Now()
 	if err := s.core.Store().SetTimelineHead(ctx, store.TimelineHead{Sandbox: sb.ID, Checkpoint: c.ID, Layers: c.Layers}); err != nil {
 		return RewindResult{}, err
 	}
+	headed := time.Now()
 	res := RewindResult{Sandbox: sb, Checkpoint: c, Mode: mode, Reason: reason, Millis: time.Since(start).Milliseconds()}
 	s.core.Event(ctx, sb, actor, "rewind", "rewound", reason, map[string]string{
 		"to": c.ID, "seq": strconv.FormatInt(c.Seq, 10), "mode": mode, "ms": strconv.FormatInt(res.Millis, 10)})
@@ -82,8 +86,12 @@ func (s *Service) Rewind(ctx context.Context, owner, id, ref, actor string) (Rew
 	}
 	_ = s.cfg.Hooks.Fire(ctx, statehook.Event{Phase: statehook.Restored, Sandbox: res.Sandbox, Actor: actor,
 		From: sb.ID, Checkpoint: c.ID, PointAt: c.CreatedAt})
+	s.log.Debug("rewind phases", "sandbox_id", sb.ID, "lock_ms", msOf(locked.Sub(start)), "resolve_ms", msOf(resolved.Sub(locked)),
+		"restart_ms", msOf(restarted.Sub(resolved)), "head_ms", msOf(headed.Sub(restarted)), "event_hooks_ms", msOf(time.Since(headed)))
 	return res, nil
 }
+
+func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // restartOn restarts sb (locked, running) on layers (digests, top first;
 // lowers their paths) with a fresh, empty workspace: from memory image img
@@ -101,7 +109,7 @@ func (s *Service) restartOn(ctx context.Context, sb *sandbox.Sandbox, layers, lo
 	t0 := time.Now()
 	s.killFirst(tctx, sb)
 	t1 := time.Now()
-	if err := s.haltForRestart(tctx, sb); err != nil {
+	if err := s.haltForRestart(tctx, sb, img != ""); err != nil {
 		// Still running as it was: let it be.
 		if berr := s.core.Boot(tctx, sb); berr != nil {
 			s.core.Fail(tctx, sb, "restart_failed", errors.Join(err, berr))
@@ -146,15 +154,13 @@ func (s *Service) restartOn(ctx context.Context, sb *sandbox.Sandbox, layers, lo
 	return mode, why, nil
 }
 
-// haltForRestart stops sb for the start that follows. On runc the network
-// attachment is kept for it (Core.HaltForRestart). On runsc it is not:
-// runsc (network=sandbox) moved the attachment's addresses and routes into
-// its own netstack when it started, so a boot or a restore into that
-// namespace comes up with none ("network is unreachable") — the halt
-// detaches it and the start attaches a fresh one, as a memory resume and a
-// fork's parent (internal/checkpoint restoreParent) do.
-func (s *Service) haltForRestart(ctx context.Context, sb *sandbox.Sandbox) error {
-	if sb.Runtime == "runsc" {
+// haltForRestart stops sb for the start that follows, keeping its network
+// attachment for it (Core.HaltForRestart) — except for a runsc memory
+// restore: the restored Sentry's netstack is the image's, and a restore
+// into a kept namespace is not what a memory resume and a fork's parent
+// (internal/checkpoint restoreParent) do; those detach and attach afresh.
+func (s *Service) haltForRestart(ctx context.Context, sb *sandbox.Sandbox, restore bool) error {
+	if restore && sb.Runtime == "runsc" {
 		return s.core.Halt(ctx, sb)
 	}
 	return s.core.HaltForRestart(ctx, sb)

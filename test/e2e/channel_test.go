@@ -212,20 +212,28 @@ func TestChannelTrustBoundary(t *testing.T) {
 					t.Fatal(err)
 				}
 				key := hex.EncodeToString(agentapi.DeriveKey(master, a))
+				// A restart drops the daemon's kept-alive agent connections,
+				// so the execs below cannot all ride on old ones.
+				s.must("stop", a)
+				s.must("start", a)
+				s.must("cp", fake, a+":/tmp/fakeagent")
+				s.must("exec", "--user", "root", a, "--", "chmod", "755", "/tmp/fakeagent")
 				s.asRoot(a, "/tmp/fakeagent key /run/berth/agent.sock "+key+" >/dev/null 2>&1 &")
 				// The fake agent's connection waits among the real agent's
-				// spares; concurrent execs make the daemon take spares until
-				// it meets the fake one.
+				// spares (the daemon takes the oldest first). Execs that
+				// overlap for a second need a connection each: more of them
+				// than the daemon keeps alive make it take spares until it
+				// meets the fake one (more each round, below MaxConns).
 				bounded := 0
 				var outs []string
-				for i := 0; i < 20 && bounded == 0; i++ {
+				for i := 0; i < 8 && bounded == 0; i++ {
 					var mu sync.Mutex
 					var wg sync.WaitGroup
-					for j := 0; j < 6; j++ {
+					for j := 0; j < 6+4*i; j++ {
 						wg.Add(1)
 						go func() {
 							defer wg.Done()
-							out, code := s.run("exec", a, "--", "echo", "hi")
+							out, code := s.run("exec", a, "--", "sh", "-c", "sleep 1; echo hi")
 							mu.Lock()
 							defer mu.Unlock()
 							if code != 0 && strings.Contains(out, "exceeds") {

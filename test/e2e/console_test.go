@@ -312,6 +312,7 @@ func TestConsoleActions(t *testing.T) {
 		} else {
 			b.run(chromedp.Click(chromedp.CSS("#confirm-cancel")))
 		}
+		b.run(chromedp.WaitNotVisible(chromedp.CSS("#confirm")))
 	}
 	// Cancelled with the default mode: had it been sent, the sandbox would
 	// be paused in the default mode and the disk pause below would fail.

@@ -117,7 +117,8 @@ func TestRewindKeepsNetwork(t *testing.T) {
 
 // TestRewindKilledKeepsNetwork: the daemon is killed (SIGKILL) in the middle
 // of a rewind, once the sandbox is halted and the restart journal written
-// (on runsc its network is detached by then, on runc it is kept). After a
+// (its network attachment is kept for the boot, and on runsc refreshed: the
+// addresses its Sentry took are back in the namespace). After a
 // restart the interrupted rewind is settled and the sandbox, started again
 // where the restart found it dead, reaches what its policy allows, by name,
 // with its requests attributed to it.

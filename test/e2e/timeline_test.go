@@ -595,35 +595,63 @@ func TestTimelineRepeatedDeltas(t *testing.T) {
 }
 
 // TestTimelineRewindSurvivesKill9: the daemon is killed (-9) in the middle
-// of a rewind — as soon as its restart journal is written, and as soon as
-// the workspace is set aside. After a restart the sandbox is never half:
-// the interrupted restart is settled (an event says so), no workspace is
-// left aside, and once running (started again if the restart found it
-// dead) it holds either the state it had before the rewind or the
-// checkpoint's, never a mix and never an empty disk.
+// of a rewind — as soon as its restart journal is written, as soon as the
+// workspace is set aside, and while the fresh workspace image is being
+// formatted. After a restart the sandbox is never half: the interrupted
+// restart is settled (an event says so), no workspace is left aside, and
+// once running (started again if the restart found it dead) it holds
+// either the state it had before the rewind or the checkpoint's, never a
+// mix and never an empty disk.
 func TestTimelineRewindSurvivesKill9(t *testing.T) {
 	s := startServer(t)
-	for _, at := range []string{"timeline-restart.json", "disk.img.timeline"} {
+	for _, at := range []string{"timeline-restart.json", "disk.img.timeline", "disk.img.new"} {
 		t.Run(at, func(t *testing.T) {
 			id := s.create("--runtime", "runc")
 			defer s.run("rm", id)
 			s.must("exec", id, "--", "sh", "-c", "echo checkpoint > /home/user/state")
 			ck := s.checkpoint(s.key, id)
-			s.must("exec", id, "--", "sh", "-c", "echo later > /home/user/state; echo later > /home/user/later")
-			cmd := exec.Command(filepath.Join(s.bin, "berth"), "rewind", id, "--to", ck.ID)
-			cmd.Env = s.env(s.key)
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
 			mark := filepath.Join(s.dataDir, "sandboxes", id, at)
-			testutil.Eventually(t, testutil.Within(30*time.Second).Every(time.Millisecond), func() error {
-				if _, err := os.Stat(mark); err != nil {
-					return fmt.Errorf("%s never appeared: %v", at, err)
+			// The scratch image lives for the few milliseconds of mkfs, so a
+			// rewind may end before the poll sees it: rewind again, up to
+			// ten times, until the kill lands inside the window.
+			caught, attempts := false, 0
+			for ; attempts < 10 && !caught; attempts++ {
+				s.must("exec", id, "--", "sh", "-c", "echo later > /home/user/state; echo later > /home/user/later")
+				cmd := exec.Command(filepath.Join(s.bin, "berth"), "rewind", id, "--to", ck.ID)
+				cmd.Env = s.env(s.key)
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
 				}
-				return nil
-			})
-			s.kill9()
-			_ = cmd.Wait()
+				done := make(chan error, 1)
+				go func() { done <- cmd.Wait() }()
+				deadline := time.After(30 * time.Second)
+			poll:
+				for {
+					if _, err := os.Stat(mark); err == nil {
+						caught = true
+						break
+					}
+					select {
+					case err := <-done:
+						if err != nil {
+							t.Fatalf("rewind ended before %s appeared: %v", at, err)
+						}
+						break poll
+					case <-deadline:
+						t.Fatalf("%s never appeared and the rewind did not end", at)
+					default:
+						time.Sleep(200 * time.Microsecond)
+					}
+				}
+				if caught {
+					s.kill9()
+					<-done
+				}
+			}
+			if !caught {
+				t.Fatalf("%s never seen in 10 rewinds", at)
+			}
+			t.Logf("killed at %s during rewind #%d", at, attempts)
 			s.start()
 			if _, err := os.Stat(filepath.Join(s.dataDir, "sandboxes", id, "disk.img.timeline")); !os.IsNotExist(err) {
 				t.Errorf("workspace left aside after the restart: %v", err)

@@ -66,6 +66,22 @@ func (s *LocalStore) Transition(ctx context.Context, id string, to sandbox.State
 	return sb, err
 }
 
+func (s *LocalStore) TransitionLeases(ctx context.Context, id string, to sandbox.State, ev sandbox.Event, fn func(*sandbox.Sandbox) error, ch store.LeaseChange) (*sandbox.Sandbox, error) {
+	sb, err := s.Store.TransitionLeases(ctx, id, to, ev, fn, ch)
+	if err == nil {
+		s.poke()
+	}
+	return sb, err
+}
+
+func (s *LocalStore) ApplyLeases(ctx context.Context, sandboxID string, set []store.LeaseUpdate, issue []store.Lease, fn func(*sandbox.Sandbox) bool) error {
+	err := s.Store.ApplyLeases(ctx, sandboxID, set, issue, fn)
+	if err == nil && fn != nil {
+		s.poke()
+	}
+	return err
+}
+
 func (s *LocalStore) DeleteSandbox(ctx context.Context, id string) error {
 	err := s.Store.DeleteSandbox(ctx, id)
 	if err == nil {

@@ -104,8 +104,16 @@ func (o *OCI) checkpoint(ctx context.Context, id, imageDir string) error {
 			return withCRIULog(err, filepath.Join(work, "dump.log"))
 		}
 	case Runsc:
+		// A restore still loading pages in the background: the Sentry
+		// would wait for it too (pgalloc's SaveTo), but waiting here keeps
+		// a failed load berth's error and the image's readers counted.
+		if err := o.WaitPagesLoaded(ctx, id); err != nil && !errs.Is(err, errs.NotFound) {
+			return err
+		}
+		// Uncompressed (runsc's default, said here because a lazy restore
+		// depends on it: --background has no effect on a compressed image).
 		if _, err := o.exec(ctx, false, "checkpoint", id,
-			"checkpoint", "--direct", "--image-path", imageDir, id); err != nil {
+			"checkpoint", "--direct", "--compression=none", "--image-path", imageDir, id); err != nil {
 			return err
 		}
 	}
@@ -117,7 +125,8 @@ func (o *OCI) checkpoint(ctx context.Context, id, imageDir string) error {
 
 // Restore starts container spec.ID from imageDir. The spec must match the
 // checkpointed one apart from ID, BundleDir and RootFS; restoring one image
-// several times forks it.
+// several times forks it. runsc returns before every memory page is read:
+// imageDir must stay until WaitPagesLoaded(spec.ID) returns.
 func (o *OCI) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
 	if !filepath.IsAbs(imageDir) {
 		return errs.Field("image_dir", "must be an absolute path, got %q", imageDir)
@@ -140,6 +149,7 @@ func (o *OCI) restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 	if err != nil {
 		return err
 	}
+	lazy := o.name == Runsc && lazyRestore(imageDir)
 	switch o.name {
 	case Runc:
 		work := filepath.Join(spec.BundleDir, "criu-restore")
@@ -165,12 +175,20 @@ func (o *OCI) restore(ctx context.Context, spec runtime.Spec, imageDir string) e
 			os.RemoveAll(work)
 		}
 	case Runsc:
+		args := []string{"restore", "--direct", "--detach", "--image-path", imageDir}
+		if lazy {
+			// restore returns once the kernel state is loaded and the memory
+			// pages follow while the sandbox runs (pageload_linux.go).
+			args = append(args, "--background")
+		}
 		err = o.execDetached(ctx, spec.NetNSPath != "", "restore", spec.ID, logPath(spec),
-			"restore", "--direct", "--detach", "--image-path", imageDir,
-			"--bundle", spec.BundleDir, spec.ID)
+			append(args, "--bundle", spec.BundleDir, spec.ID)...)
 	}
 	if err = errors.Join(err, done()); err != nil {
 		return o.undoStart(spec.ID, err)
+	}
+	if lazy {
+		o.trackPageLoad(spec.ID, imageDir)
 	}
 	return nil
 }

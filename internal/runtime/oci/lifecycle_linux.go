@@ -160,6 +160,7 @@ func (o *OCI) Delete(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return errs.Field("id", "%q is not a valid id", id)
 	}
+	o.endPageLoad(id)
 	_, err := o.exec(ctx, false, "delete", id, "delete", "--force", id)
 	if errs.Is(err, errs.NotFound) {
 		return nil
@@ -170,14 +171,21 @@ func (o *OCI) Delete(ctx context.Context, id string) error {
 // Freeze stops every process of the container: runc's with the cgroup
 // freezer written directly (freezeCgroup: what `runc pause` does, without
 // the exec; `runc pause` only where the container has no freezer cgroup
-// of its own), runsc's with `runsc pause` (the Sentry stops its own tasks;
-// freezer_linux.go says why it is never frozen from outside).
+// of its own), runsc's by asking its Sentry over the control socket
+// (runscControl: what `runsc pause` does, without the exec; the Sentry
+// stops its own tasks, and freezer_linux.go says why it is never frozen
+// from outside), with `runsc pause` when that socket cannot be used.
 func (o *OCI) Freeze(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return errs.Field("id", "%q is not a valid id", id)
 	}
-	if o.name == Runc {
+	switch o.name {
+	case Runc:
 		if err := o.freezeCgroup(ctx, id); !errs.Is(err, errs.NotFound) && !errs.Is(err, errs.FailedPrecondition) {
+			return err
+		}
+	case Runsc:
+		if done, err := o.runscDirect(ctx, id, runscPause); done {
 			return err
 		}
 	}
@@ -185,14 +193,32 @@ func (o *OCI) Freeze(ctx context.Context, id string) error {
 	return err
 }
 
+// runscDirect is runscControl, done=false when the Sentry was not asked
+// and the runsc command should be.
+func (o *OCI) runscDirect(ctx context.Context, id string, c runscCall) (done bool, err error) {
+	err = o.runscControl(ctx, id, c)
+	var ns *notSentError
+	if errors.As(err, &ns) {
+		o.log.Debug("runsc control socket not used; running the runsc command", "op", c.op, "sandbox_id", id, "err", err)
+		return false, nil
+	}
+	return true, err
+}
+
 // Thaw resumes a frozen container (runc: the freezer cgroup written
-// directly, as `runc resume` does).
+// directly, as `runc resume` does; runsc: the Sentry asked over its
+// control socket, as `runsc resume` does).
 func (o *OCI) Thaw(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return errs.Field("id", "%q is not a valid id", id)
 	}
-	if o.name == Runc {
+	switch o.name {
+	case Runc:
 		if err := o.thawCgroup(ctx, id); !errs.Is(err, errs.NotFound) && !errs.Is(err, errs.FailedPrecondition) {
+			return err
+		}
+	case Runsc:
+		if done, err := o.runscDirect(ctx, id, runscResume); done {
 			return err
 		}
 	}

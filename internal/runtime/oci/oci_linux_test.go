@@ -27,7 +27,7 @@ const (
 	criuPath  = "/var/cache/berth/bin/criu"
 )
 
-func newBackend(t *testing.T, name string) *OCI {
+func newBackend(t testing.TB, name string) *OCI {
 	t.Helper()
 	cfg := Config{Root: filepath.Join(t.TempDir(), "state")}
 	switch name {
