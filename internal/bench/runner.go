@@ -36,6 +36,11 @@ type Options struct {
 	// RuntimeBins are the runtime binaries found on the host (RuntimeBinaries):
 	// the one-shot baseline hands runsc's to podman --runtime.
 	RuntimeBins map[string]string
+	// Upstream is the TLS test service of the effects-https row (--self
+	// starts it with the server); nil, with UpstreamErr saying why when
+	// it failed, makes the row not available.
+	Upstream    *HTTPSUpstream
+	UpstreamErr error
 	Log         io.Writer // progress
 	// Server is the server --self started (nil otherwise): the scale row
 	// restarts it and reads its RSS.
@@ -51,7 +56,12 @@ type Options struct {
 var Names = []string{"create-cold", "create-warm", "exec-rtt", "delete", "throughput", "burst", "density",
 	"upload", "download", "fork", "diff", "pause-memory", "resume-memory", "pause-freeze", "resume-freeze", "merge", "e2b-tti", "e2b-tti-warm",
 	"code-interpreter-tti", "code-interpreter-tti-warm", "code-interpreter-rtt",
-	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases", "oneshot", "cli-call", "scale"}
+	"activity-follow", "checkpoint-files", "rewind-files", "task-step", "resume-tasks", "note-write", "audit-visible", "audit-verify", "self-api-rtt", "pause-resume-leases", "effects-https", "oneshot", "cli-call", "scale"}
+
+// fileRows are the upload and download rows --only may also name one by
+// one: the group measures ~1 min of 1000-request rows one may not want.
+var fileRows = []string{"upload-64MiB", "upload-1000x4KiB", "download-64MiB", "download-1000x4KiB",
+	"upload-1000x4KiB-batch", "download-1000x4KiB-batch"}
 
 // optIn are metrics measured only when --only names them (they take minutes).
 var optIn = []string{"scale"}
@@ -78,7 +88,7 @@ func NewRunner(c *Client, o Options, raw *Raw, rawErr error) (*Runner, error) {
 		return nil, fmt.Errorf("--runs must be at least 1")
 	}
 	for _, n := range o.Only {
-		if !slices.Contains(Names, n) {
+		if !slices.Contains(Names, n) && !slices.Contains(fileRows, n) {
 			return nil, fmt.Errorf("--only: unknown metric %q (allowed: %s)", n, strings.Join(Names, ", "))
 		}
 	}
@@ -97,6 +107,10 @@ func (r *Runner) want(name string) bool {
 	}
 	if len(r.o.Only) == 0 {
 		return !slices.Contains(optIn, name)
+	}
+	if name == "upload" || name == "download" {
+		// The group runs when one of its rows is named.
+		return slices.ContainsFunc(r.o.Only, func(n string) bool { return n == name || strings.HasPrefix(n, name+"-") })
 	}
 	return slices.Contains(r.o.Only, name) || slices.Contains(r.o.Only, group)
 }
@@ -150,6 +164,7 @@ func (r *Runner) Run(ctx context.Context) (*Report, error) {
 		{[]string{"audit-visible"}, r.auditVisible},     // audit.go
 		{[]string{"self-api-rtt"}, r.selfAPIRTT},        // selfapi.go
 		{[]string{"pause-resume-leases"}, r.leasePause}, // leases.go
+		{[]string{"effects-https"}, r.effectsHTTPS},     // effects_linux.go
 		{[]string{"oneshot"}, r.oneshot},                // oneshot.go
 		{[]string{"scale"}, r.scale},                    // scale.go
 	}

@@ -21,15 +21,22 @@ import (
 // SelfServer is a `berth serve` the bench started on a fresh data dir.
 type SelfServer struct {
 	URL, Key, DataDir, LogPath string
-	args                       []string // the serve command line, for Restart
-	cmd                        *exec.Cmd
-	done                       chan struct{}
+	// Upstream is the effects-https row's TLS test service (when asked
+	// for), or UpstreamErr why it could not be started.
+	Upstream    *HTTPSUpstream
+	UpstreamErr error
+	args        []string // the serve command line, for Restart
+	cmd         *exec.Cmd
+	done        chan struct{}
 }
 
 // StartSelf starts `berthBin serve` on a new data dir under /tmp with a
 // short name (agent socket paths must stay under 108 bytes), without the
-// default template, and imports the busybox "tiny" template.
-func StartSelf(ctx context.Context, berthBin string) (*SelfServer, error) {
+// default template, and imports the busybox "tiny" template. With
+// upstream, it first starts the TLS test service of the effects-https
+// row and has the server resolve and trust it; a failure there only makes
+// that row not available.
+func StartSelf(ctx context.Context, berthBin string, upstream bool) (*SelfServer, error) {
 	dataDir, err := os.MkdirTemp("/tmp", "b")
 	if err != nil {
 		return nil, err
@@ -42,6 +49,11 @@ func StartSelf(ctx context.Context, berthBin string) (*SelfServer, error) {
 	ln.Close()
 	s := &SelfServer{URL: "http://" + addr, DataDir: dataDir, LogPath: dataDir + ".log", done: make(chan struct{})}
 	s.args = []string{berthBin, "serve", "--data-dir", dataDir, "--listen", addr, "--no-default-template"}
+	if upstream {
+		if s.Upstream, s.UpstreamErr = StartHTTPSUpstream(20 * time.Millisecond); s.UpstreamErr == nil {
+			s.args = append(s.args, "--egress-hosts", s.Upstream.HostsFile, "--upstream-ca", s.Upstream.CAFile)
+		}
+	}
 	if err := s.spawn(); err != nil {
 		return nil, err
 	}
@@ -181,6 +193,9 @@ func (s *SelfServer) Stop() error {
 		<-s.done
 	}
 	detachRuntimeNetns(s.DataDir)
+	if s.Upstream != nil {
+		s.Upstream.Close()
+	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	if strings.Contains(string(mounts), s.DataDir+"/") {
 		return errors.Join(append(errList, fmt.Errorf("mounts remain under %s; left in place", s.DataDir))...)

@@ -12,7 +12,7 @@ import (
 // Rows of the task ledger (issue 17, docs/TASKS.md).
 const (
 	defTaskStep       = "One step change of the task ledger: the clock starts when POST /v1/sandboxes/{id}/tasks/{task}/steps/{n}/done is sent (a pending step of a 256-step task on a running sandbox) and stops when its answer (the task) has been read; the server validates it, appends the change to the log and stores the task in one SQLite transaction."
-	defTaskResume     = "Freeze resume of a sandbox whose task ledger is at its bound (64 tasks of 20 steps, 2 waiting gates each), the same clock as resume-freeze (POST /v1/sandboxes/{id}/resume sent → `echo ok` answered): the resume answer carries the ledger's summary. Baseline: the same on a sandbox with no ledger, alternating with it in the same run; the ratio is the ledger's overhead on resume."
+	defTaskResume     = "Freeze resume of a sandbox whose task ledger is at its bound (64 tasks of 20 steps, 2 waiting gates each), the same clock as resume-freeze (POST /v1/sandboxes/{id}/resume sent → `echo ok` answered): the resume answer carries the ledger's summary. Baseline: the same on a sandbox with no ledger, alternating with it in the same run (which goes first alternates too); the ratio is the ledger's overhead on resume."
 	defResumeNoLedger = "Freeze resume of a sandbox with no task ledger (resume-freeze's clock), alternated with the measured one."
 )
 
@@ -90,8 +90,18 @@ func (r *Runner) taskResume(ctx context.Context, rt string) []Metric {
 	var base []float64
 	var baseErrs []string
 	for i := 0; i < r.o.Warmups+r.o.Runs && ctx.Err() == nil; i++ {
-		_, dw, err := r.pauseResume(ctx, with.ID, wire.PauseFreeze)
-		_, dn, nerr := r.pauseResume(ctx, without.ID, wire.PauseFreeze)
+		// Which goes first alternates, so neither gains from its place
+		// (the audit and timeline writers still commit the previous one's
+		// entries while the next cycle starts).
+		var dw, dn time.Duration
+		var err, nerr error
+		if i%2 == 0 {
+			_, dw, err = r.pauseResume(ctx, with.ID, wire.PauseFreeze)
+			_, dn, nerr = r.pauseResume(ctx, without.ID, wire.PauseFreeze)
+		} else {
+			_, dn, nerr = r.pauseResume(ctx, without.ID, wire.PauseFreeze)
+			_, dw, err = r.pauseResume(ctx, with.ID, wire.PauseFreeze)
+		}
 		if err != nil {
 			m.Errors = append(m.Errors, err.Error())
 		}

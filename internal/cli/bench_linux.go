@@ -19,6 +19,11 @@ import (
 // runBench measures every published number next to its baseline, against
 // the server in BERTH_URL or, with --self, a server it starts and stops.
 func runBench(e *env, args []string) error {
+	if len(args) > 0 && args[0] == "https-client" {
+		// Not for people: the effects-https row runs this binary inside a
+		// sandbox as its HTTPS client.
+		return bench.RunHTTPSClient(args[1:], e.stdout)
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	only := fs.String("only", "", "comma-separated metrics: "+strings.Join(bench.Names, ","))
 	runs := fs.Int("runs", 10, "measured samples per metric")
@@ -78,7 +83,7 @@ func runBench(e *env, args []string) error {
 			return err
 		}
 		fmt.Fprintln(e.stderr, "starting berth serve with the tiny template ...")
-		s, err := bench.StartSelf(e.ctx, exe)
+		s, err := bench.StartSelf(e.ctx, exe, len(onlyList) == 0 || slices.Contains(onlyList, "effects-https"))
 		if err != nil {
 			return errs.Wrap(errs.Unavailable, err, "bench --self")
 		}
@@ -88,6 +93,7 @@ func runBench(e *env, args []string) error {
 			}
 		}()
 		c = bench.NewClient(s.URL, s.Key)
+		opts.Upstream, opts.UpstreamErr = s.Upstream, s.UpstreamErr
 		opts.Server = s
 	} else {
 		cl, err := newClient()

@@ -72,10 +72,16 @@ export function confirmAction(text, okLabel = 'OK') {
   document.getElementById('confirm-ok').textContent = okLabel;
   const back = document.activeElement;
   return new Promise((resolve) => {
-    dlg.addEventListener('close', () => {
+    // The close event is a queued task: an earlier opening's can arrive
+    // after this one began (a click right after a cancel). It is not this
+    // opening's answer while the dialog is still open.
+    const onClose = () => {
+      if (dlg.open) return;
+      dlg.removeEventListener('close', onClose);
       resolve(dlg.returnValue === 'ok');
       if (back && back.focus) back.focus();
-    }, {once: true});
+    };
+    dlg.addEventListener('close', onClose);
     dlg.returnValue = 'cancel';
     dlg.showModal();
     document.getElementById('confirm-cancel').focus();
