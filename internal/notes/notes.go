@@ -23,6 +23,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/fsdiff"
+	"github.com/berth-dev/berth/internal/phases"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/statehook"
 	"github.com/berth-dev/berth/internal/store"
@@ -292,17 +293,21 @@ func (s *Service) Write(ctx context.Context, req WriteRequest) (*Note, error) {
 
 // write collects and appends one note. supplied says the caller supplied
 // sup (an automatic note carries the previous note's fields forward).
-func (s *Service) write(ctx context.Context, sb *sandbox.Sandbox, trigger, actor string, sup Supplied, supplied bool) (*Note, error) {
+func (s *Service) write(ctx context.Context, sb *sandbox.Sandbox, trigger, actor string, sup Supplied, supplied bool) (_ *Note, err error) {
 	started := time.Now()
+	ph := phases.Start("note")
+	defer func() { ph.Log(ctx, s.cfg.Log, sb.ID, err) }()
 	unlock, err := s.lock(ctx, sb.ID)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	ph.Mark("lock")
 	prev, man, err := s.recent(ctx, sb.ID, keptManifests)
 	if err != nil {
 		return nil, err
 	}
+	ph.Mark("recent")
 	n := Note{Trigger: trigger, Actor: actor}
 	if len(prev) > 0 {
 		last := prev[0]
@@ -328,19 +333,20 @@ func (s *Service) write(ctx context.Context, sb *sandbox.Sandbox, trigger, actor
 	var m *Manifest
 	if sb.State == sandbox.Running {
 		cctx, cancel := context.WithDeadline(ctx, started.Add(s.cfg.Budget))
-		m = s.collect(cctx, sb, &n, man)
+		m = s.collect(cctx, sb, &n, man, ph)
 		cancel()
 	} else {
 		n.Files.Error = "sandbox is " + string(sb.State) + ": machine state not collected"
 	}
 	n.Millis = time.Since(started).Milliseconds()
+	defer ph.Mark("append")
 	return s.append(ctx, sb, n, m)
 }
 
 // collect fills in the machine state of a running sandbox and returns
 // its manifest (nil if the files could not be read). Each part that
 // fails or runs out of time says so in the note; none fails it.
-func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, prev *manifestAt) *Manifest {
+func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, prev *manifestAt, ph *phases.Timer) *Manifest {
 	n.Collected = true
 	ag := s.core.Agent(sb)
 	if ag != nil {
@@ -354,6 +360,7 @@ func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, pre
 	} else {
 		n.ProcError = "no agent channel"
 	}
+	ph.Mark("processes")
 	var repos []repoAt
 	var m *Manifest
 	func() {
@@ -370,6 +377,7 @@ func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, pre
 			return
 		}
 		defer func() { _ = release() }()
+		ph.Mark("tree")
 		mm, rs, err := scanTree(fctx, tree, own)
 		repos = rs
 		if err != nil {
@@ -388,6 +396,7 @@ func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, pre
 		n.Files = Changes(pm, m, MaxFiles)
 		n.Files.SinceSeq, n.Files.Error = since, errText
 	}
+	ph.Mark("scan")
 	n.ReposTotal = len(repos)
 	if len(repos) > MaxRepos {
 		repos = repos[:MaxRepos]
@@ -402,6 +411,7 @@ func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, pre
 				n.GitError = errs.Short(err)
 			}
 		}
+		ph.Mark("git")
 	}
 	return m
 }
