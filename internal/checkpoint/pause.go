@@ -87,16 +87,28 @@ func (s *Service) PauseAs(ctx context.Context, owner, id string, mode sandbox.Pa
 	if err != nil {
 		return nil, err
 	}
-	_ = s.cfg.Hooks.Fire(ctx, statehook.Event{Phase: statehook.BeforePause, Sandbox: sb, Actor: actor})
-	ph.Mark("hooks_before")
+	// The hooks (the handoff note: the agent's processes, a scan of the
+	// upper, its own commit) run beside the intent's commit, still under
+	// the sandbox's lock and before anything is frozen: the note needs the
+	// agent, and neither step reads what the other writes. Each was about
+	// a third of a freeze pause.
+	hooked := make(chan time.Duration, 1)
+	go func() {
+		t := time.Now()
+		_ = s.cfg.Hooks.Fire(ctx, statehook.Event{Phase: statehook.BeforePause, Sandbox: sb, Actor: actor})
+		hooked <- time.Since(t)
+	}()
 	// Intent before effect: a crash while pausing is resolved by ReconcilePaused.
-	if _, err := s.core.Transition(ctx, id, sandbox.Pausing, actor, reason, "", func(s *sandbox.Sandbox) error {
+	_, err = s.core.Transition(ctx, id, sandbox.Pausing, actor, reason, "", func(s *sandbox.Sandbox) error {
 		s.PauseRequested = mode
 		return nil
-	}); err != nil {
+	})
+	ph.Mark("intent_write")
+	ph.Add("hooks_before", <-hooked)
+	ph.Mark("hooks_before_wait")
+	if err != nil {
 		return nil, err
 	}
-	ph.Mark("intent_write")
 	s.notifyPaused(id)
 	tctx, cancel := teardownCtx(ctx)
 	defer cancel()

@@ -3,8 +3,9 @@
 // sandbox was paused, resumed, forked or restored, so each can apply its row
 // of the state table (docs/STATE.md) without the lifecycle knowing them.
 //
-// A hook runs synchronously on the lifecycle's goroutine, under the
-// sandbox's lock: it must be quick, must not take another sandbox's lock,
+// A hook runs synchronously with the lifecycle step, under the sandbox's
+// lock (BeforePause on a goroutine of its own beside the pause's intent
+// commit, which the step waits for before it freezes): it must be quick, must not take another sandbox's lock,
 // and must not call back into the lifecycle verbs. A hook's error never fails
 // the lifecycle step it observes (the step already happened, or must happen
 // regardless); the bus logs it and hands it to OnError, which the daemon
@@ -26,7 +27,7 @@ type Phase string
 
 const (
 	// BeforePause: the sandbox is still running and its agent reachable;
-	// the pause has been validated and is about to start.
+	// the pause has been validated and its intent is being committed.
 	BeforePause Phase = "before_pause"
 	// Paused: the pause completed (Sandbox.PauseActual says how).
 	Paused Phase = "paused"
