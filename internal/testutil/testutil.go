@@ -5,6 +5,7 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -116,10 +117,86 @@ func BuildBinaries(t testing.TB) string {
 	return build.dir
 }
 
-// RemoveBinaries deletes what BuildBinaries built (call it from TestMain
-// after m.Run): without it every test process left ~50 MB in the temp dir.
+// programs are the test programs BuildProgram built, by package, and the
+// directories ProcessDir made; RemoveBinaries removes them.
+var programs struct {
+	mu    sync.Mutex
+	built map[string]*program
+	dirs  []string
+}
+
+type program struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// BuildProgram builds the Go package pkg (a path from the repository's
+// root, e.g. "./test/e2e/testdata/fakeagent") as a static binary once per
+// test process and returns its path: a program the tests copy into a
+// sandbox. It lives until RemoveBinaries, like BuildBinaries' binaries.
+func BuildProgram(t testing.TB, pkg string) string {
+	t.Helper()
+	programs.mu.Lock()
+	if programs.built == nil {
+		programs.built = map[string]*program{}
+	}
+	p := programs.built[pkg]
+	if p == nil {
+		p = &program{}
+		programs.built[pkg] = p
+	}
+	programs.mu.Unlock()
+	p.once.Do(func() {
+		root, err := repoRoot()
+		if err != nil {
+			p.err = err
+			return
+		}
+		dir, err := ProcessDir("berth-prog-")
+		if err != nil {
+			p.err = err
+			return
+		}
+		p.path = filepath.Join(dir, filepath.Base(pkg))
+		cmd := exec.Command("go", "build", "-o", p.path, pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			p.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+		}
+	})
+	if p.err != nil {
+		t.Fatal(p.err)
+	}
+	return p.path
+}
+
+// ProcessDir makes a directory in the OS temp dir that outlives single
+// tests (a fixture built once per process) and is removed by
+// RemoveBinaries.
+func ProcessDir(prefix string) (string, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", err
+	}
+	programs.mu.Lock()
+	programs.dirs = append(programs.dirs, dir)
+	programs.mu.Unlock()
+	return dir, nil
+}
+
+// RemoveBinaries deletes what BuildBinaries and BuildProgram built and the
+// directories of ProcessDir (call it from TestMain after m.Run): without it
+// every test process left ~50 MB in the temp dir.
 func RemoveBinaries() {
 	if build.dir != "" {
 		_ = os.RemoveAll(build.dir)
 	}
+	programs.mu.Lock()
+	defer programs.mu.Unlock()
+	for _, d := range programs.dirs {
+		_ = os.RemoveAll(d)
+	}
+	programs.dirs = nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,34 +14,12 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentapi"
+	"github.com/berth-dev/berth/internal/testutil"
 )
-
-var fakeAgentOnce struct {
-	sync.Once
-	path string
-	err  error
-}
 
 // fakeAgentBin builds testdata/fakeagent (static) once per test process.
 func fakeAgentBin(t *testing.T) string {
-	fakeAgentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "berth-fakeagent-")
-		if err != nil {
-			fakeAgentOnce.err = err
-			return
-		}
-		fakeAgentOnce.path = filepath.Join(dir, "fakeagent")
-		cmd := exec.Command("go", "build", "-o", fakeAgentOnce.path, "./test/e2e/testdata/fakeagent")
-		cmd.Dir = filepath.Join("..", "..")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fakeAgentOnce.err = fmt.Errorf("build fakeagent: %v\n%s", err, out)
-		}
-	})
-	if fakeAgentOnce.err != nil {
-		t.Fatal(fakeAgentOnce.err)
-	}
-	return fakeAgentOnce.path
+	return testutil.BuildProgram(t, "./test/e2e/testdata/fakeagent")
 }
 
 // asRoot runs a shell script as root inside a sandbox.

@@ -46,7 +46,7 @@ var tinyOnce struct {
 // tinyTar builds the busybox "tiny" template tarball once per test process.
 func tinyTar(t *testing.T) string {
 	tinyOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "berth-tiny-")
+		dir, err := testutil.ProcessDir("berth-tiny-")
 		if err != nil {
 			tinyOnce.err = err
 			return

@@ -234,35 +234,13 @@ func (s *server) fetch(id, url string, wgetArgs ...string) (string, bool) {
 	return out, code == 0
 }
 
-var fetchOnce struct {
-	sync.Once
-	path string
-	err  error
-}
-
 // installFetch copies the static HTTPS client and the test internet's CA
 // into the sandbox (/home/user/fetch, /home/user/ca/test.pem).
 func (s *server) installFetch(id string, inet *internet) {
 	s.t.Helper()
-	fetchOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "berth-fetch-")
-		if err != nil {
-			fetchOnce.err = err
-			return
-		}
-		fetchOnce.path = filepath.Join(dir, "fetch")
-		cmd := exec.Command("go", "build", "-o", fetchOnce.path, "./test/e2e/testdata/fetch")
-		cmd.Dir = testutil.RepoRoot(s.t)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fetchOnce.err = fmt.Errorf("build fetch: %v: %s", err, out)
-		}
-	})
-	if fetchOnce.err != nil {
-		s.t.Fatal(fetchOnce.err)
-	}
+	bin := testutil.BuildProgram(s.t, "./test/e2e/testdata/fetch")
 	s.must("exec", id, "--", "mkdir", "-p", "/home/user/ca")
-	s.must("cp", fetchOnce.path, id+":/home/user/fetch")
+	s.must("cp", bin, id+":/home/user/fetch")
 	s.must("cp", inet.ca, id+":/home/user/ca/test.pem")
 	s.must("exec", id, "--", "chmod", "755", "/home/user/fetch")
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,12 +21,7 @@ const lazyMiB = 1024
 // /home/user/mc; it returns once the buffer is filled.
 func startMemcheck(t *testing.T, s *server, id string, mib int) {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "memcheck")
-	cmd := exec.Command("go", "build", "-o", bin, "../../internal/runtime/oci/testdata/memcheck")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build memcheck: %v: %s", err, out)
-	}
+	bin := testutil.BuildProgram(t, "./internal/runtime/oci/testdata/memcheck")
 	s.must("cp", bin, id+":/home/user/memcheck")
 	s.must("exec", id, "--", "sh", "-c", fmt.Sprintf("mkdir -p /home/user/mc && chmod +x /home/user/memcheck && (/home/user/memcheck %d /home/user/mc >/dev/null 2>&1 &)", mib))
 	testutil.Eventually(t, testutil.Within(2*time.Minute).Every(200*time.Millisecond), func() error {

@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,32 +14,9 @@ import (
 	"github.com/berth-dev/berth/internal/testutil"
 )
 
-var selfProbeOnce struct {
-	sync.Once
-	path string
-	err  error
-}
-
 // selfProbeBin builds testdata/selfprobe (static) once per test process.
 func selfProbeBin(t *testing.T) string {
-	selfProbeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "berth-selfprobe-")
-		if err != nil {
-			selfProbeOnce.err = err
-			return
-		}
-		selfProbeOnce.path = filepath.Join(dir, "selfprobe")
-		cmd := exec.Command("go", "build", "-o", selfProbeOnce.path, "./test/e2e/testdata/selfprobe")
-		cmd.Dir = filepath.Join("..", "..")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			selfProbeOnce.err = fmt.Errorf("build selfprobe: %v\n%s", err, out)
-		}
-	})
-	if selfProbeOnce.err != nil {
-		t.Fatal(selfProbeOnce.err)
-	}
-	return selfProbeOnce.path
+	return testutil.BuildProgram(t, "./test/e2e/testdata/selfprobe")
 }
 
 // selfCall runs `berth-agent api ARGS...` inside sandbox id as user ("" =

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -21,33 +20,10 @@ import (
 // Issue 11: nothing a sandbox writes reaches the host. These tests plant
 // the attack from inside real sandboxes as root, on runc and on runsc.
 
-var euidOnce struct {
-	sync.Once
-	path string
-	err  error
-}
-
 // euidProbe builds a static program that prints its effective uid.
 func euidProbe(t *testing.T) string {
 	t.Helper()
-	euidOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "berth-euid-")
-		if err != nil {
-			euidOnce.err = err
-			return
-		}
-		euidOnce.path = filepath.Join(dir, "euid")
-		cmd := exec.Command("go", "build", "-o", euidOnce.path, "./test/e2e/testdata/euid")
-		cmd.Dir = testutil.RepoRoot(t)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			euidOnce.err = fmt.Errorf("build euid: %v: %s", err, out)
-		}
-	})
-	if euidOnce.err != nil {
-		t.Fatal(euidOnce.err)
-	}
-	return euidOnce.path
+	return testutil.BuildProgram(t, "./test/e2e/testdata/euid")
 }
 
 // runtimesOf lists the runtimes to attack from: runc, and runsc (a missing
