@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"path/filepath"
+	"testing"
 	"time"
 
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -27,4 +28,15 @@ func (c *testCore) Event(ctx context.Context, sb *sandbox.Sandbox, actor, typ, r
 	if _, err := c.st.AppendEvent(context.WithoutCancel(ctx), ev); err != nil {
 		panic(err)
 	}
+}
+
+// openStore opens a real SQLite store for one test, closed after it.
+func openStore(t *testing.T) store.Store {
+	t.Helper()
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }

@@ -3,14 +3,12 @@ package checkpoint
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/statehook"
-	"github.com/berth-dev/berth/internal/store"
 )
 
 // freezeOnly is a runtime whose Freeze says when it was called; a pause
@@ -39,11 +37,7 @@ func (c pauseCore) RuntimeFor(*sandbox.Sandbox) (runtime.Runtime, error) { retur
 // only once they are done (the note asks the agent, which a freeze stops).
 func TestPauseHooksBesideTheIntent(t *testing.T) {
 	ctx := t.Context()
-	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openStore(t)
 	now := time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)
 	sb := &sandbox.Sandbox{ID: "sb1", Owner: "alice", Template: "tiny", TemplateID: "x", Runtime: "runc", State: sandbox.Running}
 	if err := st.CreateSandbox(ctx, sb); err != nil {

@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -56,11 +55,7 @@ func (c *leaseCore) PrepareProxyLeases(_ context.Context, sb *sandbox.Sandbox, l
 // running with the old generation active and nothing said).
 func TestResumeFoldsLeaseReissue(t *testing.T) {
 	ctx := t.Context()
-	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "berth.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openStore(t)
 	now := time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)
 	lc := &leaseCore{st: st, now: now, files: map[string]string{}, proxy: map[string][]store.Lease{}}
 	ls := leases.New(lc, st, leases.Config{})
