@@ -303,6 +303,13 @@ func (s *Service) write(ctx context.Context, sb *sandbox.Sandbox, trigger, actor
 	}
 	defer unlock()
 	ph.Mark("lock")
+	var procs <-chan listed
+	if sb.State == sandbox.Running {
+		// The agent lists the processes while the notes are read and the
+		// upper is scanned: the three are independent, and the agent's
+		// round trip was a sixth of a note.
+		procs = s.listProcesses(ctx, sb, started.Add(s.cfg.Budget))
+	}
 	prev, man, err := s.recent(ctx, sb.ID, keptManifests)
 	if err != nil {
 		return nil, err
@@ -333,7 +340,7 @@ func (s *Service) write(ctx context.Context, sb *sandbox.Sandbox, trigger, actor
 	var m *Manifest
 	if sb.State == sandbox.Running {
 		cctx, cancel := context.WithDeadline(ctx, started.Add(s.cfg.Budget))
-		m = s.collect(cctx, sb, &n, man, ph)
+		m = s.collect(cctx, sb, &n, man, procs, ph)
 		cancel()
 	} else {
 		n.Files.Error = "sandbox is " + string(sb.State) + ": machine state not collected"
@@ -346,21 +353,9 @@ func (s *Service) write(ctx context.Context, sb *sandbox.Sandbox, trigger, actor
 // collect fills in the machine state of a running sandbox and returns
 // its manifest (nil if the files could not be read). Each part that
 // fails or runs out of time says so in the note; none fails it.
-func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, prev *manifestAt, ph *phases.Timer) *Manifest {
+func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, prev *manifestAt, procs <-chan listed, ph *phases.Timer) *Manifest {
 	n.Collected = true
 	ag := s.core.Agent(sb)
-	if ag != nil {
-		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		procs, err := processes(pctx, ag)
-		cancel()
-		n.Processes = procs
-		if err != nil {
-			n.ProcError = errs.Short(err)
-		}
-	} else {
-		n.ProcError = "no agent channel"
-	}
-	ph.Mark("processes")
 	var repos []repoAt
 	var m *Manifest
 	func() {
@@ -397,6 +392,9 @@ func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, pre
 		n.Files.SinceSeq, n.Files.Error = since, errText
 	}
 	ph.Mark("scan")
+	p := <-procs
+	n.Processes, n.ProcError = p.procs, p.err
+	ph.Mark("processes_wait")
 	n.ReposTotal = len(repos)
 	if len(repos) > MaxRepos {
 		repos = repos[:MaxRepos]
@@ -414,6 +412,36 @@ func (s *Service) collect(ctx context.Context, sb *sandbox.Sandbox, n *Note, pre
 		ph.Mark("git")
 	}
 	return m
+}
+
+// listed is the agent's process list for a note, or why there is none.
+type listed struct {
+	procs []Process
+	err   string
+}
+
+// listProcesses asks sb's agent for its processes (at most 300 ms, and
+// not past deadline) and delivers the answer on the channel it returns.
+func (s *Service) listProcesses(ctx context.Context, sb *sandbox.Sandbox, deadline time.Time) <-chan listed {
+	out := make(chan listed, 1)
+	ag := s.core.Agent(sb)
+	if ag == nil {
+		out <- listed{err: "no agent channel"}
+		return out
+	}
+	go func() {
+		dctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
+		pctx, pcancel := context.WithTimeout(dctx, 300*time.Millisecond)
+		defer pcancel()
+		procs, err := processes(pctx, ag)
+		l := listed{procs: procs}
+		if err != nil {
+			l.err = errs.Short(err)
+		}
+		out <- l
+	}()
+	return out
 }
 
 // OnState is the notes' row of the state table (docs/STATE.md): a note on
