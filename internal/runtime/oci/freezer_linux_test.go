@@ -24,25 +24,8 @@ func TestRuncFreezerAndKillInit(t *testing.T) {
 	o := newBackend(t, Runc)
 	ctx := context.Background()
 	base := t.TempDir()
-	for p := base; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
-		if err := os.Chmod(p, 0o711); err != nil {
-			t.Fatal(err)
-		}
-	}
-	lower := filepath.Join(base, "lower")
-	if err := rootfs.BusyboxRootFS(lower); err != nil {
-		t.Fatal(err)
-	}
 	m := rootfs.IDMap{HostID: 2000000000, Size: 65536}
-	dir := filepath.Join(base, "sb")
-	root, err := rootfs.Prepare(ctx, dir, []string{lower}, 64, &m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rootfs.Teardown(context.Background(), dir) })
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	dir, root := busyboxBundle(t, base, &m, true)
 	id := fmt.Sprintf("frz%d", time.Now().UnixNano()%1e9)
 	spec := runtime.Spec{ID: id, BundleDir: dir, RootFS: root,
 		Args: []string{"/bin/sh", "-c", "sleep 1000 & sleep 1000 & " +

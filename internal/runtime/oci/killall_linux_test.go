@@ -3,12 +3,10 @@ package oci
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 )
 
@@ -25,21 +23,7 @@ func TestKillProcesses(t *testing.T) {
 			o := newBackend(t, tc.rt)
 			ctx := context.Background()
 			base := t.TempDir()
-			for p := base; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
-				if err := os.Chmod(p, 0o711); err != nil {
-					t.Fatal(err)
-				}
-			}
-			lower := filepath.Join(base, "lower")
-			if err := rootfs.BusyboxRootFS(lower); err != nil {
-				t.Fatal(err)
-			}
-			dir := filepath.Join(base, "sb")
-			root, err := rootfs.Prepare(ctx, dir, []string{lower}, 64, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = rootfs.Teardown(context.Background(), dir) })
+			dir, root := busyboxBundle(t, base, nil, true)
 			id := fmt.Sprintf("kp%d", time.Now().UnixNano()%1e9)
 			spec := runtime.Spec{ID: id, BundleDir: dir, RootFS: root,
 				Args: []string{"/bin/sh", "-c", "sleep 1000 & sleep 1000 & exec sleep 1000"}}

@@ -90,25 +90,8 @@ func checkpointUserNS(t *testing.T, o *OCI, joinNetns bool) {
 	ctx := context.Background()
 	base := t.TempDir()
 	// runc's init reaches the root filesystem as the mapped root.
-	for p := base; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
-		if err := os.Chmod(p, 0o711); err != nil {
-			t.Fatal(err)
-		}
-	}
-	lower := filepath.Join(base, "lower")
-	if err := rootfs.BusyboxRootFS(lower); err != nil {
-		t.Fatal(err)
-	}
 	m := rootfs.IDMap{HostID: 2000000000, Size: 65536}
-	dir := filepath.Join(base, "sb")
-	root, err := rootfs.Prepare(ctx, dir, []string{lower}, 64, &m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rootfs.Teardown(context.Background(), dir) })
-	if err := os.Chmod(dir, 0o711); err != nil { // as the daemon's shareSandboxDir
-		t.Fatal(err)
-	}
+	dir, root := busyboxBundle(t, base, &m, true)
 	id := fmt.Sprintf("uns%d", time.Now().UnixNano()%1e9)
 	spec := runtime.Spec{ID: id, BundleDir: dir, RootFS: root,
 		Args:   []string{"/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"},
@@ -184,4 +167,37 @@ func hostNetns(t *testing.T, name string) string {
 		t.Fatalf("ip link set lo up: %v: %s", err, out)
 	}
 	return filepath.Join("/run/netns", name)
+}
+
+// busyboxBundle prepares a bundle dir (base/sb) with an overlay root of the
+// busybox rootfs (base/lower) and returns the dir and the root; m maps its
+// ids (nil: none). The bundle is torn down after the test. With
+// traversable, base and its parents below /tmp become 0711 (and a mapped
+// bundle dir too, as the daemon's shareSandboxDir), so a mapped root can
+// reach the root filesystem.
+func busyboxBundle(t testing.TB, base string, m *rootfs.IDMap, traversable bool) (dir, root string) {
+	t.Helper()
+	if traversable {
+		for p := base; p != "/tmp" && p != "/"; p = filepath.Dir(p) {
+			if err := os.Chmod(p, 0o711); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	lower := filepath.Join(base, "lower")
+	if err := rootfs.BusyboxRootFS(lower); err != nil {
+		t.Fatal(err)
+	}
+	dir = filepath.Join(base, "sb")
+	root, err := rootfs.Prepare(context.Background(), dir, []string{lower}, 64, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rootfs.Teardown(context.Background(), dir) })
+	if m != nil && traversable {
+		if err := os.Chmod(dir, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, root
 }

@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/errs"
-	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/runtime"
 )
 
@@ -67,16 +66,7 @@ func startRunscBox(t testing.TB, o *OCI) *runscBox {
 	t.Helper()
 	ctx := context.Background()
 	base := t.TempDir()
-	lower := filepath.Join(base, "lower")
-	if err := rootfs.BusyboxRootFS(lower); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(base, "sb")
-	root, err := rootfs.Prepare(ctx, dir, []string{lower}, 64, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rootfs.Teardown(context.Background(), dir) })
+	dir, root := busyboxBundle(t, base, nil, false)
 	host := filepath.Join(base, "x")
 	if err := os.MkdirAll(host, 0o777); err != nil {
 		t.Fatal(err)
@@ -143,26 +133,11 @@ func TestRunscDirectPauseResume(t *testing.T) {
 	eventually(t, "the counter runs", func() bool { return b.counter() >= 3 })
 
 	for round := 0; round < 2; round++ {
-		cmds.take()
-		if err := o.Freeze(ctx, b.id); err != nil {
-			t.Fatal(err)
-		}
-		if ops := cmds.take(); len(ops) != 0 {
-			t.Fatalf("Freeze ran runsc %v, want no command", ops)
-		}
-		wantState(t, o, b.id, "paused")
-		assertStill(t, b)
+		freezeDirect(t, cmds, o, b, "")
 		if err := o.Freeze(ctx, b.id); err == nil {
 			t.Fatal("Freeze of a paused sandbox succeeded")
 		}
-		cmds.take()
-		if err := o.Thaw(ctx, b.id); err != nil {
-			t.Fatal(err)
-		}
-		if ops := cmds.take(); len(ops) != 0 {
-			t.Fatalf("Thaw ran runsc %v, want no command", ops)
-		}
-		wantState(t, o, b.id, "running")
+		thawDirect(t, cmds, o, b, "")
 		moved := b.counter()
 		eventually(t, "the counter runs again", func() bool { return b.counter() > moved+2 })
 	}
@@ -197,22 +172,8 @@ func TestRunscDirectPauseResume(t *testing.T) {
 	wantState(t, o, b.id, "running")
 	moved := b.counter()
 	eventually(t, "the restored counter runs", func() bool { return b.counter() > moved+2 })
-	cmds.take()
-	if err := o.Freeze(ctx, b.id); err != nil {
-		t.Fatal(err)
-	}
-	if ops := cmds.take(); len(ops) != 0 {
-		t.Fatalf("Freeze of a restored sandbox ran runsc %v, want no command", ops)
-	}
-	wantState(t, o, b.id, "paused")
-	assertStill(t, b)
-	cmds.take()
-	if err := o.Thaw(ctx, b.id); err != nil {
-		t.Fatal(err)
-	}
-	if ops := cmds.take(); len(ops) != 0 {
-		t.Fatalf("Thaw of a restored sandbox ran runsc %v, want no command", ops)
-	}
+	freezeDirect(t, cmds, o, b, " of a restored sandbox")
+	thawDirect(t, cmds, o, b, " of a restored sandbox")
 	moved = b.counter()
 	eventually(t, "the restored counter runs again", func() bool { return b.counter() > moved+2 })
 	if err := o.Delete(ctx, b.id); err != nil {
@@ -579,4 +540,33 @@ func BenchmarkRunscPauseResume(b *testing.B) {
 		b.ReportMetric(float64(took[i][0].Microseconds())/1000/float64(b.N), p.name+"-pause-ms")
 		b.ReportMetric(float64(took[i][1].Microseconds())/1000/float64(b.N), p.name+"-resume-ms")
 	}
+}
+
+// freezeDirect freezes b and checks that no runsc command ran (the call
+// went over the control socket), that runsc's state says paused and that
+// b's counter stands still; what names the sandbox in the failures.
+func freezeDirect(t *testing.T, cmds *commandLog, o *OCI, b *runscBox, what string) {
+	t.Helper()
+	cmds.take()
+	if err := o.Freeze(context.Background(), b.id); err != nil {
+		t.Fatal(err)
+	}
+	if ops := cmds.take(); len(ops) != 0 {
+		t.Fatalf("Freeze%s ran runsc %v, want no command", what, ops)
+	}
+	wantState(t, o, b.id, "paused")
+	assertStill(t, b)
+}
+
+// thawDirect is freezeDirect's Thaw: no command, and runsc's state says running.
+func thawDirect(t *testing.T, cmds *commandLog, o *OCI, b *runscBox, what string) {
+	t.Helper()
+	cmds.take()
+	if err := o.Thaw(context.Background(), b.id); err != nil {
+		t.Fatal(err)
+	}
+	if ops := cmds.take(); len(ops) != 0 {
+		t.Fatalf("Thaw%s ran runsc %v, want no command", what, ops)
+	}
+	wantState(t, o, b.id, "running")
 }
