@@ -547,26 +547,26 @@ func BenchmarkRunscPauseResume(b *testing.B) {
 // b's counter stands still; what names the sandbox in the failures.
 func freezeDirect(t *testing.T, cmds *commandLog, o *OCI, b *runscBox, what string) {
 	t.Helper()
-	cmds.take()
-	if err := o.Freeze(context.Background(), b.id); err != nil {
-		t.Fatal(err)
-	}
-	if ops := cmds.take(); len(ops) != 0 {
-		t.Fatalf("Freeze%s ran runsc %v, want no command", what, ops)
-	}
-	wantState(t, o, b.id, "paused")
+	callDirect(t, cmds, o, b, "Freeze"+what, o.Freeze, "paused")
 	assertStill(t, b)
 }
 
 // thawDirect is freezeDirect's Thaw: no command, and runsc's state says running.
 func thawDirect(t *testing.T, cmds *commandLog, o *OCI, b *runscBox, what string) {
 	t.Helper()
+	callDirect(t, cmds, o, b, "Thaw"+what, o.Thaw, "running")
+}
+
+// callDirect makes call on b, checks that it ran no runsc command and
+// that runsc's state is then state.
+func callDirect(t *testing.T, cmds *commandLog, o *OCI, b *runscBox, name string, call func(context.Context, string) error, state string) {
+	t.Helper()
 	cmds.take()
-	if err := o.Thaw(context.Background(), b.id); err != nil {
+	if err := call(context.Background(), b.id); err != nil {
 		t.Fatal(err)
 	}
 	if ops := cmds.take(); len(ops) != 0 {
-		t.Fatalf("Thaw%s ran runsc %v, want no command", what, ops)
+		t.Fatalf("%s ran runsc %v, want no command", name, ops)
 	}
-	wantState(t, o, b.id, "running")
+	wantState(t, o, b.id, state)
 }
