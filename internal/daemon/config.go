@@ -48,6 +48,11 @@ type Config struct {
 	// Unit tests without root give a plain-directory one (runtime/fake.Dirs).
 	Filesystem Filesystem
 
+	// WorkspaceSpares is how many formatted workspace images of the default
+	// disk size are kept ready under DataDir/spares for cold creates;
+	// 0: DefaultWorkspaceSpares, negative: none (each create formats its own).
+	WorkspaceSpares int
+
 	// ActivityRetention is how many activity entries each sandbox keeps
 	// (oldest pruned); 0 = activity.DefaultRetention.
 	ActivityRetention int
@@ -70,11 +75,12 @@ type Filesystem interface {
 	Teardown(ctx context.Context, dir string) error
 }
 
-// overlayFS is internal/rootfs as a Filesystem.
-type overlayFS struct{}
+// overlayFS is internal/rootfs as a Filesystem; a new workspace of the
+// default disk size takes a spare image formatted ahead (New starts them).
+type overlayFS struct{ spares *rootfs.Spares }
 
-func (overlayFS) Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, m *rootfs.IDMap) (string, error) {
-	return rootfs.Prepare(ctx, dir, lowers, diskMiB, m)
+func (f overlayFS) Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, m *rootfs.IDMap) (string, error) {
+	return f.spares.Prepare(ctx, dir, lowers, diskMiB, m)
 }
 
 func (overlayFS) Remount(ctx context.Context, dir string, lowers []string, m *rootfs.IDMap) (string, error) {
@@ -82,6 +88,10 @@ func (overlayFS) Remount(ctx context.Context, dir string, lowers []string, m *ro
 }
 
 func (overlayFS) Teardown(ctx context.Context, dir string) error { return rootfs.Teardown(ctx, dir) }
+
+// DefaultWorkspaceSpares covers a quick run of cold creates (8 × ~1.2 MiB
+// on disk); a burst beyond them formats its own, as with none.
+const DefaultWorkspaceSpares = 8
 
 // maxSocketPath is sun_path's limit (108) minus the NUL byte.
 const maxSocketPath = 107

@@ -199,6 +199,18 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 			}
 		}
 	}
+	var spares *rootfs.Spares
+	if fs, ok := cfg.Filesystem.(overlayFS); ok && cfg.WorkspaceSpares >= 0 {
+		keep := cfg.WorkspaceSpares
+		if keep == 0 {
+			keep = DefaultWorkspaceSpares
+		}
+		if spares, err = rootfs.NewSpares(filepath.Join(cfg.DataDir, "spares"), cfg.DefaultResources.DiskMiB, keep, cfg.Log); err != nil {
+			return nil, err
+		}
+		fs.spares = spares
+		cfg.Filesystem = fs
+	}
 	bg, cancel := context.WithCancel(context.Background())
 	d := &Daemon{
 		cfg: cfg, agent: agent, auth: auth.New(st, cfg.DataDir, cfg.Now, tokenKey), log: cfg.Log, store: st, runtimes: rts, templates: tpl,
@@ -239,6 +251,9 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 	d.notes = notes.New(notesCore{d}, st, notes.Config{Log: cfg.Log, Now: cfg.Now})
 	d.hooks.Register("notes", d.notes)
 	d.reclaimer = startReclaimer(d) // last: an error above must leave no worker behind
+	if spares != nil {
+		d.GoBackground("workspace spares", spares.Run)
+	}
 	return d, nil
 }
 

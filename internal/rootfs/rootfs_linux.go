@@ -46,6 +46,12 @@ const userNSOverlayFlags = unix.MS_NODEV
 // nothing stays mounted and the image is removed. With idmap the workspace
 // is made for a sandbox in that user namespace (see IDMap); nil: unshifted.
 func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, idmap *IDMap) (string, error) {
+	return (*Spares)(nil).Prepare(ctx, dir, lowers, diskMiB, idmap)
+}
+
+// Prepare is Prepare taking a spare image of diskMiB when spares (which
+// may be nil) has one ready.
+func (spares *Spares) Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, idmap *IDMap) (string, error) {
 	if diskMiB < MinDiskMiB {
 		return "", errs.Field("disk_mib", "must be at least %d, got %d", MinDiskMiB, diskMiB)
 	}
@@ -67,33 +73,25 @@ func Prepare(ctx context.Context, dir string, lowers []string, diskMiB int64, id
 	// The image is made under a scratch name and renamed into place once
 	// formatted: a daemon killed during mkfs must not leave a disk.img
 	// that its next start takes for a workspace and cannot mount (EIO).
+	// A spare (Spares) is such an image made ahead of time.
 	if _, err := os.Lstat(l.Image); err == nil {
 		return "", errs.E(errs.AlreadyExists, "%s already exists (use Remount)", l.Image)
 	}
-	scratch := l.Image + ".new"
-	if err := ignoreNotExist(os.Remove(scratch)); err != nil { // an earlier crash's
-		return "", errs.Wrap(errs.Internal, err, "remove %s", scratch)
-	}
-	f, err := os.OpenFile(scratch, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return "", errs.Wrap(errs.Internal, err, "create disk image")
-	}
-	cleanup.Push(func(context.Context) error { return ignoreNotExist(os.Remove(scratch)) })
-	err = f.Truncate(diskMiB << 20)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fail(errs.Wrap(errs.Internal, err, "size disk image to %d MiB", diskMiB))
-	}
-	if err := run(ctx, "mkfs.ext4", mkfsArgs(scratch)...); err != nil {
-		return fail(err)
-	}
-	if err := unix.Renameat2(unix.AT_FDCWD, scratch, unix.AT_FDCWD, l.Image, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return fail(errs.E(errs.AlreadyExists, "%s already exists (use Remount)", l.Image))
+	if !spares.placeImage(l.Image, diskMiB) {
+		scratch := l.Image + ".new"
+		if err := ignoreNotExist(os.Remove(scratch)); err != nil { // an earlier crash's
+			return "", errs.Wrap(errs.Internal, err, "remove %s", scratch)
 		}
-		return fail(errs.Wrap(errs.Internal, err, "put disk image in place"))
+		if err := formatImage(ctx, scratch, diskMiB); err != nil {
+			return fail(err)
+		}
+		if err := unix.Renameat2(unix.AT_FDCWD, scratch, unix.AT_FDCWD, l.Image, unix.RENAME_NOREPLACE); err != nil {
+			_ = os.Remove(scratch)
+			if errors.Is(err, unix.EEXIST) {
+				return fail(errs.E(errs.AlreadyExists, "%s already exists (use Remount)", l.Image))
+			}
+			return fail(errs.Wrap(errs.Internal, err, "put disk image in place"))
+		}
 	}
 	cleanup.Push(func(context.Context) error { return ignoreNotExist(os.Remove(l.Image)) })
 	if err := mountWS(l); err != nil {
