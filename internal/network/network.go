@@ -128,9 +128,12 @@ type Manager struct {
 	// An entry goes when its address is handed to another sandbox: at most
 	// one per free address.
 	recent map[string]netip.Addr
-	moved  map[string]string // Reattached
-	lost   map[string]string
-	gen    uint64 // changes of sbs that a ruleset load must render (loads.go)
+	// unlinking are the detached sandboxes whose veth and namespace are
+	// being removed outside mu (Detach).
+	unlinking map[string]*unlinking
+	moved     map[string]string // Reattached
+	lost      map[string]string
+	gen       uint64 // changes of sbs that a ruleset load must render (loads.go)
 	// pending are the ruleset deltas of the changes no load has taken yet.
 	pending []delta
 
@@ -147,6 +150,11 @@ type record struct {
 	IP     netip.Addr    `json:"ip"`
 	Veth   string        `json:"veth"`
 	Policy egress.Policy `json:"policy"`
+	// attaching: Attach is making its namespace and veth. It holds its
+	// address (and is saved, for Reconcile), but no whole ruleset renders
+	// it and Get does not see it: its attach delta, queued once it is
+	// made, adds it to the ruleset.
+	attaching bool
 }
 
 // New validates cfg and loads the persisted attachments (they are
@@ -167,7 +175,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := checkPlanConfig(plan); err != nil {
 		return nil, errs.Wrap(errs.InvalidArgument, err, "network config")
 	}
-	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}, recent: map[string]netip.Addr{}, moved: map[string]string{}, lost: map[string]string{}, loads: newLoads(), stale: true}
+	m := &Manager{cfg: cfg, plan: plan, log: cfg.Log, sbs: map[string]*record{}, recent: map[string]netip.Addr{}, unlinking: map[string]*unlinking{}, moved: map[string]string{}, lost: map[string]string{}, loads: newLoads(), stale: true}
 	b, err := os.ReadFile(m.statePath())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -241,8 +249,11 @@ func (m *Manager) Attach(ctx context.Context, id string, pol Policy) (Attachment
 	return att, nil
 }
 
-// attach is Attach up to the ruleset load, under m.mu; gen is the change
-// that load must render.
+// attach is Attach up to the ruleset load; gen is the change that load
+// must render. The address and the record are taken under m.mu (intent
+// first: after a crash, Reconcile finds and removes what follows); the
+// namespace, veth and addresses are made outside it, where only this
+// sandbox's boot, which waits for Attach, could see them.
 func (m *Manager) attach(ctx context.Context, id string, pol Policy) (att Attachment, gen uint64, err error) {
 	if !sandbox.ValidID(id) {
 		return Attachment{}, 0, errs.Field("sandbox_id", "%q is not a sandbox id", id)
@@ -254,26 +265,19 @@ func (m *Manager) attach(ctx context.Context, id string, pol Policy) (att Attach
 		return Attachment{}, 0, errs.E(errs.FailedPrecondition, "network: no egress proxy configured")
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.sbs[id]; ok {
-		return Attachment{}, 0, errs.E(errs.AlreadyExists, "sandbox %s already has a network", id)
-	}
-	ip, err := m.allocLocked(id)
+	r, err := m.reserveLocked(ctx, id, pol)
+	m.mu.Unlock()
 	if err != nil {
 		return Attachment{}, 0, err
 	}
-	r := &record{IP: ip, Veth: m.vethName(id), Policy: pol}
-	if err := checkSandboxNet(m.plan, sandboxNet(id, r)); err != nil {
-		return Attachment{}, 0, err
-	}
-	// Intent first: after a crash, Reconcile finds and removes what follows.
-	m.sbs[id] = r
 	var cleanup undo.Stack
 	defer cleanup.Unwind(ctx, 30*time.Second, &err)
-	cleanup.Push(func(context.Context) error { delete(m.sbs, id); return m.saveLocked() })
-	if err = m.saveLocked(); err != nil {
-		return Attachment{}, 0, err
-	}
+	cleanup.Push(func(context.Context) error {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		delete(m.sbs, id)
+		return m.saveLocked()
+	})
 	nsPath := m.netnsPath(id)
 	if err = createNetns(ctx, nsPath); err != nil {
 		return Attachment{}, 0, err
@@ -283,17 +287,46 @@ func (m *Manager) attach(ctx context.Context, id string, pol Policy) (att Attach
 		return Attachment{}, 0, err
 	}
 	cleanup.Push(func(ctx context.Context) error { return deleteLink(ctx, r.Veth) })
-	if err = configureInside(ctx, nsPath, netip.PrefixFrom(ip, m.cfg.Subnet.Bits()), m.cfg.Gateway()); err != nil {
+	if err = configureInside(ctx, nsPath, netip.PrefixFrom(r.IP, m.cfg.Subnet.Bits()), m.cfg.Gateway()); err != nil {
 		return Attachment{}, 0, err
 	}
-	if err = forgetNeighbour(m.cfg.BridgeName, ip); err != nil {
+	if err = forgetNeighbour(m.cfg.BridgeName, r.IP); err != nil {
 		return Attachment{}, 0, err
 	}
-	if err = m.cfg.Egress.SetSandbox(id, ip, pol); err != nil {
+	if err = m.cfg.Egress.SetSandbox(id, r.IP, pol); err != nil {
 		return Attachment{}, 0, err
 	}
 	cleanup.Push(func(context.Context) error { m.cfg.Egress.RemoveSandbox(id); return nil })
+	outsideLock("attaching", id)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r.attaching = false
 	return m.attachmentLocked(id, r), m.changedLocked(delta{opAttach, sandboxNet(id, r)}), nil
+}
+
+// reserveLocked records id's attachment with a free address and saves the
+// state, after any removal of id's previous veth and namespace is done.
+func (m *Manager) reserveLocked(ctx context.Context, id string, pol Policy) (*record, error) {
+	if err := m.waitUnlinkedLocked(ctx, id); err != nil {
+		return nil, err
+	}
+	if _, ok := m.sbs[id]; ok {
+		return nil, errs.E(errs.AlreadyExists, "sandbox %s already has a network", id)
+	}
+	ip, err := m.allocLocked(id)
+	if err != nil {
+		return nil, err
+	}
+	r := &record{IP: ip, Veth: m.vethName(id), Policy: pol, attaching: true}
+	if err := checkSandboxNet(m.plan, sandboxNet(id, r)); err != nil {
+		return nil, err
+	}
+	m.sbs[id] = r
+	if err := m.saveLocked(); err != nil {
+		delete(m.sbs, id)
+		return nil, err
+	}
+	return r, nil
 }
 
 // Get returns the attachment of a sandbox.
@@ -301,7 +334,7 @@ func (m *Manager) Get(id string) (Attachment, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, ok := m.sbs[id]
-	if !ok {
+	if !ok || r.attaching {
 		return Attachment{}, false
 	}
 	return m.attachmentLocked(id, r), true
@@ -376,26 +409,63 @@ func (m *Manager) Refresh(ctx context.Context, id string) error {
 }
 
 // Detach removes everything Attach created. Detaching an unknown sandbox is
-// not an error.
+// not an error. The veth and the namespace are removed outside m.mu: their
+// removal waits on the kernel (10-15 ms on the reference host, most of a
+// detach), and other sandboxes' attaches and lookups need not wait for it.
+// Until they are gone the address stays taken and the same id cannot be
+// attached again (unlinking).
 func (m *Manager) Detach(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	m.mu.Lock()
-	err := m.detachLocked(ctx, id)
+	u, err := m.forgetLocked(id)
 	gen := m.gen
+	m.mu.Unlock()
+	outsideLock("unlinking", id)
+	err = errors.Join(err, u.remove(ctx))
+	m.mu.Lock()
+	m.unlinkedLocked(u)
 	m.mu.Unlock()
 	return errors.Join(err, m.sync(ctx, gen))
 }
 
-// detachLocked removes a sandbox's attachment and queues the ruleset delta
-// without it, loaded by the caller (Detach's sync, Reconcile's final load;
-// Teardown removes the tables).
+// detachLocked is Detach without its load, all under m.mu (Reconcile,
+// Teardown, a failed attach): it queues the ruleset delta without the
+// sandbox, loaded by the caller (Reconcile's final load; Teardown removes
+// the tables).
 func (m *Manager) detachLocked(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	u, err := m.forgetLocked(id)
+	err = errors.Join(err, u.remove(ctx))
+	m.unlinkedLocked(u)
+	return err
+}
+
+// outsideLock is called where Attach and Detach work on one sandbox's
+// kernel objects without m.mu (stage "attaching", "unlinking"); tests
+// hold it there.
+var outsideLock = func(stage, id string) {}
+
+// unlinking is a detached sandbox whose veth and namespace are being
+// removed: its address is not handed out and its id not attached again
+// until done is closed.
+type unlinking struct {
+	id, veth string
+	ip       netip.Addr
+	known    bool
+	netns    string
+	done     chan struct{}
+}
+
+// forgetLocked removes id's attachment from the state, the proxy and the
+// ruleset to load (a delta), and returns the kernel objects left to remove.
+func (m *Manager) forgetLocked(id string) (*unlinking, error) {
 	r, known := m.sbs[id]
 	if m.cfg.Egress != nil {
 		m.cfg.Egress.RemoveSandbox(id)
 	}
-	var errList []error
+	u := &unlinking{id: id, veth: m.vethName(id), known: known, netns: m.netnsPath(id), done: make(chan struct{})}
 	if known {
 		sb := sandboxNet(id, r)
 		delete(m.sbs, id)
@@ -410,15 +480,47 @@ func (m *Manager) detachLocked(ctx context.Context, id string) error {
 		if r.IP.IsValid() {
 			m.recent[id] = r.IP
 		}
-		errList = append(errList, deleteLink(ctx, r.Veth))
-	} else {
-		errList = append(errList, deleteLink(ctx, m.vethName(id)))
+		u.veth, u.ip = r.Veth, r.IP
 	}
-	errList = append(errList, deleteNetns(m.netnsPath(id)), m.saveLocked())
-	if known {
-		m.log.Info("network detached", "sandbox_id", id)
+	if _, busy := m.unlinking[id]; !busy { // a second Detach meanwhile removes the same, harmlessly
+		m.unlinking[id] = u
 	}
-	return errors.Join(errList...)
+	return u, m.saveLocked()
+}
+
+// remove deletes u's veth and namespace (a missing one is fine).
+func (u *unlinking) remove(ctx context.Context) error {
+	return errors.Join(deleteLink(ctx, u.veth), deleteNetns(u.netns))
+}
+
+// unlinkedLocked ends u: its address and id are free again.
+func (m *Manager) unlinkedLocked(u *unlinking) {
+	if m.unlinking[u.id] == u {
+		delete(m.unlinking, u.id)
+	}
+	close(u.done)
+	if u.known {
+		m.log.Info("network detached", "sandbox_id", u.id)
+	}
+}
+
+// waitUnlinkedLocked returns with m.mu held once no removal of id's veth
+// and namespace is under way (releasing m.mu while it waits).
+func (m *Manager) waitUnlinkedLocked(ctx context.Context, id string) error {
+	for {
+		u, ok := m.unlinking[id]
+		if !ok {
+			return nil
+		}
+		m.mu.Unlock()
+		select {
+		case <-u.done:
+			m.mu.Lock()
+		case <-ctx.Done():
+			m.mu.Lock()
+			return errs.Wrap(errs.Unavailable, ctx.Err(), "sandbox %s: its previous network is still being removed", id)
+		}
+	}
 }
 
 // Reconcile detaches every sandbox not in liveIDs and removes namespaces and
@@ -523,6 +625,9 @@ func sandboxNet(id string, r *record) SandboxNet {
 func (m *Manager) planLocked() (string, error) {
 	sbs := make([]SandboxNet, 0, len(m.sbs))
 	for id, r := range m.sbs {
+		if r.attaching {
+			continue
+		}
 		sbs = append(sbs, sandboxNet(id, r))
 	}
 	return Plan(m.plan, sbs)
@@ -533,6 +638,9 @@ func (m *Manager) allocLocked(id string) (netip.Addr, error) {
 	used := map[netip.Addr]bool{}
 	for _, r := range m.sbs {
 		used[r.IP] = true
+	}
+	for _, u := range m.unlinking { // its veth may still answer for it on the bridge
+		used[u.ip] = true
 	}
 	if a, ok := m.recent[id]; ok {
 		delete(m.recent, id)
