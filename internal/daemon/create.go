@@ -12,6 +12,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/phases"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/statehook"
@@ -110,6 +111,7 @@ func (d *Daemon) normalize(ctx context.Context, req *CreateRequest) (*store.Temp
 
 // Create makes a sandbox and returns once its agent answers (ready).
 func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sandbox, err error) {
+	ph := phases.Start("create")
 	ctx, span := trace.Phase(ctx, "sandbox.create")
 	defer span.EndErr(&err)
 	if req.FromSnapshot != "" { // the snapshot's template and layers (internal/checkpoint)
@@ -182,10 +184,12 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sand
 	defer unlock()
 
 	start := time.Now()
+	ph.Mark("before_boot")
 	if err := d.boot(ctx, sb, tpl); err != nil {
 		d.fail(ctx, sb, "create_failed", err)
 		return nil, err
 	}
+	ph.Mark("boot")
 	out, err := d.Transition(ctx, sb.ID, sandbox.Running, actor, "created", "", func(s *sandbox.Sandbox) error {
 		s.StartedAt = d.cfg.Now()
 		return nil
@@ -194,6 +198,8 @@ func (d *Daemon) Create(ctx context.Context, req CreateRequest) (_ *sandbox.Sand
 		d.fail(ctx, sb, "create_failed", err)
 		return nil, err
 	}
+	ph.Mark("commit")
+	ph.Log(ctx, d.log, sb.ID, nil)
 	d.adm.ObserveCreate(d.cfg.Now().Sub(now))
 	d.log.InfoContext(ctx, "sandbox created", "sandbox_id", sb.ID, "owner", sb.Owner, "template", sb.Template,
 		"runtime", sb.Runtime, "ms", time.Since(start).Milliseconds())
@@ -245,6 +251,7 @@ const teardownTimeout = 60 * time.Second
 // boot mounts the sandbox's filesystem (creating its workspace the first
 // time), starts PID 1 and waits for the agent. Each step registers its undo.
 func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Template) (err error) {
+	tBoot := time.Now()
 	ctx, span := trace.Phase(ctx, "sandbox.boot", trace.Sandbox(sb)...)
 	defer span.EndErr(&err)
 	rt, err := d.RuntimeFor(sb)
@@ -320,6 +327,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	}
 	cleanup.Push(func(context.Context) error { d.chans.drop(sb.ID); return nil })
 	spec := d.spec(sb, tpl, root)
+	tRun := time.Now()
 	if err := trace.Do(ctx, "boot.runtime", func(ctx context.Context) error { return rt.Run(ctx, spec) }); err != nil {
 		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "start sandbox")
 	}
@@ -336,7 +344,8 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	}
 	runStartCommand(ctx, d, sb, tpl)
 	d.log.DebugContext(ctx, "sandbox booted", "sandbox_id", sb.ID, "runtime", sb.Runtime,
-		"fs_ms", ms(t1.Sub(t0)), "net_wait_ms", ms(t2.Sub(t1)), "run_ms", ms(t3.Sub(t2)), "ready_ms", ms(time.Since(t3)))
+		"pre_ms", ms(t0.Sub(tBoot)), "fs_ms", ms(t1.Sub(t0)), "net_wait_ms", ms(t2.Sub(t1)), "chan_ms", ms(tRun.Sub(t2)),
+		"run_ms", ms(t3.Sub(tRun)), "ready_ms", ms(time.Since(t3)))
 	return nil
 }
 

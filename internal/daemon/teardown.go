@@ -132,18 +132,18 @@ func (r *reclaimer) close(bound time.Duration) bool {
 	}
 }
 
-// phases times the steps of one teardown for the debug log, as the boot
+// steps times the phases of one teardown for the debug log, as the boot
 // logs fs_ms, run_ms and ready_ms: where a delete's time goes must be
 // answerable from the daemon's own log.
-type phases struct {
+type steps struct {
 	last  time.Time
 	attrs []any
 }
 
-func startPhases() *phases { return &phases{last: time.Now()} }
+func startPhases() *steps { return &steps{last: time.Now()} }
 
 // mark ends the phase called name (a log key ending in _ms).
-func (p *phases) mark(name string) {
+func (p *steps) mark(name string) {
 	if p == nil {
 		return
 	}
@@ -152,7 +152,7 @@ func (p *phases) mark(name string) {
 	p.last = now
 }
 
-func (p *phases) log(ctx context.Context, l *slog.Logger, msg string, attrs ...any) {
+func (p *steps) log(ctx context.Context, l *slog.Logger, msg string, attrs ...any) {
 	l.DebugContext(ctx, msg, append(attrs, p.attrs...)...)
 }
 
@@ -184,7 +184,7 @@ func (d *Daemon) halt(ctx context.Context, sb *sandbox.Sandbox) error {
 // haltPhases is halt, recording its steps in ph when ph is not nil. The
 // processes are killed first: `runc delete --force` of a running container
 // signals it and then polls every 100 ms for its exit.
-func (d *Daemon) haltPhases(ctx context.Context, sb *sandbox.Sandbox, ph *phases) error {
+func (d *Daemon) haltPhases(ctx context.Context, sb *sandbox.Sandbox, ph *steps) error {
 	var errList []error
 	deleted, err := d.endProcesses(ctx, sb)
 	errList = append(errList, err)
@@ -205,7 +205,7 @@ func (d *Daemon) destroy(ctx context.Context, sb *sandbox.Sandbox) error {
 	return d.destroyPhases(ctx, sb, nil)
 }
 
-func (d *Daemon) destroyPhases(ctx context.Context, sb *sandbox.Sandbox, ph *phases) error {
+func (d *Daemon) destroyPhases(ctx context.Context, sb *sandbox.Sandbox, ph *steps) error {
 	if err := d.haltPhases(ctx, sb, ph); err != nil {
 		return err
 	}
