@@ -22,6 +22,7 @@ const (
 	defDelete     = "Clock starts when DELETE /v1/sandboxes/{id} of a running sandbox (created, and `echo ok` answered, before the clock) is sent and stops when it answers: the sandbox is recorded as deleted and no process of it runs; its unmounts, network detach and directory removal finish after the answer (the daemon's debug log has each step: \"sandbox deleted\" and \"sandbox teardown finished\")."
 	defRawDelete  = "`RT delete --force` of a running container of `sleep` started with `RT run --detach` from the config.json berth generates, over an overlay of the same busybox rootfs on a loop-mounted ext4 workspace; the clock covers that one command."
 	defBurst      = "N creates sent at once, each followed by `echo ok`; one sample per sandbox: from the moment all N were released to its own `echo ok` output. wall_ms: until the last answered; success_rate: sandboxes that answered / N."
+	defRawBurst   = "N `RT run` of `/bin/echo ok` started at once, each as the create-cold baseline (berth's config.json, its own fresh ext4 workspace, all prepared before the clock); one sample per container: from the release to its exit with \"ok\" printed. Derived baseline_wall_ms: until the last exited."
 	defPauseFrz   = "Clock starts when POST /v1/sandboxes/{id}/pause {mode: freeze} is sent and stops when it answers (cgroup freezer; memory kept)."
 	defResumeFrz  = "Clock starts when POST /v1/sandboxes/{id}/resume of a frozen sandbox is sent and stops when a following `echo ok` exec has returned its output."
 )
@@ -177,6 +178,19 @@ func (r *Runner) burst(ctx context.Context, rt string) []Metric {
 		n = BurstSize(r.o.Runs)
 	}
 	m := Metric{Name: "burst", Runtime: rt, Unit: "ms", Definition: defBurst, Available: true}
+	// The baseline first: its containers are gone when it returns, while
+	// berth's sandboxes finish their teardown in the server's background.
+	bname := fmt.Sprintf("%s run × %d", rt, n)
+	def := strings.ReplaceAll(defRawBurst, "RT", rt)
+	rawWall := time.Duration(-1)
+	if r.raw == nil {
+		m.Baseline = unavailableBaseline(bname, def, r.rawEr)
+	} else {
+		lat, wall, e := r.raw.EchoOKBurst(ctx, rt, n)
+		if m.Baseline = baseline(bname, def, lat, e); len(lat) > 0 {
+			rawWall = wall
+		}
+	}
 	if r.o.Warmups > 0 { // one create to warm caches (template layers, runtime binary)
 		if sb, err := r.create(ctx, rt); err == nil {
 			r.remove(ctx, sb.ID)
@@ -224,6 +238,9 @@ func (r *Runner) burst(ctx context.Context, rt string) []Metric {
 		m.Samples = append(m.Samples, lat[i])
 	}
 	m.Derived = map[string]float64{"concurrency": float64(n), "wall_ms": ms(wall), "success_rate": float64(ok) / float64(n)}
+	if rawWall >= 0 {
+		m.Derived["baseline_wall_ms"] = ms(rawWall)
+	}
 	r.removeAll(ctx, ids)
 	return []Metric{m}
 }

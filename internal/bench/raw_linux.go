@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -181,19 +182,80 @@ func (x *Raw) EchoOK(ctx context.Context, rt string) (time.Duration, error) {
 		return 0, err
 	}
 	defer cleanup()
+	start := time.Now()
+	err = x.echoOK(ctx, rt, id, dir)
+	return time.Since(start), err
+}
+
+// echoOK runs the prepared `echo ok` container id in the foreground and
+// checks that it printed "ok".
+func (x *Raw) echoOK(ctx context.Context, rt, id, dir string) error {
 	c, err := x.cmd(ctx, rt, "run", "--bundle", dir, id)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	var out, stderr bytes.Buffer
 	c.Stdout, c.Stderr = &out, &stderr
-	start := time.Now()
-	err = c.Run()
-	d := time.Since(start)
-	if err != nil || out.String() != "ok\n" {
-		return 0, fmt.Errorf("%s run: %v: stdout %q: %s", rt, err, out.String(), oneLine(stderr.String(), 300))
+	if err := c.Run(); err != nil || out.String() != "ok\n" {
+		return fmt.Errorf("%s run: %v: stdout %q: %s", rt, err, out.String(), oneLine(stderr.String(), 300))
 	}
-	return d, nil
+	return nil
+}
+
+// EchoOKBurst is the burst baseline: n `echo ok` containers as in EchoOK,
+// all bundles prepared first, then every `RT run` started at once. lat[i]
+// runs from the release to container i's exit (failed ones are left out
+// and reported in errList); wall is until the last has exited.
+func (x *Raw) EchoOKBurst(ctx context.Context, rt string, n int) (lat []float64, wall time.Duration, errList []string) {
+	type box struct {
+		id, dir string
+		cleanup func()
+	}
+	boxes := make([]box, 0, n)
+	defer func() { // a few at a time, as the berth side's removeAll
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 4)
+		for _, b := range boxes {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() { defer wg.Done(); defer func() { <-sem }(); b.cleanup() }()
+		}
+		wg.Wait()
+	}()
+	for range n {
+		id := newID("bu")
+		dir, cleanup, err := x.bundle(ctx, rt, id, []string{"/bin/echo", "ok"}, 512)
+		if err != nil {
+			return nil, 0, []string{err.Error()}
+		}
+		boxes = append(boxes, box{id, dir, cleanup})
+	}
+	d := make([]time.Duration, n)
+	fail := make([]error, n)
+	gate := make(chan struct{})
+	var t0 time.Time // written before the gate closes, read after
+	var wg sync.WaitGroup
+	for i, b := range boxes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			fail[i] = x.echoOK(ctx, rt, b.id, b.dir)
+			d[i] = time.Since(t0)
+		}()
+	}
+	t0 = time.Now()
+	close(gate)
+	wg.Wait()
+	wall = time.Since(t0)
+	for i := range n {
+		if fail[i] != nil {
+			errList = append(errList, fail[i].Error())
+			continue
+		}
+		lat = append(lat, ms(d[i]))
+	}
+	return lat, wall, errList
 }
 
 // MemoryWorkload is a process holding 1 GiB of resident, non-zero memory

@@ -26,7 +26,7 @@ func TestBenchSelf(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "berth"), "bench", "--self", "--runs", "3", "--runtime", "runc",
-		"--only", "create-cold,exec-rtt,delete,throughput,pause-freeze", "--json", out)
+		"--only", "create-cold,exec-rtt,delete,throughput,pause-freeze,burst", "--burst", "4", "--json", out)
 	cmd.Env = append(os.Environ(), "BERTH_URL=http://127.0.0.1:1", "BERTH_API_KEY=unused")
 	b, err := cmd.CombinedOutput()
 	if err != nil {
@@ -70,8 +70,13 @@ func TestBenchSelf(t *testing.T) {
 			t.Errorf("%s: unexpected baseline %+v", name, m.Baseline)
 		}
 	}
+	// burst: one sample per sandbox of the 4, beside 4 raw runs at once.
+	if m := got["burst"]; len(m.Samples) != 4 || m.Derived["success_rate"] != 1 || m.Derived["wall_ms"] <= 0 ||
+		m.Baseline == nil || !m.Baseline.Available || len(m.Baseline.Samples) != 4 || m.Derived["baseline_wall_ms"] <= 0 {
+		t.Errorf("burst: want 4 samples, all answered, and a 4-container raw baseline with its wall, got %+v (baseline %+v)", m, m.Baseline)
+	}
 	for _, m := range rep.Metrics {
-		if !slices.Contains([]string{"create-cold", "exec-rtt", "delete", "throughput", "pause-freeze", "resume-freeze"}, m.Name) {
+		if !slices.Contains([]string{"create-cold", "exec-rtt", "delete", "throughput", "pause-freeze", "resume-freeze", "burst"}, m.Name) {
 			t.Errorf("unselected metric %s measured", m.Name)
 		}
 	}
