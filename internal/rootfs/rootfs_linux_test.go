@@ -318,3 +318,49 @@ func TestPrepareFormatsBeforeThePath(t *testing.T) {
 		t.Error("not mounted after Prepare")
 	}
 }
+
+// TestMountedDeviceAgreesWithMountinfo checks the statx answer against
+// mountinfo's for each kind of path it is asked about: the ext4
+// workspace, the overlay root, a plain dir, a missing path, a symlink to a
+// mount point (not followed), a bind mount, and two mounts stacked on one
+// path (the top one counts).
+func TestMountedDeviceAgreesWithMountinfo(t *testing.T) {
+	requireHost(t, "mkfs.ext4")
+	dir, root := prepared(t, newLowers(t), 64)
+	l := LayoutOf(dir)
+	plain := filepath.Join(t.TempDir(), "plain")
+	bind := filepath.Join(t.TempDir(), "bind")
+	link := filepath.Join(t.TempDir(), "link")
+	for _, p := range []string{plain, bind} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(l.WS, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(plain, bind, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(bind, unix.MNT_DETACH) })
+	stacked := filepath.Join(t.TempDir(), "stacked")
+	if err := os.Mkdir(stacked, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := unix.Mount("tmpfs", stacked, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(stacked, unix.MNT_DETACH) })
+	}
+	want := map[string]bool{l.WS: true, root: true, plain: false, plain + "/missing": false, link: false, bind: true, stacked: true}
+	for p, mounted := range want {
+		got, mi := mountedDevice(p), mountinfoDevice(p)
+		if got != mi || (got != "") != mounted {
+			t.Errorf("%s: statx %q, mountinfo %q, want mounted=%v", p, got, mi, mounted)
+		}
+	}
+	if loopNamed(mountedDevice(l.WS)) == "" {
+		t.Errorf("workspace %s: device %q is no loop device", l.WS, mountedDevice(l.WS))
+	}
+}
