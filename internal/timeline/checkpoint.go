@@ -407,6 +407,21 @@ func (s *Service) Forget(ctx context.Context, id string) error {
 // dropLayers removes those of layers that no template, snapshot, sandbox
 // (but except), checkpoint, timeline head or mounted overlay uses any more.
 func (s *Service) dropLayers(ctx context.Context, except string, layers []string) {
+	// Only the timeline's own delta layers are its to drop. A sandbox's
+	// other layers are a template's (or a snapshot's): layer GC owns them,
+	// and a template build in progress holds GC off while its new layers
+	// are named by no record yet (its step sandboxes run on them and are
+	// deleted before the template row names them). Most deletes have no
+	// delta layer: they read neither the records nor mountinfo.
+	var deltas []string
+	for _, dg := range layers {
+		if isDeltaLayer(s.layers.LayerPath(dg)) {
+			deltas = append(deltas, dg)
+		}
+	}
+	if len(deltas) == 0 {
+		return
+	}
 	refs, err := s.refs(ctx, except)
 	if err != nil {
 		s.log.Warn("timeline: layer references", "err", err)
@@ -420,16 +435,8 @@ func (s *Service) dropLayers(ctx context.Context, except string, layers []string
 		s.log.Warn("timeline: read mounts", "err", err)
 		return
 	}
-	for _, dg := range layers {
+	for _, dg := range deltas {
 		if refs.used(dg) || strings.Contains(string(mounts), s.layers.LayerPath(dg)) {
-			continue
-		}
-		// Only the timeline's own delta layers are its to drop. A sandbox's
-		// other layers are a template's (or a snapshot's): layer GC owns them,
-		// and a template build in progress holds GC off while its new layers
-		// are named by no record yet (its step sandboxes run on them and are
-		// deleted before the template row names them).
-		if !isDeltaLayer(s.layers.LayerPath(dg)) {
 			continue
 		}
 		if err := s.layers.RemoveLayer(dg); err != nil && !errs.Is(err, errs.NotFound) {
