@@ -57,6 +57,9 @@ type ServeConfig struct {
 	NoUserNS bool `json:"no_userns,omitempty"`
 	// ActivityRetention is how many activity entries each sandbox keeps.
 	ActivityRetention int `json:"activity_retention,omitempty"`
+	// WorkspaceSpares is how many formatted workspace images are kept ready
+	// for cold creates; nil: daemon.DefaultWorkspaceSpares, 0: none.
+	WorkspaceSpares *int `json:"workspace_spares,omitempty"`
 	NetworkServeConfig
 	HostnamesServeConfig
 	// Reaper policies, per-owner quotas and prices (see internal/reaper,
@@ -165,6 +168,7 @@ func parseServe(name string, args []string, stderr io.Writer, more func(*flag.Fl
 	otlp := pre.String("otlp-endpoint", "", "export OpenTelemetry spans to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (default $"+trace.EnvEndpoint+"; unset: tracing off)")
 	noUserNS := pre.Bool("no-userns", false, "run new runc sandboxes without a user namespace (root inside is root on the host)")
 	activityRetention := pre.Int("activity-retention", 0, "activity entries kept per sandbox, oldest pruned (default 10000)")
+	spares := pre.Int("workspace-spares", -1, fmt.Sprintf("formatted workspace images kept ready for cold creates (default %d; 0: none)", daemon.DefaultWorkspaceSpares))
 	applyNetFlags := networkFlags(pre)
 	applyHostFlags := hostnameFlags(pre)
 	if more != nil {
@@ -198,6 +202,12 @@ func parseServe(name string, args []string, stderr io.Writer, more func(*flag.Fl
 	}
 	if cfg.ActivityRetention < 0 {
 		return cfg, errs.Field("activity_retention", "must not be negative, got %d", cfg.ActivityRetention)
+	}
+	if *spares >= 0 {
+		cfg.WorkspaceSpares = spares
+	}
+	if cfg.WorkspaceSpares != nil && *cfg.WorkspaceSpares < 0 {
+		return cfg, errs.Field("workspace_spares", "must not be negative, got %d", *cfg.WorkspaceSpares)
 	}
 	return cfg, cfg.Validate()
 }
@@ -320,7 +330,7 @@ func serve(ctx context.Context, cfg ServeConfig, logOut io.Writer, hooks serveHo
 		DataDir: cfg.DataDir, DefaultRuntime: cfg.Runtime, DefaultTemplate: cfg.DefaultTemplate,
 		DefaultTTL: defTTL, MaxTTL: maxTTL, AgentPath: agent, Log: log,
 		Reaper: cfg.Reaper, Quotas: cfg.Quotas, Prices: cfg.Prices, NoUserNS: cfg.NoUserNS,
-		ActivityRetention: cfg.ActivityRetention,
+		ActivityRetention: cfg.ActivityRetention, WorkspaceSpares: daemonSpares(cfg.WorkspaceSpares),
 		CheckpointTimeout: cfg.checkpointTimeout(), CheckpointTimeoutPerGiB: cfg.checkpointTimeoutPerGiB(),
 	}
 	if hooks.daemon != nil {
@@ -394,4 +404,16 @@ func routes(d *daemon.Daemon, log *slog.Logger, sandboxDomain string) http.Handl
 	d.SelfAPI().SetHandler(rest) // the in-sandbox API serves /v1 as the sandbox (internal/server/self.go)
 	// Forged cluster headers are refused on every route (auth/cluster.go).
 	return d.Auth().ClusterGate(e2b.New(d, log, e2b.Options{DialPort: d.Net().DialPort, Domain: sandboxDomain}).Handler(rest))
+}
+
+// daemonSpares maps serve's workspace_spares (nil: default, 0: none) to
+// daemon.Config's (0: default, negative: none).
+func daemonSpares(n *int) int {
+	switch {
+	case n == nil:
+		return 0
+	case *n == 0:
+		return -1
+	}
+	return *n
 }
