@@ -167,14 +167,14 @@ func (w *watcher) watchOne(ctx context.Context, sb *sandbox.Sandbox) {
 	if err != nil {
 		return
 	}
-	if st, err := rt.Stats(ctx, sb.ID); err == nil {
-		if st.OOMKills > w.ooms[sb.ID] {
-			if _, had := w.ooms[sb.ID]; had || st.OOMKills > 0 {
+	if kills, err := oomKills(ctx, rt, sb.ID); err == nil {
+		if kills > w.ooms[sb.ID] {
+			if _, had := w.ooms[sb.ID]; had || kills > 0 {
 				w.c.Event(ctx, sb, "kernel", "oom", "oom_kill", "a process was killed for exceeding the memory limit",
 					map[string]string{"memory_limit_mib": formatInt(sb.Resources.MemoryMiB)})
 			}
 		}
-		w.ooms[sb.ID] = st.OOMKills
+		w.ooms[sb.ID] = kills
 	}
 	if p, ok := w.inits[sb.ID]; ok && p.alive() {
 		return
@@ -197,6 +197,20 @@ func (w *watcher) watchOne(ctx context.Context, sb *sandbox.Sandbox) {
 		return
 	}
 	w.c.Fail(ctx, cur, "exited", errors.New("the sandbox's init process exited"))
+}
+
+// oomCounter is a runtime that reads a sandbox's OOM kill count alone
+// (runtime/oci), cheaper than its whole Stats.
+type oomCounter interface {
+	OOMKills(ctx context.Context, id string) (uint64, error)
+}
+
+func oomKills(ctx context.Context, rt runtime.Runtime, id string) (uint64, error) {
+	if c, ok := rt.(oomCounter); ok {
+		return c.OOMKills(ctx, id)
+	}
+	st, err := rt.Stats(ctx, id)
+	return st.OOMKills, err
 }
 
 // hostProc names one host process across PID reuse: its PID and its start

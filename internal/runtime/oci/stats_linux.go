@@ -57,6 +57,20 @@ func (o *OCI) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	return s, nil
 }
 
+// OOMKills is Stats' OOMKills alone, from the one file that holds it: the
+// PID-1 watch asks it of every running sandbox every 2 s, and Stats' five
+// reads there were a quarter of an idle daemon's CPU at 1,000 sandboxes.
+func (o *OCI) OOMKills(ctx context.Context, id string) (uint64, error) {
+	if !idPattern.MatchString(id) {
+		return 0, errs.Field("id", "%q is not a valid id", id)
+	}
+	n, err := readKeyed(filepath.Join(o.cfg.CgroupRoot, "memory", CgroupPath(id), "memory.oom_control"), "oom_kill")
+	if err != nil {
+		return 0, errs.Wrap(errs.Unavailable, err, "read the OOM kills of %s", id)
+	}
+	return n, nil
+}
+
 func readUint(path string) (uint64, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -51,8 +51,14 @@ func TestStatsReadsCgroupWithoutRuntime(t *testing.T) {
 	if s.CPUUsageNanos != 123456789 || s.MemoryBytes != 4096 || s.MemoryPeak != 8192 || s.Pids != 3 || s.OOMKills != 2 {
 		t.Errorf("Stats = %+v", s)
 	}
+	if n, err := o.OOMKills(ctx, "s1"); err != nil || n != 2 {
+		t.Errorf("OOMKills = %d, %v; want 2", n, err)
+	}
+	if _, err := o.OOMKills(ctx, "gone"); err == nil {
+		t.Error("OOMKills of a sandbox with no cgroup succeeded")
+	}
 	if b, _ := os.ReadFile(calls); len(b) != 0 {
-		t.Errorf("Stats ran the runtime with a cgroup present: %q", b)
+		t.Errorf("Stats or OOMKills ran the runtime with a cgroup present: %q", b)
 	}
 	if _, err := o.Stats(ctx, "gone"); err == nil {
 		t.Fatal("Stats of a sandbox with no cgroup succeeded")
