@@ -601,9 +601,12 @@ func TestTimelineRepeatedDeltas(t *testing.T) {
 // restart is settled (an event says so), no workspace is left aside, and
 // once running (started again if the restart found it dead) it holds
 // either the state it had before the rewind or the checkpoint's, never a
-// mix and never an empty disk.
+// mix and never an empty disk. The server keeps no workspace spares, so
+// each rewind formats its image (the window disk.img.new marks); a spare
+// is renamed straight to disk.img, the state the mkfs path reaches with
+// its own rename.
 func TestTimelineRewindSurvivesKill9(t *testing.T) {
-	s := startServer(t)
+	s := startServer(t, "--workspace-spares", "0")
 	for _, at := range []string{"timeline-restart.json", "disk.img.timeline", "disk.img.new"} {
 		t.Run(at, func(t *testing.T) {
 			id := s.create("--runtime", "runc")
