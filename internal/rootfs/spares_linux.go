@@ -93,8 +93,8 @@ func (s *Spares) Ready() int {
 	return len(s.ready)
 }
 
-// Run makes images until keep are ready, and again after each take, until
-// ctx ends. One at a time: a burst of creates that outruns it formats its
+// Run makes images until keep are ready, and again after each ask for one
+// (placeImage), until ctx ends. One at a time: a burst of creates that outruns it formats its
 // own (Prepare falls back to mkfs), so it never doubles their work.
 func (s *Spares) Run(ctx context.Context) {
 	for {
@@ -140,6 +140,14 @@ func (s *Spares) placeImage(image string, mib int64) bool {
 	if s == nil || mib != s.mib {
 		return false
 	}
+	// Every ask wakes the refill, an empty one too: after a failed make
+	// (a full disk), Run waits for this and tries again.
+	defer func() {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}()
 	for {
 		s.mu.Lock()
 		if len(s.ready) == 0 {
@@ -149,10 +157,6 @@ func (s *Spares) placeImage(image string, mib int64) bool {
 		p := s.ready[0]
 		s.ready = s.ready[1:]
 		s.mu.Unlock()
-		select { // refill
-		case s.wake <- struct{}{}:
-		default:
-		}
 		if !s.usable(filepath.Base(p)) {
 			_ = os.Remove(p)
 			continue

@@ -160,6 +160,30 @@ func TestSparesRunRefillsAndStops(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = Teardown(context.Background(), d) })
 	waitReady(2) // the take woke a refill
+	// A make that fails (here: the dir is gone) stops the refill until the
+	// next create asks, even one that finds none ready.
+	for s.Ready() > 0 {
+		s.mu.Lock()
+		s.ready = s.ready[1:]
+		s.mu.Unlock()
+	}
+	if err := os.RemoveAll(s.dir); err != nil {
+		t.Fatal(err)
+	}
+	s.wake <- struct{}{}
+	time.Sleep(100 * time.Millisecond) // Run tries, fails and waits
+	if s.Ready() != 0 {
+		t.Fatalf("%d ready with no spares dir", s.Ready())
+	}
+	if err := os.Mkdir(s.dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	d2 := t.TempDir()
+	if _, err := s.Prepare(context.Background(), d2, newLowers(t), 16, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Teardown(context.Background(), d2) })
+	waitReady(2) // the empty ask woke it
 	cancel()
 	select {
 	case <-done:
