@@ -78,11 +78,11 @@ func (spares *Spares) Prepare(ctx context.Context, dir string, lowers []string, 
 	if _, err := os.Lstat(l.Image); err == nil {
 		return "", errs.E(errs.AlreadyExists, "%s already exists (use Remount)", l.Image)
 	}
+	scratch := l.Image + ".new"
+	if err := ignoreNotExist(os.Remove(scratch)); err != nil { // an earlier crash's, spare or not
+		return "", errs.Wrap(errs.Internal, err, "remove %s", scratch)
+	}
 	if !spares.placeImage(l.Image, diskMiB) {
-		scratch := l.Image + ".new"
-		if err := ignoreNotExist(os.Remove(scratch)); err != nil { // an earlier crash's
-			return "", errs.Wrap(errs.Internal, err, "remove %s", scratch)
-		}
 		if err := formatImage(ctx, scratch, diskMiB); err != nil {
 			return fail(err)
 		}

@@ -50,6 +50,11 @@ func TestSparesAreTakenOnceAndOnlyAtTheirSize(t *testing.T) {
 	}
 
 	first, second := t.TempDir(), t.TempDir()
+	// An interrupted mkfs's scratch image goes even when a spare is used.
+	stale := LayoutOf(first).Image + ".new"
+	if err := os.WriteFile(stale, []byte("half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, d := range []string{first, second} {
 		root, err := s.Prepare(context.Background(), d, lowers, 64, nil)
 		if err != nil {
@@ -68,6 +73,9 @@ func TestSparesAreTakenOnceAndOnlyAtTheirSize(t *testing.T) {
 	}
 	if got := fsUUID(t, LayoutOf(second).Image); got == uuid {
 		t.Error("the spare was handed out twice")
+	}
+	if _, err := os.Lstat(stale); !os.IsNotExist(err) {
+		t.Errorf("the stale %s survived a Prepare from a spare: %v", stale, err)
 	}
 	if _, err := os.Lstat(spare); !os.IsNotExist(err) {
 		t.Errorf("the taken spare is still in the spares dir: %v", err)
