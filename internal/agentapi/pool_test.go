@@ -1,9 +1,11 @@
 package agentapi_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -248,4 +250,65 @@ func TestConnectionReuse(t *testing.T) {
 	}
 	ch.Close()
 	<-done
+}
+
+// authCounter counts the channel's "authenticated" log lines: one per
+// connection the agent dialed and the daemon accepted.
+type authCounter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (a *authCounter) Write(p []byte) (int, error) {
+	a.mu.Lock()
+	a.n += bytes.Count(p, []byte("agent channel authenticated"))
+	a.mu.Unlock()
+	return len(p), nil
+}
+
+func (a *authCounter) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n
+}
+
+// TestIdleConnectionsAreKept: neither a spare waiting for its first request
+// nor a kept-alive connection between requests is closed by the agent's
+// server on a clock. net/http's default (ReadHeaderTimeout, 10 s, also the
+// idle timeout) closed both, and every agent redialled and re-authenticated
+// them each 10 s: the reaper's round at the same interval found none alive.
+func TestIdleConnectionsAreKept(t *testing.T) {
+	t.Parallel()
+	path, key := socketPath(t), newKey(t)
+	var auths authCounter
+	ch, err := agentapi.Listen(path, "sb1", key, slog.New(slog.NewTextHandler(&auths, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	serveAgent(t, path, "sb1", key, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"ok":true}`+"\n")
+	}))
+	health := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := ch.Client().Health(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	health() // takes a spare, which stays kept alive; the agent dials a replacement
+	want := agentapi.Spares + 1
+	for deadline := time.Now().Add(5 * time.Second); auths.count() < want && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := auths.count(); n != want {
+		t.Fatalf("%d connections authenticated after one request, want %d", n, want)
+	}
+	time.Sleep(11 * time.Second) // past net/http's 10 s header and idle timeouts
+	health()
+	time.Sleep(200 * time.Millisecond) // a replacement, had one been needed, is dialed at once
+	if n := auths.count(); n != want {
+		t.Errorf("%d connections authenticated after 11 s idle and a second request, want still %d: idle connections were closed and redialled", n, want)
+	}
 }
