@@ -5,12 +5,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/kfile"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/store"
@@ -98,7 +98,10 @@ func (w *watcher) expiryLoop(ctx context.Context) {
 // expireDue applies the expiry action of every sandbox past its expiry.
 func (w *watcher) expireDue(ctx context.Context) {
 	now := w.c.Now()
-	list, _, err := w.c.Store().ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{sandbox.Running, sandbox.Paused}})
+	// Only those already due are read: this runs every second, and reading
+	// every live sandbox each time was a twentieth of an idle daemon's CPU
+	// at 1,000 sandboxes.
+	list, _, err := w.c.Store().ListSandboxes(ctx, store.SandboxFilter{States: []sandbox.State{sandbox.Running, sandbox.Paused}, ExpiresBy: now})
 	if err != nil {
 		w.c.Log().Error("expiry scan", "err", err)
 		return
@@ -225,7 +228,8 @@ func hostProcOf(pid int) (hostProc, bool) {
 	if pid <= 0 {
 		return hostProc{}, false
 	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	var buf [2048]byte // /proc/PID/stat: 52 numbers and a 16-byte name
+	b, err := kfile.Read("/proc/"+strconv.Itoa(pid)+"/stat", buf[:])
 	if err != nil {
 		return hostProc{}, false
 	}

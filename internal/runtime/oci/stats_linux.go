@@ -1,15 +1,13 @@
 package oci
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/kfile"
 	"github.com/berth-dev/berth/internal/runtime"
 )
 
@@ -36,7 +34,7 @@ func (o *OCI) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	var s runtime.Stats
 	var all []error
 	read := func(dst *uint64, path string) {
-		v, err := readUint(path)
+		v, err := kfile.Uint(path)
 		if err != nil {
 			all = append(all, err)
 		}
@@ -46,7 +44,7 @@ func (o *OCI) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	read(&s.MemoryBytes, filepath.Join(mem, "memory.usage_in_bytes"))
 	read(&s.MemoryPeak, filepath.Join(mem, "memory.max_usage_in_bytes"))
 	read(&s.Pids, filepath.Join(root, "pids", cg, "pids.current"))
-	oom, err := readKeyed(filepath.Join(mem, "memory.oom_control"), "oom_kill")
+	oom, err := kfile.Keyed(filepath.Join(mem, "memory.oom_control"), "oom_kill")
 	if err != nil {
 		all = append(all, err)
 	}
@@ -64,34 +62,9 @@ func (o *OCI) OOMKills(ctx context.Context, id string) (uint64, error) {
 	if !idPattern.MatchString(id) {
 		return 0, errs.Field("id", "%q is not a valid id", id)
 	}
-	n, err := readKeyed(filepath.Join(o.cfg.CgroupRoot, "memory", CgroupPath(id), "memory.oom_control"), "oom_kill")
+	n, err := kfile.Keyed(filepath.Join(o.cfg.CgroupRoot, "memory", CgroupPath(id), "memory.oom_control"), "oom_kill")
 	if err != nil {
 		return 0, errs.Wrap(errs.Unavailable, err, "read the OOM kills of %s", id)
 	}
 	return n, nil
-}
-
-func readUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-}
-
-// readKeyed reads "key value" lines (memory.oom_control, cpu.stat).
-func readKeyed(path, key string) (uint64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), " ")
-		if ok && k == key {
-			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-		}
-	}
-	return 0, sc.Err()
 }
