@@ -384,7 +384,8 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*sa
 	for _, sb := range all {
 		if (f.Owner != "" && sb.Owner != f.Owner) || (f.Template != "" && sb.Template != f.Template) ||
 			(len(f.States) > 0 && !slices.Contains(f.States, sb.State)) ||
-			(!f.CreatedAfter.IsZero() && !sb.CreatedAt.After(f.CreatedAfter)) || !hasLabels(sb.Labels, f.Labels) {
+			(!f.CreatedAfter.IsZero() && !sb.CreatedAt.After(f.CreatedAfter)) || !hasLabels(sb.Labels, f.Labels) ||
+			(!f.ExpiresBy.IsZero() && (sb.ExpiresAt.IsZero() || sb.ExpiresAt.After(f.ExpiresBy))) {
 			continue
 		}
 		if after {

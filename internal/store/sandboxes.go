@@ -166,6 +166,9 @@ func (s *lifecycleTables) ListSandboxes(ctx context.Context, f SandboxFilter) ([
 	if !f.CreatedAfter.IsZero() {
 		where, args = append(where, "created_at > ?"), append(args, toNanos(f.CreatedAfter))
 	}
+	if !f.ExpiresBy.IsZero() {
+		where, args = append(where, "expires_at != 0 AND expires_at <= ?"), append(args, toNanos(f.ExpiresBy))
+	}
 	for _, k := range slices.Sorted(maps.Keys(f.Labels)) {
 		where = append(where, "EXISTS (SELECT 1 FROM json_each(sandboxes.labels) WHERE key = ? AND value = ?)")
 		args = append(args, k, f.Labels[k])

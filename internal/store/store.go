@@ -162,9 +162,12 @@ type SandboxFilter struct {
 	Labels       map[string]string // every pair must match
 	Template     string
 	CreatedAfter time.Time
-	Order        string // OrderAsc (default) or OrderDesc
-	Limit        int    // page size; 0 means no limit
-	After        string // opaque cursor returned by the previous page
+	// ExpiresBy, when set, keeps only sandboxes with an expiry at or before
+	// it (the expiry scan's filter: a sandbox without one never matches).
+	ExpiresBy time.Time
+	Order     string // OrderAsc (default) or OrderDesc
+	Limit     int    // page size; 0 means no limit
+	After     string // opaque cursor returned by the previous page
 }
 
 // EventFilter selects events; zero fields match everything.

@@ -231,8 +231,13 @@ func seedList(t *testing.T, s Store) {
 		mk("c", "bob", 3, sandbox.Running, "node", map[string]string{"team": "web"}),
 		mk("d", "alice", 4, sandbox.Stopped, "node", nil),
 		mk("e", "bob", 5, sandbox.Failed, "py", map[string]string{"team": "ml", "x.io/k-1": "v"}),
-		mk("f", "carol", 6, sandbox.Running, "py", map[string]string{}),
+		noExpiry(mk("f", "carol", 6, sandbox.Running, "py", map[string]string{})),
 	)
+}
+
+func noExpiry(sb *sandbox.Sandbox) *sandbox.Sandbox {
+	sb.ExpiresAt = time.Time{}
+	return sb
 }
 
 func suiteListFilters(t *testing.T, s Store) {
@@ -253,6 +258,10 @@ func suiteListFilters(t *testing.T, s Store) {
 		{"label key with dots and slash", SandboxFilter{Labels: map[string]string{"x.io/k-1": "v"}}, []string{"e"}},
 		{"label value mismatch", SandboxFilter{Labels: map[string]string{"team": "ops"}}, []string{}},
 		{"created after", SandboxFilter{CreatedAfter: suiteEpoch.Add(4 * time.Minute)}, []string{"e", "f"}},
+		// Each expires an hour after its creation, except f: never.
+		{"expires by", SandboxFilter{ExpiresBy: suiteEpoch.Add(time.Hour + 3*time.Minute)}, []string{"a", "b", "c"}},
+		{"expires by, no expiry never matches", SandboxFilter{ExpiresBy: suiteEpoch.Add(100 * time.Hour)}, []string{"a", "b", "c", "d", "e"}},
+		{"expires by and state", SandboxFilter{ExpiresBy: suiteEpoch.Add(100 * time.Hour), States: []sandbox.State{sandbox.Running}}, []string{"a", "c"}},
 		{"combined", SandboxFilter{Owner: "alice", States: []sandbox.State{sandbox.Running, sandbox.Paused}, Labels: map[string]string{"team": "ml"}, Template: "py"}, []string{"a", "b"}},
 		{"desc", SandboxFilter{Order: OrderDesc}, []string{"f", "e", "d", "c", "b", "a"}},
 		{"desc owner", SandboxFilter{Owner: "bob", Order: OrderDesc}, []string{"e", "c"}},
