@@ -82,6 +82,7 @@ type Service struct {
 	dropped map[string]int64           // per sandbox, not yet reported
 	waiters map[string][]chan struct{} // closed when the sandbox gets entries
 	live    map[liveKey]*execTrace     // running execs, for stdin byte counts
+	nudged  map[string]struct{}        // sandboxes with entries recorded since the sampler's last tick
 
 	debt map[string]int64 // entries added since a sandbox's last pruning (the writer's own)
 }
@@ -106,7 +107,8 @@ func New(cfg Config, core Core, st Store) *Service {
 		cfg.Now = time.Now
 	}
 	return &Service{cfg: cfg, core: core, store: st, queue: make(chan pending, cfg.Queue),
-		dropped: map[string]int64{}, waiters: map[string][]chan struct{}{}, live: map[liveKey]*execTrace{}, debt: map[string]int64{}}
+		dropped: map[string]int64{}, waiters: map[string][]chan struct{}{}, live: map[liveKey]*execTrace{}, debt: map[string]int64{},
+		nudged: map[string]struct{}{}}
 }
 
 // Retention is how many entries a sandbox keeps.
@@ -121,8 +123,28 @@ type pending struct {
 }
 
 // Record queues an entry of a recorded kind (exec, file, ...); it never
-// blocks: with the queue full the entry is dropped and counted.
+// blocks: with the queue full the entry is dropped and counted. It also
+// tells the workspace sampler that the sandbox is in use (workspace.go).
 func (s *Service) Record(id, kind, actor string, at time.Time, d Data) {
+	s.mu.Lock()
+	s.nudged[id] = struct{}{}
+	s.mu.Unlock()
+	s.record(id, kind, actor, at, d)
+}
+
+// takeNudged returns, and forgets, the sandboxes with entries recorded
+// since the last call.
+func (s *Service) takeNudged() map[string]struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nudged
+	if len(n) > 0 {
+		s.nudged = map[string]struct{}{}
+	}
+	return n
+}
+
+func (s *Service) record(id, kind, actor string, at time.Time, d Data) {
 	select {
 	case s.queue <- pending{id: id, kind: kind, actor: actor, at: at, d: d}:
 	default:

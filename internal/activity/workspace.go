@@ -27,7 +27,16 @@ import (
 // client. ctime, not mtime, decides: a sandbox can set a file's mtime, not
 // its ctime.
 const (
-	sampleEvery  = 5 * time.Second
+	sampleEvery = 5 * time.Second
+	// sampleMaxGap bounds how far apart a quiet sandbox's scans drift: each
+	// scan that finds nothing doubles the gap to the next, up to this; a
+	// change found, an entry recorded for the sandbox (an exec, a file
+	// through the API) or a return to running brings it back to
+	// sampleEvery. At 1,000 idle sandboxes the scans every 5 s were the
+	// largest of an idle daemon's loops. What a quiet sandbox writes is
+	// still found (the next scan compares with the last one made) and
+	// carries its own ctime; it only shows up to sampleMaxGap later.
+	sampleMaxGap = 40 * time.Second
 	scanBudget   = 4096
 	maxDepth     = 32
 	sampleListed = 10
@@ -99,17 +108,18 @@ func ScanUpper(root *safefs.Root, since time.Time, budget int) (changes []Change
 // sampleOne scans one sandbox's upper and records what changed since its
 // previous scan; it returns the time the next scan compares with. A panic
 // on what a sandbox planted costs that scan, never the daemon.
-func (s *Service) sampleOne(id, upper string, since time.Time) (next time.Time) {
+// found reports whether the scan saw any change.
+func (s *Service) sampleOne(id, upper string, since time.Time) (next time.Time, found bool) {
 	started := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
 			s.cfg.Log.Error("workspace sample panicked", "sandbox_id", id, "err", fmt.Sprint(r))
-			next = started
+			next, found = started, true
 		}
 	}()
 	root, err := safefs.OpenRoot(upper)
 	if err != nil {
-		return since // not mounted (stopped meanwhile): try again later
+		return since, false // not mounted (stopped meanwhile): try again later
 	}
 	defer root.Close()
 	changes, truncated := ScanUpper(root, since, scanBudget)
@@ -126,9 +136,36 @@ func (s *Service) sampleOne(id, upper string, since time.Time) (next time.Time) 
 				d.Error = "scan budget reached; deeper changes not sampled"
 			}
 		}
-		s.Record(id, KindFile, "sandbox", c.Ctime, d)
+		s.record(id, KindFile, "sandbox", c.Ctime, d)
 	}
-	return started
+	return started, len(changes) > 0
+}
+
+// sampleSchedule is one sandbox's scan schedule (the sampler's goroutine only).
+type sampleSchedule struct {
+	at   time.Time     // the last scan's start: the next one reports changes after it
+	seen time.Time     // the last tick that found the sandbox running
+	gap  time.Duration // from the last scan to the next (sampleEvery … sampleMaxGap); 0 before the first
+	next time.Time
+}
+
+// due reports whether the tick at now scans: the first time, when the gap
+// has passed, when an entry was recorded for the sandbox (poked), and when
+// it was not running at the previous tick (resumed, restarted).
+func (c sampleSchedule) due(now time.Time, poked bool) bool {
+	return c.gap == 0 || poked || now.Sub(c.seen) > 2*sampleEvery || !now.Before(c.next)
+}
+
+// scanned is the schedule after a scan at now that started at at; busy: it
+// found changes, or the sandbox was poked.
+func (c sampleSchedule) scanned(now, at time.Time, busy bool) sampleSchedule {
+	gap := sampleEvery
+	if !busy && c.gap != 0 && now.Sub(c.seen) <= 2*sampleEvery {
+		gap = min(2*c.gap, sampleMaxGap)
+	}
+	// Half a tick of slack: the ticker fires every sampleEvery, so a gap
+	// of k ticks falls due on the k-th.
+	return sampleSchedule{at: at, seen: now, gap: gap, next: now.Add(gap - sampleEvery/2)}
 }
 
 // sample runs the workspace sampler until ctx ends.
@@ -141,8 +178,7 @@ func (s *Service) sample(ctx context.Context) {
 	// last is each sandbox's previous scan; it is kept while the sandbox
 	// is paused or stopped (nothing changes then) and dropped when the
 	// sandbox has not been seen running for a day.
-	type scan struct{ at, seen time.Time }
-	last := map[string]scan{}
+	last := map[string]sampleSchedule{}
 	begun := time.Now()
 	for {
 		select {
@@ -155,6 +191,7 @@ func (s *Service) sample(ctx context.Context) {
 			continue
 		}
 		now := time.Now()
+		nudged := s.takeNudged()
 		for _, sb := range sbs {
 			prev, ok := last[sb.ID]
 			if !ok {
@@ -166,7 +203,14 @@ func (s *Service) sample(ctx context.Context) {
 					prev.at = sb.StartedAt
 				}
 			}
-			last[sb.ID] = scan{at: s.sampleOne(sb.ID, s.core.UpperDir(sb.ID), prev.at), seen: now}
+			_, poked := nudged[sb.ID]
+			if !prev.due(now, poked) {
+				prev.seen = now
+				last[sb.ID] = prev
+				continue
+			}
+			at, found := s.sampleOne(sb.ID, s.core.UpperDir(sb.ID), prev.at)
+			last[sb.ID] = prev.scanned(now, at, found || poked)
 		}
 		for id, sc := range last {
 			if now.Sub(sc.seen) > 24*time.Hour {
