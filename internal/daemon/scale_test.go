@@ -62,7 +62,17 @@ func TestHostProcAlive(t *testing.T) {
 	if !ok || !p.alive() {
 		t.Fatalf("a running sleep is not alive: %+v %v", p, ok)
 	}
-	if (hostProc{pid: p.pid, start: p.start + 1}).alive() {
+	defer p.release()
+	if !p.hasFD {
+		t.Errorf("no pidfd on this kernel (%+v): the watch polls /proc", p)
+	}
+	// Without pidfds (kernels before 5.3) the start time tells PID reuse apart.
+	start, ok := procStart(p.pid)
+	byStart := hostProc{pid: p.pid, start: start}
+	if !ok || !byStart.alive() {
+		t.Fatalf("a running sleep is not alive by its start time: %+v %v", byStart, ok)
+	}
+	if (hostProc{pid: p.pid, start: start + 1}).alive() {
 		t.Errorf("a process with another start time passed for the one recorded")
 	}
 	_ = cmd.Process.Kill()
@@ -71,12 +81,15 @@ func TestHostProcAlive(t *testing.T) {
 	for p.alive() && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if p.alive() {
-		t.Errorf("a killed process (zombie) is still alive")
+	if p.alive() || byStart.alive() {
+		t.Errorf("a killed process (zombie) is still alive (pidfd %v, start time %v)", p.alive(), byStart.alive())
 	}
 	_ = cmd.Wait()
-	if p.alive() {
-		t.Errorf("a reaped process is still alive")
+	if p.alive() || byStart.alive() {
+		t.Errorf("a reaped process is still alive (pidfd %v, start time %v)", p.alive(), byStart.alive())
+	}
+	if _, ok := hostProcOf(cmd.Process.Pid); ok {
+		t.Errorf("a reaped process opened as live")
 	}
 	if _, ok := hostProcOf(0); ok {
 		t.Errorf("pid 0 is a process")

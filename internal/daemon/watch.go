@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/kfile"
 	"github.com/berth-dev/berth/internal/runtime"
@@ -27,7 +29,7 @@ type watcher struct {
 	ooms map[string]uint64 // sandbox id → OOM kills seen (watchLoop only)
 	// inits are runc sandboxes' PID 1 as last confirmed running by the
 	// runtime (watchLoop only): while that very process lives the watch
-	// reads /proc instead of starting a `runc state` per sandbox every
+	// asks its pidfd instead of starting a `runc state` per sandbox every
 	// 2 s, which at 1,000 idle sandboxes was more CPU than the host has.
 	inits map[string]hostProc
 }
@@ -157,8 +159,9 @@ func (w *watcher) watchLoop(ctx context.Context) {
 				delete(w.ooms, id)
 			}
 		}
-		for id := range w.inits {
+		for id, p := range w.inits {
 			if !seen[id] {
+				p.release()
 				delete(w.inits, id)
 			}
 		}
@@ -179,10 +182,13 @@ func (w *watcher) watchOne(ctx context.Context, sb *sandbox.Sandbox) {
 		}
 		w.ooms[sb.ID] = kills
 	}
-	if p, ok := w.inits[sb.ID]; ok && p.alive() {
-		return
+	if p, ok := w.inits[sb.ID]; ok {
+		if p.alive() {
+			return
+		}
+		p.release()
+		delete(w.inits, sb.ID)
 	}
-	delete(w.inits, sb.ID)
 	unlock := w.c.Lock(sb.ID)
 	defer unlock()
 	cur, err := w.c.Store().GetSandbox(ctx, sb.ID)
@@ -216,43 +222,81 @@ func oomKills(ctx context.Context, rt runtime.Runtime, id string) (uint64, error
 	return st.OOMKills, err
 }
 
-// hostProc names one host process across PID reuse: its PID and its start
-// time (clock ticks after boot, /proc/PID/stat field 22).
+// hostProc names one host process across PID reuse: a pidfd (one poll
+// tells whether it still runs), or on a kernel without pidfds (before 5.3)
+// its PID and start time (clock ticks after boot, /proc/PID/stat field 22),
+// which take an open, read and parse of /proc per check.
 type hostProc struct {
 	pid   int
 	start uint64
+	fd    int  // the pidfd, when hasFD
+	hasFD bool // (the zero hostProc holds none)
 }
 
-// hostProcOf reads pid's identity; false when there is no such live process.
+// hostProcOf opens pid; false when there is no such live process. The
+// caller releases it.
 func hostProcOf(pid int) (hostProc, bool) {
 	if pid <= 0 {
 		return hostProc{}, false
 	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err == nil {
+		p := hostProc{pid: pid, fd: fd, hasFD: true}
+		if !p.alive() {
+			p.release()
+			return hostProc{}, false
+		}
+		return p, true
+	}
+	if !errors.Is(err, unix.ENOSYS) {
+		return hostProc{}, false // ESRCH: no such process
+	}
+	start, ok := procStart(pid)
+	return hostProc{pid: pid, start: start}, ok
+}
+
+// procStart reads a live (not zombie) process's start time from /proc.
+func procStart(pid int) (uint64, bool) {
 	var buf [2048]byte // /proc/PID/stat: 52 numbers and a 16-byte name
 	b, err := kfile.Read("/proc/"+strconv.Itoa(pid)+"/stat", buf[:])
 	if err != nil {
-		return hostProc{}, false
+		return 0, false
 	}
 	// The command name (field 2) may hold spaces and parentheses: the
 	// fields that follow start after its last ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return hostProc{}, false
+		return 0, false
 	}
 	f := strings.Fields(string(b[i+1:]))
 	// f[0] is field 3 (state), f[19] field 22 (starttime).
 	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
-		return hostProc{}, false
+		return 0, false
 	}
 	start, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return hostProc{}, false
-	}
-	return hostProc{pid: pid, start: start}, true
+	return start, err == nil
 }
 
-// alive reports whether the same process still runs (not a zombie).
+// alive reports whether the same process still runs (not a zombie: a
+// pidfd polls readable once its process has exited).
 func (p hostProc) alive() bool {
-	now, ok := hostProcOf(p.pid)
-	return ok && now == p
+	if !p.hasFD {
+		start, ok := procStart(p.pid)
+		return ok && start == p.start
+	}
+	fds := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n == 0
+	}
+}
+
+// release closes the pidfd.
+func (p hostProc) release() {
+	if p.hasFD {
+		_ = unix.Close(p.fd)
+	}
 }
