@@ -26,6 +26,18 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 	var errList []error
 	// Merges a crash interrupted first: their targets may still be frozen.
 	errList = append(errList, d.merges.Recover(ctx))
+	// Listen on the channel of every sandbox recorded as running before
+	// anything else: its agent has redialled every 200 ms since the old
+	// daemon stopped, and at 1,000 sandboxes that storm slowed the runtime
+	// List below tenfold (10.8 s). One whose container is gone fails in
+	// reconcileOne, which drops its channel.
+	for _, sb := range all {
+		if sb.State == sandbox.Running || sb.State == sandbox.Creating {
+			if _, err := d.RuntimeFor(sb); err == nil {
+				_, _ = d.chans.get(sb.ID)
+			}
+		}
+	}
 	// One List per runtime (after the merges: they thaw what they froze)
 	// instead of a State per sandbox: with runc each is a process, and a
 	// restart over 1,000 sandboxes spent its time starting `runc state`.
@@ -42,17 +54,16 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 		}
 		listed[name] = m
 	}
-	// Listen on every live sandbox's channel before settling any: its agent
-	// redials within 200 ms of a listener appearing, so all of them connect
-	// at once instead of one after the other as the loop reaches each
-	// (~150 ms per sandbox, minutes at 1,000).
+	// Every live sandbox's channel listens before any is settled (above):
+	// its agent redials within 200 ms of a listener appearing, so all of
+	// them connect at once instead of one after the other as the loop
+	// reaches each (~150 ms per sandbox, minutes at 1,000).
 	var live []string
 	for _, sb := range all {
 		if sb.State != sandbox.Running && sb.State != sandbox.Creating {
 			continue
 		}
 		if rt, err := d.RuntimeFor(sb); err == nil && listed[rt.Name()][sb.ID].State == "running" {
-			_, _ = d.chans.get(sb.ID)
 			live = append(live, sb.ID)
 		}
 	}
