@@ -86,6 +86,12 @@ type channels struct {
 
 	mu sync.Mutex
 	m  map[string]*agentapi.Channel
+	// gone are the sandboxes whose directory is being removed (and stays
+	// so when that failed): no channel dir or listener is made for them.
+	// Without it a background caller (the reaper asking an agent) that
+	// looked the sandbox up before its delete remade its directory and
+	// channel tmpfs after the teardown had removed them, and both leaked.
+	gone map[string]struct{}
 
 	// tmpfs: a new channel dir is a small tmpfs of its own (with the real
 	// filesystem; unit tests on plain directories leave it off).
@@ -93,7 +99,7 @@ type channels struct {
 }
 
 func newChannels(key []byte, sandboxDir func(string) string, log *slog.Logger) *channels {
-	return &channels{key: key, sandboxDir: sandboxDir, log: log, m: map[string]*agentapi.Channel{}}
+	return &channels{key: key, sandboxDir: sandboxDir, log: log, m: map[string]*agentapi.Channel{}, gone: map[string]struct{}{}}
 }
 
 func (c *channels) agentKey(id string) []byte { return agentapi.DeriveKey(c.key, id) }
@@ -106,14 +112,43 @@ func (c *channels) socketPath(id string) string {
 
 // ensureDir creates the channel directory: root-owned, traversable by
 // a sandbox root mapped to an unprivileged uid, writable by nobody else.
-func (c *channels) ensureDir(id string) error {
-	dir := c.dir(id)
-	if fi, err := os.Lstat(dir); err == nil && fi.IsDir() && fi.Mode().Perm() == 0o711 {
+// The sandbox's own directory is created too (a create, a restore).
+func (c *channels) ensureDir(id string) error { return c.makeDir(id, true) }
+
+// makeDir is ensureDir; parent says whether the sandbox's directory may be
+// created (else it must exist: the channel of a sandbox that is gone is
+// never remade).
+func (c *channels) makeDir(id string, parent bool) error {
+	if c.dirReady(id) {
 		return nil // as made before: one stat, not four calls (every writeFile comes here)
 	}
-	if err := os.MkdirAll(c.sandboxDir(id), 0o711); err != nil {
-		return errs.Wrap(errs.Internal, err, "create sandbox dir")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.makeDirLocked(id, parent)
+}
+
+func (c *channels) dirReady(id string) bool {
+	fi, err := os.Lstat(c.dir(id))
+	return err == nil && fi.IsDir() && fi.Mode().Perm() == 0o711
+}
+
+// makeDirLocked is makeDir with c.mu held: a removal (removeSandboxDir)
+// marks the sandbox gone under c.mu, so none is remade once it started.
+func (c *channels) makeDirLocked(id string, parent bool) error {
+	if _, ok := c.gone[id]; ok {
+		return errs.E(errs.Unavailable, "sandbox %s is being removed from this host", id)
 	}
+	if c.dirReady(id) {
+		return nil
+	}
+	if parent {
+		if err := os.MkdirAll(c.sandboxDir(id), 0o711); err != nil {
+			return errs.Wrap(errs.Internal, err, "create sandbox dir")
+		}
+	} else if fi, err := os.Lstat(c.sandboxDir(id)); err != nil || !fi.IsDir() {
+		return errs.E(errs.Unavailable, "sandbox %s has no directory on this host", id)
+	}
+	dir := c.dir(id)
 	err := os.Mkdir(dir, 0o711)
 	if err != nil && !errors.Is(err, os.ErrExist) {
 		return errs.Wrap(errs.Internal, err, "create channel dir")
@@ -140,6 +175,26 @@ func (c *channels) ensureDir(id string) error {
 		}
 	}
 	return errs.Wrap(errs.Internal, os.Chmod(dir, 0o711), "chmod channel dir")
+}
+
+// removeSandboxDir closes a sandbox's channel and removes its directory.
+// From its start until it succeeds no channel dir or listener is made for
+// the sandbox.
+func (c *channels) removeSandboxDir(id string) error {
+	c.mu.Lock()
+	c.gone[id] = struct{}{}
+	if ch, ok := c.m[id]; ok {
+		delete(c.m, id)
+		ch.Close()
+	}
+	c.mu.Unlock()
+	if err := removeSandboxDir(c.sandboxDir(id)); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	delete(c.gone, id) // the directory is gone: makeDir refuses by that now
+	c.mu.Unlock()
+	return nil
 }
 
 // removeSandboxDir removes a sandbox's directory, its channel dir's tmpfs
@@ -188,22 +243,13 @@ func (c *channels) serveCallers(id string, ch *agentapi.Channel) {
 // none (after a restart its agents redial within a fraction of a second).
 func (c *channels) get(id string) (*agentapi.Channel, error) {
 	c.mu.Lock()
-	ch, ok := c.m[id]
-	c.mu.Unlock()
-	if ok {
-		return ch, nil
-	}
-	// Never recreate the directory of a sandbox that is gone.
-	if fi, err := os.Lstat(c.sandboxDir(id)); err != nil || !fi.IsDir() {
-		return nil, errs.E(errs.Unavailable, "sandbox %s has no directory on this host", id)
-	}
-	if err := c.ensureDir(id); err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
 	defer c.mu.Unlock()
 	if ch, ok := c.m[id]; ok {
 		return ch, nil
+	}
+	// Never recreate the directory of a sandbox that is gone (or going).
+	if err := c.makeDirLocked(id, false); err != nil {
+		return nil, err
 	}
 	ch, err := agentapi.Listen(c.socketPath(id), id, c.agentKey(id), c.log.With("sandbox_id", id))
 	if err != nil {
@@ -265,7 +311,7 @@ func (c *channels) writeEnv(sb *sandbox.Sandbox) error {
 // writeFile replaces file name in a sandbox's channel dir (read-only inside
 // at /run/berth) with b, 0644, atomically.
 func (c *channels) writeFile(id, name string, b []byte) error {
-	if err := c.ensureDir(id); err != nil {
+	if err := c.makeDir(id, false); err != nil {
 		return err
 	}
 	root, err := os.OpenRoot(c.dir(id))

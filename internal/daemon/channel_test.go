@@ -253,3 +253,57 @@ func TestChannelDirTmpfs(t *testing.T) {
 		t.Errorf("a mount under %s is left", base)
 	}
 }
+
+// TestRemovingSandboxDirIsNotUndone: once a sandbox's directory is being
+// removed, nothing remakes its channel dir or listener: not the reaper's
+// lookup of an agent (get), not a lease or env write. Here the removal
+// fails half way (a mount point inside it), which keeps the sandbox marked
+// until a later removal succeeds.
+func TestRemovingSandboxDirIsNotUndone(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a blocker needs root")
+	}
+	c, base := testChannels(t)
+	c.tmpfs = true
+	if _, err := c.open("r"); err != nil {
+		t.Fatal(err)
+	}
+	blocker := filepath.Join(base, "r", "zz-mount")
+	if err := os.Mkdir(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", blocker, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = unix.Unmount(blocker, unix.MNT_DETACH)
+		_ = unix.Unmount(c.dir("r"), unix.MNT_DETACH)
+	})
+	if err := c.removeSandboxDir("r"); err == nil {
+		t.Fatal("removing a directory holding a mount point succeeded")
+	}
+	if _, err := os.Lstat(c.dir("r")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("channel dir after the failed removal: %v, want it removed", err)
+	}
+	if _, err := c.get("r"); errs.KindOf(err) != errs.Unavailable {
+		t.Errorf("get during the removal: %v, want Unavailable", err)
+	}
+	if err := c.writeFile("r", "leases.env", []byte("A=1\n")); errs.KindOf(err) != errs.Unavailable {
+		t.Errorf("writeFile during the removal: %v, want Unavailable", err)
+	}
+	if _, err := os.Lstat(c.dir("r")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("channel dir remade during the removal: %v", err)
+	}
+	if err := unix.Unmount(blocker, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.removeSandboxDir("r"); err != nil {
+		t.Fatalf("second removal: %v", err)
+	}
+	if _, err := c.get("r"); err == nil {
+		t.Error("get after the removal listened again")
+	}
+	if _, err := os.Lstat(filepath.Join(base, "r")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("sandbox dir after the removal: %v, want none", err)
+	}
+}

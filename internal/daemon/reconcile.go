@@ -109,7 +109,7 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 			errList = append(errList, err)
 			continue
 		}
-		errList = append(errList, removeSandboxDir(dir))
+		errList = append(errList, d.chans.removeSandboxDir(e.Name()))
 	}
 	errList = append(errList, d.tl.Sweep(ctx)) // images no checkpoint owns
 	errList = append(errList, d.net.Reconcile(ctx))

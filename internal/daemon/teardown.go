@@ -209,7 +209,7 @@ func (d *Daemon) destroyPhases(ctx context.Context, sb *sandbox.Sandbox, ph *ste
 	if err := d.haltPhases(ctx, sb, ph); err != nil {
 		return err
 	}
-	err := removeSandboxDir(d.SandboxDir(sb.ID))
+	err := d.chans.removeSandboxDir(sb.ID)
 	ph.mark("rmdir_ms")
 	return err
 }
