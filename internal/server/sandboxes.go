@@ -11,6 +11,7 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/duration"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/httpx"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -108,8 +109,24 @@ func (s sandboxAPI) listSandboxes(w http.ResponseWriter, r *http.Request, p daem
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, ListResponse{Sandboxes: sandboxViews(list), Next: next})
+	writeList(w, len(list), ListResponse{Sandboxes: sandboxViews(list), Next: next})
 	return nil
+}
+
+// compactOver is the page size above which a list is written compact. The
+// API indents its answers for people reading them with curl; a page of
+// 1,000 sandboxes is read by programs, and indenting it made its encoding
+// 2.7 times as long (3.9 → 10.7 ms, BenchmarkListView) and its body 38%
+// larger (548 → 754 KB).
+const compactOver = 100
+
+// writeList writes a page of n items: indented, or compact when large.
+func writeList(w http.ResponseWriter, n int, v any) {
+	if n > compactOver {
+		httpx.WriteJSON(w, http.StatusOK, v)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
 }
 
 func (s sandboxAPI) getSandbox(w http.ResponseWriter, r *http.Request, p daemon.Principal) error {
