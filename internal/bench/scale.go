@@ -40,6 +40,7 @@ const (
 	defScaleLsCLI   = "`berth ls` as a whole process (spawn → exit, every page) with N sandboxes on the server, 20 calls one after the other. Baseline: `runc --root DATA/runtime/runc list --format json` as a whole process over the same N containers."
 	defScaleLsREST  = "GET /v1/sandboxes, every page (client.ListAll), from the warm bench process with N sandboxes on the server, 20 calls; the clock stops when the last page is decoded."
 	defScaleCreate  = "With N idle sandboxes on the server, SCALECR extra sandboxes one after the other: create request sent → `echo ok`'s output back (each deleted after, outside the clock). ratio_vs_0 = p50 / the p50 of the same measured before the first sandbox existed."
+	defScaleRaw     = "SCALECR raw `RT run` of `echo ok` one after the other with the step's N sandboxes on the host, each as create-cold's baseline (its rootfs prepared outside the clock). raw_ratio_vs_0 = their p50 / the p50 of the same before the first sandbox existed: how much the runtime alone slows on a host holding N sandboxes."
 	defScaleRSS     = "The server process's VmRSS (/proc/PID/status) with N idle sandboxes, minus its VmRSS before the first sandbox, divided by N (KiB per sandbox), read after the step's reaper rounds. rss_mib = the VmRSS itself. The server's RSS only: the sandboxes' own processes are in their cgroups."
 	defScaleRound   = "CPU of one reaper round with N sandboxes (the loop that samples every sandbox's cgroup and disk for metering, asks every agent for its activity and decides): the server's berth_reaper_round_cpu_seconds (getrusage of the daemon plus the runtime commands it waited for, taken around each phase of the round), over rounds that started after the step's extra sandboxes were torn down (2 unless --scale-rounds says otherwise), so that nothing else runs in the daemon meanwhile. metering_ms and reaping_ms split the p50 round; wall_ms is the round's wall time."
 	defScaleRestart = "SIGTERM to the server with N running sandboxes, wait for it to exit (stop_ms), start it again on the same data dir (clock starts at the spawn), then every sandbox is sent `true` (SCALEPAR at a time, each retried until it exits 0): the clock stops at the last answer. adopted = sandboxes whose container still has the same PID as before the stop (runc list), so they were re-adopted, not recreated."
@@ -57,6 +58,8 @@ type scaleStep struct {
 	lsCLIErr, lsRESTErr, rlErr []string
 	create                     []float64
 	createErrs                 []string
+	raw                        []float64 // the raw `runc run` baseline at this step
+	rawErrs                    []string
 	rssKiB                     float64
 	rssErr                     error
 	rounds                     []roundSample
@@ -103,6 +106,7 @@ func (r *Runner) scale(ctx context.Context, rt string) []Metric {
 	}
 	r.logf("scale: create → first output with no sandbox (baseline of the ratio)")
 	create0, _ := r.scaleCreates(ctx, rt)
+	raw0, _ := r.scaleRaw(ctx, rt)
 
 	var out []scaleStep
 	for _, n := range steps {
@@ -156,6 +160,7 @@ func (r *Runner) scale(ctx context.Context, rt string) []Metric {
 		}
 		r.logf("scale: step %d: create → first output", n)
 		st.create, st.createErrs = r.scaleCreates(ctx, rt)
+		st.raw, st.rawErrs = r.scaleRaw(ctx, rt)
 
 		r.logf("scale: step %d: reaper rounds", n)
 		// Only rounds that start once the extra sandboxes' teardown is
@@ -176,7 +181,7 @@ func (r *Runner) scale(ctx context.Context, rt string) []Metric {
 		out = append(out, st)
 	}
 	clean()
-	rows := scaleMetrics(rt, out, create0, rss0)
+	rows := scaleMetrics(rt, out, create0, raw0, rss0)
 	for i := range rows {
 		if strings.HasPrefix(rows[i].Name, "scale-exec@") {
 			if leak != "" {
@@ -236,6 +241,27 @@ func (r *Runner) scaleCreates(ctx context.Context, rt string) ([]float64, []stri
 		if sb != nil {
 			r.remove(ctx, sb.ID)
 		}
+		if err != nil {
+			errList = append(errList, err.Error())
+			continue
+		}
+		samples = append(samples, ms(d))
+	}
+	return samples, errList
+}
+
+// scaleRaw is scale-create's baseline: the raw runtime's `echo ok` (as
+// create-cold's) with the step's sandboxes on the host. What grows with N
+// there is the runtime's own cost of a host that holds N sandboxes'
+// mounts (runc reads /proc/self/mountinfo several times per run).
+func (r *Runner) scaleRaw(ctx context.Context, rt string) ([]float64, []string) {
+	if r.raw == nil {
+		return nil, []string{fmt.Sprint(r.rawEr)}
+	}
+	var samples []float64
+	var errList []string
+	for range scaleCreateRuns {
+		d, err := r.raw.EchoOK(ctx, rt)
 		if err != nil {
 			errList = append(errList, err.Error())
 			continue
@@ -504,7 +530,7 @@ func (f footprint) minus(before footprint) string {
 
 // scaleMetrics turns the steps into rows, figure by figure, so that the
 // table reads as a curve: scale-ls-cli@10, @100, @1000, then the next figure.
-func scaleMetrics(rt string, steps []scaleStep, create0 []float64, rss0 int64) []Metric {
+func scaleMetrics(rt string, steps []scaleStep, create0, raw0 []float64, rss0 int64) []Metric {
 	def := func(s string) string {
 		return strings.NewReplacer("SCALEPAR", strconv.Itoa(scaleParallel), "SCALECR", strconv.Itoa(scaleCreateRuns)).Replace(s)
 	}
@@ -538,6 +564,10 @@ func scaleMetrics(rt string, steps []scaleStep, create0 []float64, rss0 int64) [
 			m.Derived["ratio_vs_0"] = p / p50of0
 		}
 		m.Derived["p50_at_0"] = p50of0
+		m.Baseline = baseline(rt+" run, same step", def(strings.ReplaceAll(defScaleRaw, "RT", rt)), s.raw, s.rawErrs)
+		if p, p0 := Percentile(s.raw, 50), Percentile(raw0, 50); len(s.raw) > 0 && len(raw0) > 0 && p0 > 0 {
+			m.Derived["raw_p50_at_0"], m.Derived["raw_ratio_vs_0"] = p0, p/p0
+		}
 		m.Notes = "goal: ratio_vs_0 ≤ 1.2"
 		create = append(create, m)
 
