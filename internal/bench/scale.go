@@ -256,7 +256,7 @@ func (r *Runner) scaleCreates(ctx context.Context, rt string) ([]float64, []stri
 // mounts (runc reads /proc/self/mountinfo several times per run).
 func (r *Runner) scaleRaw(ctx context.Context, rt string) ([]float64, []string) {
 	if r.raw == nil {
-		return nil, []string{fmt.Sprint(r.rawEr)}
+		return nil, []string{"no raw runtime: " + fmt.Sprint(cmp.Or(r.rawEr, errors.New("not set up")))}
 	}
 	var samples []float64
 	var errList []string

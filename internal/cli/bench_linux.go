@@ -122,7 +122,7 @@ func runBench(e *env, args []string) error {
 	}
 	var raw *bench.Raw
 	var rawErr error
-	if wanted("create-cold") || wanted("delete") || wanted("burst") || wanted("pause-memory") || wanted("resume-memory") {
+	if wanted("create-cold") || wanted("delete") || wanted("burst") || wanted("pause-memory") || wanted("resume-memory") || wanted("scale") {
 		bins, criu := bench.RuntimeBinaries(defaultCacheDir)
 		if raw, rawErr = bench.NewRaw(bins, criu); raw != nil {
 			defer raw.Close()

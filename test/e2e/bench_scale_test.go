@@ -74,6 +74,9 @@ func TestBenchSelfScale(t *testing.T) {
 		if ls := row("ls-cli"); ls.Baseline == nil || !ls.Baseline.Available {
 			t.Errorf("ls-cli@%d: no runc list baseline: %+v", n, ls.Baseline)
 		}
+		if cr := row("create"); cr.Baseline == nil || !cr.Baseline.Available || len(cr.Baseline.Errors) != 0 || cr.Derived["raw_ratio_vs_0"] <= 0 {
+			t.Errorf("create@%d: no raw runc run baseline: %+v (derived %v)", n, cr.Baseline, cr.Derived)
+		}
 	}
 }
 
