@@ -21,8 +21,9 @@ import (
 )
 
 // The agent channel (agentapi.Channel): the daemon listens on
-// sandboxes/<id>/chan/agent.sock, a directory only the daemon writes (a
-// small tmpfs of its own, see ensureDir), mounted read-only at /run/berth
+// chan/<id>/agent.sock under the data dir, a directory only the daemon
+// writes (on one tmpfs for all sandboxes, see useShared; sandboxes made
+// before it have sandboxes/<id>/chan), mounted read-only at /run/berth
 // in the sandbox. Nothing the sandbox can write is on the host's side of it, and the daemon never follows a path
 // the sandbox controls. Each sandbox's key is derived from one master key,
 // so nothing per sandbox is stored.
@@ -93,9 +94,18 @@ type channels struct {
 	// channel tmpfs after the teardown had removed them, and both leaked.
 	gone map[string]struct{}
 
-	// tmpfs: a new channel dir is a small tmpfs of its own (with the real
-	// filesystem; unit tests on plain directories leave it off).
+	// tmpfs: channel dirs live on a tmpfs (with the real filesystem; unit
+	// tests on plain directories leave it off): DATA/chan, one tmpfs shared
+	// by every sandbox (useShared), or, when that could not be mounted, a
+	// small tmpfs of each sandbox's own.
 	tmpfs bool
+	// shared is the shared tmpfs (DATA/chan) once mounted; a new sandbox's
+	// channel dir is shared/<id>. "": each one is sandboxes/<id>/chan.
+	shared string
+	// legacy are the sandboxes whose channel dir is sandboxes/<id>/chan
+	// (made before the shared tmpfs, or without it): a running sandbox's
+	// bind mount holds the dir it was started with. Set once in useShared.
+	legacy map[string]bool
 }
 
 func newChannels(key []byte, sandboxDir func(string) string, log *slog.Logger) *channels {
@@ -104,7 +114,87 @@ func newChannels(key []byte, sandboxDir func(string) string, log *slog.Logger) *
 
 func (c *channels) agentKey(id string) []byte { return agentapi.DeriveKey(c.key, id) }
 
-func (c *channels) dir(id string) string { return filepath.Join(c.sandboxDir(id), "chan") }
+// dir is a sandbox's channel dir: shared/<id>, or sandboxes/<id>/chan.
+func (c *channels) dir(id string) string {
+	if c.shared != "" && !c.legacy[id] {
+		return filepath.Join(c.shared, id)
+	}
+	return c.ownDir(id)
+}
+
+func (c *channels) ownDir(id string) string { return filepath.Join(c.sandboxDir(id), "chan") }
+
+// sharedMountOpts bound the shared channel tmpfs; only the daemon writes
+// there (a socket, env.json and leases.env per sandbox).
+const sharedMountOpts = "mode=0711,size=256m,nr_inodes=262144"
+
+// useShared puts new channel dirs on one tmpfs at dir, mounting it unless
+// it already is one (a restart: running sandboxes' dirs are on it). Every
+// sandbox's own tmpfs was a mount in the host's table, and a `runc run`
+// reads that table several times: at 1,000 sandboxes each mount per
+// sandbox is ~1,000 more lines per read. Sandboxes whose channel dir is
+// their own (sandboxesDir/<id>/chan) keep it. Called once, before any
+// channel is made.
+func (c *channels) useShared(dir, sandboxesDir string) error {
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
+		return errs.Wrap(errs.Internal, err, "create %s", dir)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() {
+		return errs.E(errs.Internal, "%s is not a directory", dir)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return errs.Wrap(errs.Internal, err, "statfs %s", dir)
+	}
+	if mounted, err := isMountPoint(dir); err != nil {
+		return err
+	} else if !mounted || st.Type != unix.TMPFS_MAGIC {
+		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, sharedMountOpts); err != nil {
+			return errs.Wrap(errs.Internal, err, "mount the channel tmpfs on %s", dir)
+		}
+	}
+	legacy := map[string]bool{}
+	entries, _ := os.ReadDir(sandboxesDir)
+	for _, e := range entries {
+		if fi, err := os.Lstat(filepath.Join(sandboxesDir, e.Name(), "chan")); err == nil && fi.IsDir() {
+			legacy[e.Name()] = true
+		}
+	}
+	c.shared, c.legacy = dir, legacy
+	return nil
+}
+
+// releaseShared unmounts the shared channel tmpfs when no sandbox has a
+// channel dir on it (daemon shutdown): with a sandbox left running or
+// paused it stays, for the next daemon and the sandbox's bind mount.
+func (c *channels) releaseShared() {
+	if c.shared == "" {
+		return
+	}
+	entries, err := os.ReadDir(c.shared)
+	if err != nil || len(entries) > 0 {
+		return
+	}
+	if err := unix.Unmount(c.shared, unix.UMOUNT_NOFOLLOW); err != nil {
+		c.log.Warn("unmount the channel tmpfs", "dir", c.shared, "err", err)
+		return
+	}
+	_ = os.Remove(c.shared)
+}
+
+// isMountPoint reports whether path is the root of a mount (statx; the
+// last element is not followed).
+func isMountPoint(path string) (bool, error) {
+	var sx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &sx); err != nil {
+		return false, errs.Wrap(errs.Internal, err, "statx %s", path)
+	}
+	if sx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return false, errs.E(errs.Internal, "statx on %s does not tell mount points (kernel before 5.8)", path)
+	}
+	return sx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
+}
 
 func (c *channels) socketPath(id string) string {
 	return filepath.Join(c.dir(id), agentapi.SocketName)
@@ -158,7 +248,8 @@ func (c *channels) makeDirLocked(id string, parent bool) error {
 	if err != nil || !fi.IsDir() {
 		return errs.E(errs.Internal, "channel dir %s is not a directory", dir)
 	}
-	if made && c.tmpfs {
+	if made && c.tmpfs && c.shared == "" {
+		// Without the shared tmpfs, each channel dir is a tmpfs of its own.
 		// Its files are replaced on every lease change and env update: on
 		// the data dir's journalled filesystem each replacement is a
 		// metadata commit (0.1–0.2 ms, slower beside the store's fsync),
@@ -188,6 +279,11 @@ func (c *channels) removeSandboxDir(id string) error {
 		ch.Close()
 	}
 	c.mu.Unlock()
+	if c.shared != "" {
+		if err := os.RemoveAll(filepath.Join(c.shared, id)); err != nil {
+			return errs.Wrap(errs.Internal, err, "remove the channel dir of %s", id)
+		}
+	}
 	if err := removeSandboxDir(c.sandboxDir(id)); err != nil {
 		return err
 	}

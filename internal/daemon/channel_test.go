@@ -18,6 +18,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/testutil"
 )
 
 func testChannels(t *testing.T) (*channels, string) {
@@ -305,5 +306,77 @@ func TestRemovingSandboxDirIsNotUndone(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(base, "r")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("sandbox dir after the removal: %v, want none", err)
+	}
+}
+
+// TestSharedChannelTmpfs: new channel dirs are directories on one tmpfs
+// (DATA/chan), not a mount each; a sandbox whose dir was made before
+// keeps it; a second daemon reuses the mount; the last removal and a
+// shutdown leave nothing mounted.
+func TestSharedChannelTmpfs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	c, base := testChannels(t)
+	c.tmpfs = true
+	shared := filepath.Join(base, "chan-shared")
+	t.Cleanup(func() { _ = unix.Unmount(shared, unix.MNT_DETACH) })
+	if err := os.MkdirAll(filepath.Join(base, "old", "chan"), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.useShared(shared, base); err != nil {
+		t.Fatal(err)
+	}
+	mounts := func() int {
+		ms, err := testutil.MountsUnder(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ms)
+	}
+	if n := mounts(); n != 1 {
+		t.Fatalf("%d mounts under the data dir after useShared, want the shared tmpfs alone", n)
+	}
+	if _, err := c.open("n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.socketPath("n"), filepath.Join(shared, "n", agentapi.SocketName); got != want {
+		t.Errorf("socket of a new sandbox at %s, want %s", got, want)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(c.dir("n"), &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		t.Fatalf("new channel dir not on a tmpfs: %#x %v", fs.Type, err)
+	}
+	if fi, err := os.Stat(c.dir("n")); err != nil || fi.Mode().Perm() != 0o711 {
+		t.Fatalf("new channel dir: %v %v, want mode 0711", fi, err)
+	}
+	if n := mounts(); n != 1 {
+		t.Errorf("%d mounts after a new channel dir, want 1: a dir on the shared tmpfs is no mount", n)
+	}
+	if got, want := c.dir("old"), filepath.Join(base, "old", "chan"); got != want {
+		t.Errorf("a sandbox made before keeps its own dir: %s, want %s", got, want)
+	}
+	// A second daemon on the same data dir (a restart) finds the mount.
+	c2 := newChannels(c.key, c.sandboxDir, c.log)
+	c2.tmpfs = true
+	if err := c2.useShared(shared, base); err != nil {
+		t.Fatal(err)
+	}
+	if n := mounts(); n != 1 {
+		t.Errorf("%d mounts after a second useShared, want 1", n)
+	}
+	c2.releaseShared() // n's dir is there: the mount stays
+	if n := mounts(); n != 1 {
+		t.Fatalf("releaseShared unmounted a tmpfs holding a sandbox's channel dir")
+	}
+	if err := c.removeSandboxDir("n"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(shared, "n")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("channel dir after the removal: %v", err)
+	}
+	c.releaseShared()
+	if n := mounts(); n != 0 {
+		t.Errorf("%d mounts after the last removal and a shutdown, want 0", n)
 	}
 }

@@ -262,6 +262,11 @@ func New(cfg Config, st store.Store, rts map[string]runtime.Runtime, tpl *templa
 func wireCore(d *Daemon, chanKey []byte) {
 	d.chans = newChannels(chanKey, d.SandboxDir, d.log)
 	_, d.chans.tmpfs = d.cfg.Filesystem.(overlayFS)
+	if d.chans.tmpfs {
+		if err := d.chans.useShared(filepath.Join(d.cfg.DataDir, "chan"), filepath.Join(d.cfg.DataDir, "sandboxes")); err != nil {
+			d.log.Warn("channel dirs stay one tmpfs per sandbox", "err", err)
+		}
+	}
 	d.self = newSelfAPI(d)
 	d.chans.callers = d.self.accept // every channel serves its sandbox's in-sandbox API
 	d.watch = newWatcher(watchAdapter{d})
@@ -308,6 +313,7 @@ func (d *Daemon) Close() {
 	_ = d.effects.Flush(fctx)
 	cancel()
 	d.chans.closeAll()
+	d.chans.releaseShared()
 	d.self.close()
 }
 

@@ -111,6 +111,15 @@ func (d *Daemon) Reconcile(ctx context.Context) error {
 		}
 		errList = append(errList, d.chans.removeSandboxDir(e.Name()))
 	}
+	if d.chans.shared != "" { // channel dirs of sandboxes nobody owns
+		chanEntries, _ := os.ReadDir(d.chans.shared)
+		for _, e := range chanEntries {
+			if !known[e.Name()] {
+				d.log.Warn("removing orphan channel directory", "sandbox_id", e.Name())
+				errList = append(errList, os.RemoveAll(filepath.Join(d.chans.shared, e.Name())))
+			}
+		}
+	}
 	errList = append(errList, d.tl.Sweep(ctx)) // images no checkpoint owns
 	errList = append(errList, d.net.Reconcile(ctx))
 	return errors.Join(errList...)

@@ -51,10 +51,19 @@ func (c canary) check(t *testing.T, when string) {
 	}
 }
 
+// chanDir is the host side of a sandbox's channel dir: on the shared
+// channel tmpfs (DATA/chan/ID), or the sandbox's own (made without it).
+func (s *server) chanDir(id string) string {
+	if fi, err := os.Lstat(filepath.Join(s.dataDir, "chan", id)); err == nil && fi.IsDir() {
+		return filepath.Join(s.dataDir, "chan", id)
+	}
+	return filepath.Join(s.dataDir, "sandboxes", id, "chan")
+}
+
 // chanEntries lists the host side of a sandbox's channel dir.
 func (s *server) chanEntries(t *testing.T, id string) []string {
 	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(s.dataDir, "sandboxes", id, "chan"))
+	entries, err := os.ReadDir(s.chanDir(id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +112,7 @@ func TestChannelTrustBoundary(t *testing.T) {
 			a, b := s.create("--runtime", rt), s.create("--runtime", rt)
 			defer s.run("rm", "-f", a)
 			defer s.run("rm", "-f", b)
-			envBefore, err := os.ReadFile(filepath.Join(s.dataDir, "sandboxes", a, "chan", "env.json"))
+			envBefore, err := os.ReadFile(filepath.Join(s.chanDir(a), "env.json"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,7 +135,7 @@ func TestChannelTrustBoundary(t *testing.T) {
 				if got := s.chanEntries(t, a); !slices.Equal(got, []string{"agent.sock", "env.json"}) {
 					t.Errorf("host channel dir holds %v, want only agent.sock and env.json", got)
 				}
-				if after, _ := os.ReadFile(filepath.Join(s.dataDir, "sandboxes", a, "chan", "env.json")); string(after) != string(envBefore) {
+				if after, _ := os.ReadFile(filepath.Join(s.chanDir(a), "env.json")); string(after) != string(envBefore) {
 					t.Errorf("env.json changed from inside: %q", after)
 				}
 				if _, err := os.Lstat(filepath.Join(s.dataDir, "sandboxes", a, "run")); err == nil {
@@ -243,9 +252,10 @@ func TestChannelTrustBoundary(t *testing.T) {
 			p := pair{s.create("--runtime", rt), s.create("--runtime", rt)}
 			pairs = append(pairs, p)
 			// The other sandbox's socket is where the data dir says; A cannot point at it.
-			other := filepath.Join(s.dataDir, "sandboxes", p.b, "chan", "agent.sock")
+			other := filepath.Join(s.chanDir(p.b), "agent.sock")
 			for _, script := range []string{
 				"rm -f /run/berth/agent.sock && ln -s " + other + " /run/berth/agent.sock",
+				"ln -sf ../../chan/" + p.b + "/agent.sock /run/berth/agent.sock",
 				"ln -sf ../../sandboxes/" + p.b + "/chan/agent.sock /run/berth/agent.sock",
 				"mount --bind /tmp /run/berth",
 			} {
