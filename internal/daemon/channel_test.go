@@ -35,6 +35,16 @@ func testChannels(t *testing.T) (*channels, string) {
 	return c, base
 }
 
+// tmpfsChannels is testChannels with channel dirs on tmpfs, as the daemon
+// has them (mounting needs root).
+func tmpfsChannels(t *testing.T) (*channels, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	c, base := testChannels(t)
+	c.tmpfs = true
+	return c, base
+}
+
 // TestChannels: the registry keeps one listener per sandbox; open replaces
 // it, drop removes it, get listens again only for a sandbox whose directory
 // exists, and closeAll leaves no goroutine behind.
@@ -192,11 +202,7 @@ func TestWriteFileReplaces(t *testing.T) {
 // started before, whose bind mount holds that dir) is left as it is; and
 // removeSandboxDir takes the mount with the directory.
 func TestChannelDirTmpfs(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
-	c, base := testChannels(t)
-	c.tmpfs = true
+	c, base := tmpfsChannels(t)
 	t.Cleanup(func() {
 		for _, id := range []string{"n", "o"} {
 			_ = unix.Unmount(filepath.Join(base, id, "chan"), unix.MNT_DETACH)
@@ -261,11 +267,7 @@ func TestChannelDirTmpfs(t *testing.T) {
 // fails half way (a mount point inside it), which keeps the sandbox marked
 // until a later removal succeeds.
 func TestRemovingSandboxDirIsNotUndone(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a blocker needs root")
-	}
-	c, base := testChannels(t)
-	c.tmpfs = true
+	c, base := tmpfsChannels(t)
 	if _, err := c.open("r"); err != nil {
 		t.Fatal(err)
 	}
@@ -314,11 +316,7 @@ func TestRemovingSandboxDirIsNotUndone(t *testing.T) {
 // keeps it; a second daemon reuses the mount; the last removal and a
 // shutdown leave nothing mounted.
 func TestSharedChannelTmpfs(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
-	c, base := testChannels(t)
-	c.tmpfs = true
+	c, base := tmpfsChannels(t)
 	shared := filepath.Join(base, "chan-shared")
 	t.Cleanup(func() { _ = unix.Unmount(shared, unix.MNT_DETACH) })
 	if err := os.MkdirAll(filepath.Join(base, "old", "chan"), 0o711); err != nil {
