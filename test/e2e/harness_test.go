@@ -169,7 +169,7 @@ func (s *server) cleanup() {
 	if s.t.Failed() {
 		s.t.Logf("server log:\n%s", s.logs())
 	}
-	assertNoLeftovers(s.t, s.dataDir)
+	assertNoLeftovers(s.t, s.dataDir, false)
 	// runsc keeps one bind mount (null-netns) in its state root for the
 	// daemon's lifetime; it is not a sandbox's, so it goes with the data dir.
 	unmountUnder(filepath.Join(s.dataDir, "runtime"))
@@ -177,13 +177,24 @@ func (s *server) cleanup() {
 }
 
 // assertNoLeftovers fails if mounts, containers or sandbox dirs remain.
-func assertNoLeftovers(t *testing.T, dataDir string) {
+// With the daemon still running (daemonUp), its channel tmpfs (DATA/chan,
+// one for every sandbox) stays mounted, but no sandbox's dir may be left
+// on it; after a stop that leaves no sandbox it is gone too.
+func assertNoLeftovers(t *testing.T, dataDir string, daemonUp bool) {
 	t.Helper()
+	shared := filepath.Join(dataDir, "chan")
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, line := range strings.Split(string(mounts), "\n") {
+		if f := strings.Fields(line); daemonUp && len(f) > 4 && f[4] == shared {
+			continue
+		}
 		if strings.Contains(line, dataDir+"/") && !strings.Contains(line, dataDir+"/runtime/runsc/") {
 			t.Errorf("mount left behind: %s", line)
 		}
+	}
+	chans, _ := os.ReadDir(shared)
+	for _, e := range chans {
+		t.Errorf("channel dir left behind: %s", e.Name())
 	}
 	out, _ := exec.Command("runc", "--root", filepath.Join(dataDir, "runtime", "runc"), "list", "-q").Output()
 	if s := strings.TrimSpace(string(out)); s != "" {

@@ -133,7 +133,7 @@ func TestLifecycleThroughCLI(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(s.dataDir, "sandboxes", id)); !os.IsNotExist(err) {
 			t.Fatalf("sandbox dir still there: %v", err)
 		}
-		assertNoLeftovers(t, s.dataDir)
+		assertNoLeftovers(t, s.dataDir, true)
 	})
 }
 
