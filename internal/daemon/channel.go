@@ -17,6 +17,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/auth"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/rootfs"
 	"github.com/berth-dev/berth/internal/sandbox"
 )
 
@@ -147,9 +148,7 @@ func (c *channels) useShared(dir, sandboxesDir string) error {
 	if err := unix.Statfs(dir, &st); err != nil {
 		return errs.Wrap(errs.Internal, err, "statfs %s", dir)
 	}
-	if mounted, err := isMountPoint(dir); err != nil {
-		return err
-	} else if !mounted || st.Type != unix.TMPFS_MAGIC {
+	if !rootfs.IsMountPoint(dir) || st.Type != unix.TMPFS_MAGIC {
 		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, sharedMountOpts); err != nil {
 			return errs.Wrap(errs.Internal, err, "mount the channel tmpfs on %s", dir)
 		}
@@ -181,19 +180,6 @@ func (c *channels) releaseShared() {
 		return
 	}
 	_ = os.Remove(c.shared)
-}
-
-// isMountPoint reports whether path is the root of a mount (statx; the
-// last element is not followed).
-func isMountPoint(path string) (bool, error) {
-	var sx unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &sx); err != nil {
-		return false, errs.Wrap(errs.Internal, err, "statx %s", path)
-	}
-	if sx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
-		return false, errs.E(errs.Internal, "statx on %s does not tell mount points (kernel before 5.8)", path)
-	}
-	return sx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0, nil
 }
 
 func (c *channels) socketPath(id string) string {

@@ -305,6 +305,10 @@ func detachOthers(l Layout) error {
 // isMountPoint reports whether path is a mount point in this mount namespace.
 func isMountPoint(path string) bool { return mountedDevice(path) != "" }
 
+// IsMountPoint reports whether a host-owned path is the root of a mount in
+// this mount namespace (its last element is not followed).
+func IsMountPoint(path string) bool { return isMountPoint(path) }
+
 // mountedDevice is the major:minor of the filesystem mounted at path in
 // this mount namespace (the last mount there), or "" if none is. path is
 // one of the host-owned mount points of a sandbox dir (its last element is
