@@ -226,8 +226,12 @@ func (p *Proxy) relayHTTP(st *sandboxState, q Query, host string, client net.Con
 		if led := p.ledgerOf(); led != nil && recordable(pol.Effects, rh, q.Port, req.Method, false) {
 			in := Intent{SandboxID: st.id, Host: rh, Port: q.Port, Policy: pol.Effects}
 			end, err := p.relayEffect(context.Background(), led, in, req, cc, uc, ubr, func() error { return nil }) // plain HTTP: dialled already
-			if err != nil || end {
+			if err != nil {
 				return 0, 0, err
+			}
+			if end {
+				drainBeforeClose(client)
+				return 0, 0, nil
 			}
 			continue
 		}

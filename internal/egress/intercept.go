@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // intercept terminates the sandbox's TLS with a certificate from berth's CA,
@@ -94,6 +95,7 @@ func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, po
 				}
 				if end {
 					_ = down.CloseWrite()
+					drainBeforeClose(client)
 					return 0, 0, nil
 				}
 				continue
@@ -119,6 +121,24 @@ func (p *Proxy) intercept(ctx context.Context, st *sandboxState, host string, po
 			return 0, 0, nil
 		}
 	}
+}
+
+// A refused request's body may still be on its way when the answer is
+// written: closing a socket with unread bytes sends a RST, which can reach
+// the client before it has read the answer ("connection reset" instead of
+// 413). So the connection is half-closed and what the client still sends is
+// read and dropped, bounded in bytes and time (the client is hostile).
+const (
+	lingerBytes = 32 << 20
+	lingerTime  = 2 * time.Second
+)
+
+func drainBeforeClose(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(lingerTime))
+	_, _ = io.CopyN(io.Discard, c, lingerBytes)
 }
 
 func writeStatus(w io.Writer, code int, msg string) {

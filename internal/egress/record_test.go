@@ -219,6 +219,16 @@ func TestRecordBoundsHostileBodies(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge {
 		t.Fatalf("declared huge body: %v %v; want 413", resp, err)
 	}
+	// The same, with the client writing the whole body before it reads:
+	// the refusal must not reset the connection under its write.
+	sbw, brw := effectPair(t, handler, led, eff)
+	huge := "POST /big HTTP/1.1\r\nHost: good.test\r\nContent-Length: " + strconv.Itoa(MaxEffectBody+(4<<20)) + "\r\n\r\n" + strings.Repeat("b", MaxEffectBody+(4<<20))
+	if _, err := io.WriteString(sbw, huge); err != nil {
+		t.Fatalf("writing a refused body whole: %v; want the proxy to drain it, not reset", err)
+	}
+	if resp, err := http.ReadResponse(brw, nil); err != nil || resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("declared huge body written whole: %v %v; want 413", resp, err)
+	}
 	// A chunked body that grows past the bound: 413 too, nothing sent.
 	sb2, br2 := effectPair(t, handler, led, eff)
 	if _, err := io.WriteString(sb2, "POST /big HTTP/1.1\r\nHost: good.test\r\nTransfer-Encoding: chunked\r\n\r\n"); err != nil {
