@@ -18,6 +18,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 )
 
 func TestExecResults(t *testing.T) {
@@ -381,12 +382,36 @@ func TestExecInheritsOnlyStdio(t *testing.T) {
 			pids = append(pids, start.Pid)
 		}
 		for _, pid := range pids {
+			waitAsleep(t, pid)
 			got := fdSet(t, strconv.Itoa(pid))
 			if !maps.Equal(got, want) {
 				t.Errorf("stdin %v: fds of pid %d = %v, want %v", stdin, pid, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
 			}
 			_ = e.client.Signal(ctx, pid, 9)
 		}
+	}
+}
+
+// waitAsleep waits until pid is blocked in sleep's own syscall: before it,
+// the dynamic loader and setlocale hold fds of their own (libc.so.6 as fd 3
+// was seen), which are not inherited and would read as a leak.
+func waitAsleep(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/syscall")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			if nr, err := strconv.Atoi(f[0]); err == nil && (nr == unix.SYS_CLOCK_NANOSLEEP || nr == unix.SYS_NANOSLEEP) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d is not in its sleep after 10s: syscall %q", pid, b)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
