@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -102,4 +103,19 @@ func median(x []float64) float64 {
 	s := slices.Clone(x)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// TestNoTestingInBinary fails when a non-test file of a package the berth
+// binary links imports testing or a test library (the store's conformance
+// suite once did: internal/store/storetest is imported by tests only).
+func TestNoTestingInBinary(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v: %s", err, out)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if p == "testing" || strings.HasPrefix(p, "github.com/google/go-cmp/") || strings.HasPrefix(p, "go.uber.org/goleak") || strings.HasSuffix(p, "/storetest") {
+			t.Errorf("the berth binary links %s", p)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/kube/kubetest"
 	"github.com/berth-dev/berth/internal/store"
+	"github.com/berth-dev/berth/internal/store/storetest"
 )
 
 var srv *kubetest.Server
@@ -26,7 +27,7 @@ func openStore(t *testing.T) store.Store {
 }
 
 func TestKubeStore(t *testing.T) {
-	store.TestStore(t, openStore)
+	storetest.TestStore(t, openStore)
 }
 
 // openB is a fresh whole store for ledgers_test.go.

@@ -2,7 +2,7 @@
 // state lives in berth.dev/v1alpha1 objects of one namespace. Sandboxes and
 // templates are first-class objects (kubectl get sandboxes); every other
 // table's rows are Records (berth.dev_records.yaml), one object per row,
-// selected by labels. It passes store.TestStore, the suite SQLite passes.
+// selected by labels. It passes storetest.TestStore, the suite SQLite passes.
 //
 // Kubernetes has no transaction across objects. Every single-row change is
 // one conditional write (resourceVersion), so concurrent writers never lose

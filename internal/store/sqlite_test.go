@@ -44,10 +44,6 @@ func openTemp(t *testing.T) *SQLite {
 	return s
 }
 
-func TestSQLite(t *testing.T) {
-	TestStore(t, func(t *testing.T) Store { return openTemp(t) })
-}
-
 func TestSQLitePragmas(t *testing.T) {
 	s := openTemp(t)
 	for _, tc := range []struct {
@@ -354,5 +350,18 @@ func TestMigrationHashesAccessTokens(t *testing.T) {
 		if fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s is %v, want 0600", filepath.Base(p), fi.Mode().Perm())
 		}
+	}
+}
+
+// suiteEpoch and suiteSandbox are storetest's fixtures, repeated here: this
+// internal test cannot import storetest, which imports store.
+var suiteEpoch = time.Date(2025, 6, 1, 12, 0, 0, 123456789, time.UTC)
+
+func suiteSandbox(id, owner string, created time.Time) *sandbox.Sandbox {
+	return &sandbox.Sandbox{
+		ID: id, Owner: owner, Template: "default", TemplateID: "sha256:aa", Runtime: "runc",
+		State: sandbox.Creating, Labels: map[string]string{"app": "x"},
+		Resources: sandbox.Resources{CPUMillis: 500, MemoryMiB: 256, DiskMiB: 1024, Pids: 64},
+		CreatedAt: created, ExpiresAt: created.Add(time.Hour), ExpiryAction: sandbox.ExpireStop,
 	}
 }

@@ -3,7 +3,7 @@
 // Store is the seam between the daemon and its state backend: the embedded
 // SQLite backend (*SQLite) implements it for one host, and a cluster backend
 // (e.g. on the Kubernetes API) can implement it later. Every backend must
-// pass TestStore, the conformance suite in store_suite.go.
+// pass storetest.TestStore, the conformance suite in internal/store/storetest.
 package store
 
 import (

@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"testing"
@@ -7,11 +7,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
 )
 
-func suiteEgressLog(t *testing.T, s Store) {
+func suiteEgressLog(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	in := []EgressEntry{
+	in := []store.EgressEntry{
 		{SandboxID: "a", Owner: "alice", Time: suiteEpoch, Proto: "tcp", DstIP: "203.0.113.10", DstPort: 443,
 			Host: "good.test", Rule: "allow:good.test", Verdict: "allow", Intercepted: true, BytesOut: 10, BytesIn: 20,
 			Duration: 1500 * time.Millisecond},
@@ -25,24 +26,24 @@ func suiteEgressLog(t *testing.T, s Store) {
 	if err := s.AppendEgress(ctx, in[1:]); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AppendEgress(ctx, []EgressEntry{{Proto: "tcp"}}); errs.KindOf(err) != errs.InvalidArgument {
+	if err := s.AppendEgress(ctx, []store.EgressEntry{{Proto: "tcp"}}); errs.KindOf(err) != errs.InvalidArgument {
 		t.Errorf("AppendEgress without sandbox id: err = %v, want InvalidArgument", err)
 	}
-	got, err := s.ListEgress(ctx, EgressFilter{SandboxID: "a"})
+	got, err := s.ListEgress(ctx, store.EgressFilter{SandboxID: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 2 || got[0].Seq >= got[1].Seq {
 		t.Fatalf("ListEgress(a) = %+v, want 2 entries in seq order", got)
 	}
-	want := []EgressEntry{in[0], in[2]}
+	want := []store.EgressEntry{in[0], in[2]}
 	for i := range got {
 		want[i].Seq = got[i].Seq
 	}
 	if d := cmp.Diff(want, got, suiteOpts); d != "" {
 		t.Errorf("ListEgress(a) (-want +got):\n%s", d)
 	}
-	after, err := s.ListEgress(ctx, EgressFilter{AfterSeq: got[0].Seq, Limit: 1})
+	after, err := s.ListEgress(ctx, store.EgressFilter{AfterSeq: got[0].Seq, Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,14 +52,14 @@ func suiteEgressLog(t *testing.T, s Store) {
 	}
 }
 
-func suiteSecrets(t *testing.T, s Store) {
+func suiteSecrets(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	sec := Secret{Owner: "alice", Name: "GH", Host: "api.github.com", Header: "Authorization: Bearer {{value}}",
+	sec := store.Secret{Owner: "alice", Name: "GH", Host: "api.github.com", Header: "Authorization: Bearer {{value}}",
 		Sealed: []byte{1, 2, 3}, CreatedAt: suiteEpoch, UpdatedAt: suiteEpoch}
 	if _, err := s.PutSecret(ctx, sec); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.PutSecret(ctx, Secret{Owner: "bob", Name: "GH", Host: "h", Sealed: []byte{9}}); err != nil {
+	if _, err := s.PutSecret(ctx, store.Secret{Owner: "bob", Name: "GH", Host: "h", Sealed: []byte{9}}); err != nil {
 		t.Fatal(err)
 	}
 	upd := sec
@@ -80,7 +81,7 @@ func suiteSecrets(t *testing.T, s Store) {
 	if _, err := s.GetSecret(ctx, "carol", "GH"); !errs.Is(err, errs.NotFound) {
 		t.Errorf("GetSecret(carol): err = %v, want NotFound", err)
 	}
-	if _, err := s.PutSecret(ctx, Secret{Owner: "alice", Name: "X", Host: "h"}); errs.KindOf(err) != errs.InvalidArgument {
+	if _, err := s.PutSecret(ctx, store.Secret{Owner: "alice", Name: "X", Host: "h"}); errs.KindOf(err) != errs.InvalidArgument {
 		t.Errorf("PutSecret without value: err = %v, want InvalidArgument", err)
 	}
 	list, err := s.ListSecrets(ctx, "alice")

@@ -1,4 +1,7 @@
-package store
+// Package storetest is the conformance suite every store.Store backend
+// must pass. It is a package of its own, imported only by tests, so that
+// neither testing nor go-cmp is linked into the berth binary.
+package storetest
 
 import (
 	"errors"
@@ -12,16 +15,16 @@ import (
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
-// TestStore is the conformance suite every Store backend must pass. open
-// returns a new, empty store for each subtest and arranges (t.Cleanup) for
-// it to be closed. It lives in a non-test file so other backends' tests can
-// call it: store.TestStore(t, func(t *testing.T) store.Store { ... }).
-func TestStore(t *testing.T, open func(t *testing.T) Store) {
+// TestStore runs the conformance suite: open returns a new, empty store for each subtest and
+// arranges (t.Cleanup) for it to be closed:
+// storetest.TestStore(t, func(t *testing.T) store.Store { ... }).
+func TestStore(t *testing.T, open func(t *testing.T) store.Store) {
 	for _, tc := range []struct {
 		name string
-		fn   func(t *testing.T, s Store)
+		fn   func(t *testing.T, s store.Store)
 	}{
 		{"SandboxCRUD", suiteSandboxCRUD},
 		{"ErrorKinds", suiteErrorKinds},
@@ -73,7 +76,7 @@ func suiteSandbox(id, owner string, created time.Time) *sandbox.Sandbox {
 	}
 }
 
-func mustCreate(t *testing.T, s Store, sbs ...*sandbox.Sandbox) {
+func mustCreate(t *testing.T, s store.Store, sbs ...*sandbox.Sandbox) {
 	t.Helper()
 	for _, sb := range sbs {
 		if err := s.CreateSandbox(t.Context(), sb); err != nil {
@@ -90,7 +93,7 @@ func ids(sbs []*sandbox.Sandbox) []string {
 	return out
 }
 
-func suiteSandboxCRUD(t *testing.T, s Store) {
+func suiteSandboxCRUD(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	in := &sandbox.Sandbox{
 		ID: "sb1", Owner: "alice", Template: "python", TemplateID: "sha256:ff", Runtime: "runsc",
@@ -164,10 +167,10 @@ func suiteSandboxCRUD(t *testing.T, s Store) {
 	mustCreate(t, s, suiteSandbox("sb1", "bob", suiteEpoch))
 }
 
-func suiteErrorKinds(t *testing.T, s Store) {
+func suiteErrorKinds(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("exists", "alice", suiteEpoch))
-	if err := s.CreateAPIKey(ctx, APIKey{ID: "k1", Owner: "alice", Hash: []byte("h1"), CreatedAt: suiteEpoch}); err != nil {
+	if err := s.CreateAPIKey(ctx, store.APIKey{ID: "k1", Owner: "alice", Hash: []byte("h1"), CreatedAt: suiteEpoch}); err != nil {
 		t.Fatalf("CreateAPIKey: %v", err)
 	}
 	noop := func(*sandbox.Sandbox) error { return nil }
@@ -189,21 +192,21 @@ func suiteErrorKinds(t *testing.T, s Store) {
 			return err
 		}, errs.NotFound},
 		{"delete missing sandbox", func() error { return s.DeleteSandbox(ctx, "missing") }, errs.NotFound},
-		{"list bad order", func() error { _, _, err := s.ListSandboxes(ctx, SandboxFilter{Order: "up"}); return err }, errs.InvalidArgument},
-		{"list bad cursor", func() error { _, _, err := s.ListSandboxes(ctx, SandboxFilter{After: "!!"}); return err }, errs.InvalidArgument},
-		{"list negative limit", func() error { _, _, err := s.ListSandboxes(ctx, SandboxFilter{Limit: -1}); return err }, errs.InvalidArgument},
+		{"list bad order", func() error { _, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Order: "up"}); return err }, errs.InvalidArgument},
+		{"list bad cursor", func() error { _, _, err := s.ListSandboxes(ctx, store.SandboxFilter{After: "!!"}); return err }, errs.InvalidArgument},
+		{"list negative limit", func() error { _, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Limit: -1}); return err }, errs.InvalidArgument},
 		{"append event without type", func() error { _, err := s.AppendEvent(ctx, sandbox.Event{SandboxID: "exists"}); return err }, errs.InvalidArgument},
 		{"create duplicate api key id", func() error {
-			return s.CreateAPIKey(ctx, APIKey{ID: "k1", Owner: "bob", Hash: []byte("h2")})
+			return s.CreateAPIKey(ctx, store.APIKey{ID: "k1", Owner: "bob", Hash: []byte("h2")})
 		}, errs.AlreadyExists},
 		{"create duplicate api key hash", func() error {
-			return s.CreateAPIKey(ctx, APIKey{ID: "k2", Owner: "bob", Hash: []byte("h1")})
+			return s.CreateAPIKey(ctx, store.APIKey{ID: "k2", Owner: "bob", Hash: []byte("h1")})
 		}, errs.AlreadyExists},
 		{"lookup missing api key", func() error { _, err := s.LookupAPIKey(ctx, []byte("nope")); return err }, errs.NotFound},
 		{"delete missing api key", func() error { return s.DeleteAPIKey(ctx, "nope") }, errs.NotFound},
 		{"get missing template", func() error { _, err := s.GetTemplate(ctx, "nope"); return err }, errs.NotFound},
 		{"delete missing template", func() error { return s.DeleteTemplate(ctx, "nope") }, errs.NotFound},
-		{"put template bad state", func() error { _, err := s.PutTemplate(ctx, Template{Name: "t", State: "done"}); return err }, errs.InvalidArgument},
+		{"put template bad state", func() error { _, err := s.PutTemplate(ctx, store.Template{Name: "t", State: "done"}); return err }, errs.InvalidArgument},
 		{"get missing setting", func() error { _, err := s.GetSetting(ctx, "nope"); return err }, errs.NotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -219,7 +222,7 @@ func suiteErrorKinds(t *testing.T, s Store) {
 }
 
 // seedList creates sandboxes a..f with distinct owners/states/labels/templates.
-func seedList(t *testing.T, s Store) {
+func seedList(t *testing.T, s store.Store) {
 	mk := func(id, owner string, min int, st sandbox.State, tmpl string, labels map[string]string) *sandbox.Sandbox {
 		sb := suiteSandbox(id, owner, suiteEpoch.Add(time.Duration(min)*time.Minute))
 		sb.State, sb.Template, sb.Labels = st, tmpl, labels
@@ -240,32 +243,32 @@ func noExpiry(sb *sandbox.Sandbox) *sandbox.Sandbox {
 	return sb
 }
 
-func suiteListFilters(t *testing.T, s Store) {
+func suiteListFilters(t *testing.T, s store.Store) {
 	seedList(t, s)
 	for _, tc := range []struct {
 		name string
-		f    SandboxFilter
+		f    store.SandboxFilter
 		want []string
 	}{
-		{"all", SandboxFilter{}, []string{"a", "b", "c", "d", "e", "f"}},
-		{"owner", SandboxFilter{Owner: "alice"}, []string{"a", "b", "d"}},
-		{"unknown owner", SandboxFilter{Owner: "zed"}, []string{}},
-		{"one state", SandboxFilter{States: []sandbox.State{sandbox.Running}}, []string{"a", "c", "f"}},
-		{"two states", SandboxFilter{States: []sandbox.State{sandbox.Paused, sandbox.Failed}}, []string{"b", "e"}},
-		{"template", SandboxFilter{Template: "node"}, []string{"c", "d"}},
-		{"one label", SandboxFilter{Labels: map[string]string{"team": "ml"}}, []string{"a", "b", "e"}},
-		{"all labels must match", SandboxFilter{Labels: map[string]string{"team": "ml", "env": "dev"}}, []string{"b"}},
-		{"label key with dots and slash", SandboxFilter{Labels: map[string]string{"x.io/k-1": "v"}}, []string{"e"}},
-		{"label value mismatch", SandboxFilter{Labels: map[string]string{"team": "ops"}}, []string{}},
-		{"created after", SandboxFilter{CreatedAfter: suiteEpoch.Add(4 * time.Minute)}, []string{"e", "f"}},
+		{"all", store.SandboxFilter{}, []string{"a", "b", "c", "d", "e", "f"}},
+		{"owner", store.SandboxFilter{Owner: "alice"}, []string{"a", "b", "d"}},
+		{"unknown owner", store.SandboxFilter{Owner: "zed"}, []string{}},
+		{"one state", store.SandboxFilter{States: []sandbox.State{sandbox.Running}}, []string{"a", "c", "f"}},
+		{"two states", store.SandboxFilter{States: []sandbox.State{sandbox.Paused, sandbox.Failed}}, []string{"b", "e"}},
+		{"template", store.SandboxFilter{Template: "node"}, []string{"c", "d"}},
+		{"one label", store.SandboxFilter{Labels: map[string]string{"team": "ml"}}, []string{"a", "b", "e"}},
+		{"all labels must match", store.SandboxFilter{Labels: map[string]string{"team": "ml", "env": "dev"}}, []string{"b"}},
+		{"label key with dots and slash", store.SandboxFilter{Labels: map[string]string{"x.io/k-1": "v"}}, []string{"e"}},
+		{"label value mismatch", store.SandboxFilter{Labels: map[string]string{"team": "ops"}}, []string{}},
+		{"created after", store.SandboxFilter{CreatedAfter: suiteEpoch.Add(4 * time.Minute)}, []string{"e", "f"}},
 		// Each expires an hour after its creation, except f: never.
-		{"expires by", SandboxFilter{ExpiresBy: suiteEpoch.Add(time.Hour + 3*time.Minute)}, []string{"a", "b", "c"}},
-		{"expires by, no expiry never matches", SandboxFilter{ExpiresBy: suiteEpoch.Add(100 * time.Hour)}, []string{"a", "b", "c", "d", "e"}},
-		{"expires by and state", SandboxFilter{ExpiresBy: suiteEpoch.Add(100 * time.Hour), States: []sandbox.State{sandbox.Running}}, []string{"a", "c"}},
-		{"combined", SandboxFilter{Owner: "alice", States: []sandbox.State{sandbox.Running, sandbox.Paused}, Labels: map[string]string{"team": "ml"}, Template: "py"}, []string{"a", "b"}},
-		{"desc", SandboxFilter{Order: OrderDesc}, []string{"f", "e", "d", "c", "b", "a"}},
-		{"desc owner", SandboxFilter{Owner: "bob", Order: OrderDesc}, []string{"e", "c"}},
-		{"limit without more", SandboxFilter{Limit: 6}, []string{"a", "b", "c", "d", "e", "f"}},
+		{"expires by", store.SandboxFilter{ExpiresBy: suiteEpoch.Add(time.Hour + 3*time.Minute)}, []string{"a", "b", "c"}},
+		{"expires by, no expiry never matches", store.SandboxFilter{ExpiresBy: suiteEpoch.Add(100 * time.Hour)}, []string{"a", "b", "c", "d", "e"}},
+		{"expires by and state", store.SandboxFilter{ExpiresBy: suiteEpoch.Add(100 * time.Hour), States: []sandbox.State{sandbox.Running}}, []string{"a", "c"}},
+		{"combined", store.SandboxFilter{Owner: "alice", States: []sandbox.State{sandbox.Running, sandbox.Paused}, Labels: map[string]string{"team": "ml"}, Template: "py"}, []string{"a", "b"}},
+		{"desc", store.SandboxFilter{Order: store.OrderDesc}, []string{"f", "e", "d", "c", "b", "a"}},
+		{"desc owner", store.SandboxFilter{Owner: "bob", Order: store.OrderDesc}, []string{"e", "c"}},
+		{"limit without more", store.SandboxFilter{Limit: 6}, []string{"a", "b", "c", "d", "e", "f"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, next, err := s.ListSandboxes(t.Context(), tc.f)
@@ -282,7 +285,7 @@ func suiteListFilters(t *testing.T, s Store) {
 	}
 }
 
-func suitePagination(t *testing.T, s Store) {
+func suitePagination(t *testing.T, s store.Store) {
 	// Five sandboxes; c and d share a creation time, so the id breaks the tie.
 	for i, id := range []string{"a", "b", "c", "d", "e"} {
 		min := i
@@ -296,15 +299,15 @@ func suitePagination(t *testing.T, s Store) {
 		order string
 		want  [][]string
 	}{
-		{OrderAsc, [][]string{{"a", "b"}, {"c", "d"}, {"e"}}},
+		{store.OrderAsc, [][]string{{"a", "b"}, {"c", "d"}, {"e"}}},
 		{"", [][]string{{"a", "b"}, {"c", "d"}, {"e"}}},
-		{OrderDesc, [][]string{{"e", "d"}, {"c", "b"}, {"a"}}},
+		{store.OrderDesc, [][]string{{"e", "d"}, {"c", "b"}, {"a"}}},
 	} {
 		t.Run("order="+tc.order, func(t *testing.T) {
 			var pages [][]string
 			after := ""
 			for range 10 {
-				got, next, err := s.ListSandboxes(t.Context(), SandboxFilter{Owner: "alice", Order: tc.order, Limit: 2, After: after})
+				got, next, err := s.ListSandboxes(t.Context(), store.SandboxFilter{Owner: "alice", Order: tc.order, Limit: 2, After: after})
 				if err != nil {
 					t.Fatalf("ListSandboxes(after=%q): %v", after, err)
 				}
@@ -321,14 +324,14 @@ func suitePagination(t *testing.T, s Store) {
 	}
 	t.Run("cursor survives deletion of its item", func(t *testing.T) {
 		ctx := t.Context()
-		_, next, err := s.ListSandboxes(ctx, SandboxFilter{Owner: "alice", Limit: 2})
+		_, next, err := s.ListSandboxes(ctx, store.SandboxFilter{Owner: "alice", Limit: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := s.DeleteSandbox(ctx, "b"); err != nil {
 			t.Fatal(err)
 		}
-		got, _, err := s.ListSandboxes(ctx, SandboxFilter{Owner: "alice", Limit: 2, After: next})
+		got, _, err := s.ListSandboxes(ctx, store.SandboxFilter{Owner: "alice", Limit: 2, After: next})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -338,7 +341,7 @@ func suitePagination(t *testing.T, s Store) {
 	})
 }
 
-func suiteTransitionLegal(t *testing.T, s Store) {
+func suiteTransitionLegal(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("sb", "alice", suiteEpoch))
 	started := suiteEpoch.Add(2 * time.Second)
@@ -364,7 +367,7 @@ func suiteTransitionLegal(t *testing.T, s Store) {
 	if _, err := s.Transition(ctx, "sb", sandbox.Paused, sandbox.Event{Time: started.Add(time.Second), Type: "pause", Actor: "reaper"}, nil); err != nil {
 		t.Fatalf("Transition to paused: %v", err)
 	}
-	evs, err := s.ListEvents(ctx, EventFilter{SandboxID: "sb"})
+	evs, err := s.ListEvents(ctx, store.EventFilter{SandboxID: "sb"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +380,7 @@ func suiteTransitionLegal(t *testing.T, s Store) {
 	}
 }
 
-func suiteTransitionIllegal(t *testing.T, s Store) {
+func suiteTransitionIllegal(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("sb", "alice", suiteEpoch))
 	before, err := s.GetSandbox(ctx, "sb")
@@ -415,7 +418,7 @@ func suiteTransitionIllegal(t *testing.T, s Store) {
 	if diff := cmp.Diff(before, after, suiteOpts); diff != "" {
 		t.Errorf("sandbox changed by failed transitions (-before +after):\n%s", diff)
 	}
-	evs, err := s.ListEvents(ctx, EventFilter{SandboxID: "sb"})
+	evs, err := s.ListEvents(ctx, store.EventFilter{SandboxID: "sb"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +427,7 @@ func suiteTransitionIllegal(t *testing.T, s Store) {
 	}
 }
 
-func suiteUpdateRollback(t *testing.T, s Store) {
+func suiteUpdateRollback(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("sb", "alice", suiteEpoch))
 	before, err := s.GetSandbox(ctx, "sb")
@@ -451,7 +454,7 @@ func suiteUpdateRollback(t *testing.T, s Store) {
 	}
 }
 
-func suiteUpdateConcurrent(t *testing.T, s Store) {
+func suiteUpdateConcurrent(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("sb", "alice", suiteEpoch))
 	const n = 20

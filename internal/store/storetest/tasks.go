@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"testing"
@@ -7,32 +7,33 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // Conformance cases for the task ledger's tables. The entry point is
 // TestStore in store_suite.go.
 
-func suiteTasks(t *testing.T, s Store) {
+func suiteTasks(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("sba", "alice", suiteEpoch), suiteSandbox("sbb", "alice", suiteEpoch))
 	at := func(n int) time.Time { return suiteEpoch.Add(time.Duration(n) * time.Second) }
-	ch := func(task, op string, n int) TaskChange {
-		return TaskChange{Sandbox: "sba", Task: task, Time: at(n), Actor: "alice", Op: op, Data: []byte(`{"n":` + string(rune('0'+n)) + `}`)}
+	ch := func(task, op string, n int) store.TaskChange {
+		return store.TaskChange{Sandbox: "sba", Task: task, Time: at(n), Actor: "alice", Op: op, Data: []byte(`{"n":` + string(rune('0'+n)) + `}`)}
 	}
-	if err := s.WriteTasks(ctx, TaskWrite{Sandbox: "nosuch", Put: []TaskRecord{{ID: "x", State: []byte(`{}`)}}}); errs.KindOf(err) != errs.NotFound {
+	if err := s.WriteTasks(ctx, store.TaskWrite{Sandbox: "nosuch", Put: []store.TaskRecord{{ID: "x", State: []byte(`{}`)}}}); errs.KindOf(err) != errs.NotFound {
 		t.Errorf("WriteTasks of a missing sandbox = %v, want NotFound", err)
 	}
-	if err := s.WriteTasks(ctx, TaskWrite{Sandbox: "sba", Put: []TaskRecord{{ID: "", State: []byte(`{}`)}}}); errs.KindOf(err) != errs.InvalidArgument {
+	if err := s.WriteTasks(ctx, store.TaskWrite{Sandbox: "sba", Put: []store.TaskRecord{{ID: "", State: []byte(`{}`)}}}); errs.KindOf(err) != errs.InvalidArgument {
 		t.Errorf("WriteTasks of a task without id = %v, want InvalidArgument", err)
 	}
 	if got, err := s.GetTaskLedger(ctx, "sba"); err != nil || got != nil {
 		t.Errorf("GetTaskLedger before any = %q, %v; want nil, nil", got, err)
 	}
-	steps := []TaskWrite{
-		{Sandbox: "sba", Put: []TaskRecord{{ID: "build", State: []byte(`{"v":1}`), UpdatedAt: at(1)}}, Changes: []TaskChange{ch("build", "create", 1)}},
-		{Sandbox: "sba", Put: []TaskRecord{{ID: "deploy", State: []byte(`{"v":1}`), UpdatedAt: at(2)}}, Changes: []TaskChange{ch("deploy", "create", 2)}},
-		{Sandbox: "sba", Put: []TaskRecord{{ID: "build", State: []byte(`{"v":2}`), Brief: []byte(`{"b":2}`), UpdatedAt: at(3)}}, Changes: []TaskChange{ch("build", "step_start", 3)}, Ledger: []byte(`{"l":1}`)},
-		{Sandbox: "sbb", Put: []TaskRecord{{ID: "build", State: []byte(`{"other":1}`), UpdatedAt: at(4)}}, Changes: []TaskChange{{Sandbox: "sbb", Task: "build", Time: at(4), Op: "create", Data: []byte(`{}`)}}},
+	steps := []store.TaskWrite{
+		{Sandbox: "sba", Put: []store.TaskRecord{{ID: "build", State: []byte(`{"v":1}`), UpdatedAt: at(1)}}, Changes: []store.TaskChange{ch("build", "create", 1)}},
+		{Sandbox: "sba", Put: []store.TaskRecord{{ID: "deploy", State: []byte(`{"v":1}`), UpdatedAt: at(2)}}, Changes: []store.TaskChange{ch("deploy", "create", 2)}},
+		{Sandbox: "sba", Put: []store.TaskRecord{{ID: "build", State: []byte(`{"v":2}`), Brief: []byte(`{"b":2}`), UpdatedAt: at(3)}}, Changes: []store.TaskChange{ch("build", "step_start", 3)}, Ledger: []byte(`{"l":1}`)},
+		{Sandbox: "sbb", Put: []store.TaskRecord{{ID: "build", State: []byte(`{"other":1}`), UpdatedAt: at(4)}}, Changes: []store.TaskChange{{Sandbox: "sbb", Task: "build", Time: at(4), Op: "create", Data: []byte(`{}`)}}},
 	}
 	for i, w := range steps {
 		if err := s.WriteTasks(ctx, w); err != nil {
@@ -43,7 +44,7 @@ func suiteTasks(t *testing.T, s Store) {
 	if err != nil {
 		t.Fatalf("ListTasks: %v", err)
 	}
-	want := []TaskRecord{
+	want := []store.TaskRecord{
 		{Sandbox: "sba", ID: "build", Seq: 1, State: []byte(`{"v":2}`), Brief: []byte(`{"b":2}`), UpdatedAt: at(3)}, // an update keeps its number
 		{Sandbox: "sba", ID: "deploy", Seq: 2, State: []byte(`{"v":1}`), UpdatedAt: at(2)},
 	}
@@ -87,10 +88,10 @@ func suiteTasks(t *testing.T, s Store) {
 		t.Errorf("GetTaskLedger = %q, %v", got, err)
 	}
 	// A delete and a re-create in one write: the re-created task is numbered last.
-	if err := s.WriteTasks(ctx, TaskWrite{Sandbox: "sba", Delete: []string{"build"}, Ledger: []byte(`{"l":2}`)}); err != nil {
+	if err := s.WriteTasks(ctx, store.TaskWrite{Sandbox: "sba", Delete: []string{"build"}, Ledger: []byte(`{"l":2}`)}); err != nil {
 		t.Fatalf("WriteTasks delete: %v", err)
 	}
-	if err := s.WriteTasks(ctx, TaskWrite{Sandbox: "sba", Put: []TaskRecord{{ID: "build", State: []byte(`{"v":3}`)}}}); err != nil {
+	if err := s.WriteTasks(ctx, store.TaskWrite{Sandbox: "sba", Put: []store.TaskRecord{{ID: "build", State: []byte(`{"v":3}`)}}}); err != nil {
 		t.Fatalf("WriteTasks re-create: %v", err)
 	}
 	if list, err := s.ListTasks(ctx, "sba"); err != nil || len(list) != 2 || list[0].ID != "deploy" || list[1].ID != "build" || list[1].Seq != 3 {

@@ -1,39 +1,40 @@
-package store
+package storetest
 
 import (
 	"testing"
 	"time"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // Conformance case for WriteEffects, the ledger's group commit. The entry
 // point is TestStore in store_suite.go.
 
-func suiteEffectBatch(t *testing.T, s Store) {
+func suiteEffectBatch(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("ebs", "alice", suiteEpoch))
-	mk := func(id string) *Effect {
-		return &Effect{ID: id, Lineage: "ebs", SandboxID: "ebs", Owner: "alice", Method: "POST", Host: "api.test",
+	mk := func(id string) *store.Effect {
+		return &store.Effect{ID: id, Lineage: "ebs", SandboxID: "ebs", Owner: "alice", Method: "POST", Host: "api.test",
 			Path: "/p", BodySHA256: "ab", Identity: "i-" + id, StartedAt: suiteEpoch.Add(time.Second)}
 	}
 	if _, err := s.RecordEffect(ctx, *mk("eb0")); err != nil {
 		t.Fatal(err)
 	}
-	done := EffectOutcome{State: EffectCompleted, Status: 200, RespSize: 2, EndedAt: suiteEpoch.Add(2 * time.Second), Replay: []byte("ok")}
-	lost := EffectOutcome{State: EffectUnknown, Reason: "broke", EndedAt: suiteEpoch.Add(2 * time.Second)}
-	ws := []EffectWrite{
+	done := store.EffectOutcome{State: store.EffectCompleted, Status: 200, RespSize: 2, EndedAt: suiteEpoch.Add(2 * time.Second), Replay: []byte("ok")}
+	lost := store.EffectOutcome{State: store.EffectUnknown, Reason: "broke", EndedAt: suiteEpoch.Add(2 * time.Second)}
+	ws := []store.EffectWrite{
 		{Record: mk("eb1")},
 		{ID: "eb0", Finish: &done},
-		{Record: mk("eb0")},          // a duplicate id: its own error, the rest applies
-		{ID: "eb1", Finish: &lost},   // an intent and its outcome in the same batch, in order
-		{ID: "nope", Finish: &done},  // nothing pending with that id
-		{Record: &Effect{ID: "eb3"}}, // no sandbox
-		{ID: "eb2", Finish: &EffectOutcome{State: "bogus"}},
+		{Record: mk("eb0")},                // a duplicate id: its own error, the rest applies
+		{ID: "eb1", Finish: &lost},         // an intent and its outcome in the same batch, in order
+		{ID: "nope", Finish: &done},        // nothing pending with that id
+		{Record: &store.Effect{ID: "eb3"}}, // no sandbox
+		{ID: "eb2", Finish: &store.EffectOutcome{State: "bogus"}},
 		{Record: mk("eb2")},
 		{},
 		{Record: mk("eb4")},
-		{ID: "eb4", Finish: &EffectOutcome{State: EffectWithdrawn, Reason: "not sent", EndedAt: suiteEpoch.Add(2 * time.Second)}},
+		{ID: "eb4", Finish: &store.EffectOutcome{State: store.EffectWithdrawn, Reason: "not sent", EndedAt: suiteEpoch.Add(2 * time.Second)}},
 	}
 	const ok = errs.Kind(-1)
 	res, err := s.WriteEffects(ctx, ws)
@@ -48,7 +49,7 @@ func suiteEffectBatch(t *testing.T, s Store) {
 	if ws[0].Record.Seq == 0 || ws[7].Record.Seq <= ws[0].Record.Seq {
 		t.Errorf("seqs %d, %d: want assigned in order", ws[0].Record.Seq, ws[7].Record.Seq)
 	}
-	for id, want := range map[string]string{"eb0": EffectCompleted, "eb1": EffectUnknown, "eb2": EffectPending, "eb4": EffectWithdrawn} {
+	for id, want := range map[string]string{"eb0": store.EffectCompleted, "eb1": store.EffectUnknown, "eb2": store.EffectPending, "eb4": store.EffectWithdrawn} {
 		if e, err := s.GetEffect(ctx, id); err != nil || e.State != want {
 			t.Errorf("GetEffect(%s) = %+v, %v; want %s", id, e, err, want)
 		}

@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"testing"
@@ -10,9 +10,10 @@ import (
 	"github.com/berth-dev/berth/internal/metering"
 	"github.com/berth-dev/berth/internal/quota"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
-func suiteUsage(t *testing.T, s Store) {
+func suiteUsage(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	h0 := suiteEpoch.Truncate(time.Hour)
 	cursor := func(id, owner string, sampled time.Time) metering.Usage {
@@ -26,7 +27,7 @@ func suiteUsage(t *testing.T, s Store) {
 	// Two steps in hour 0 for sb1 (summed, peak maxed), one in hour 2, one for bob's sb2.
 	inc2 := inc
 	inc2.MemPeakBytes = 300
-	for _, recs := range [][]UsageRecord{
+	for _, recs := range [][]store.UsageRecord{
 		{{Usage: cursor("sb1", "alice", h0.Add(time.Minute)), Hour: h0.Add(time.Minute), Inc: inc},
 			{Usage: cursor("sb2", "bob", h0.Add(time.Minute)), Hour: h0, Inc: inc}},
 		{{Usage: cursor("sb1", "alice", h0.Add(2*time.Minute)), Hour: h0.Add(2 * time.Minute), Inc: inc2}},
@@ -59,14 +60,14 @@ func suiteUsage(t *testing.T, s Store) {
 
 	for _, tc := range []struct {
 		name string
-		f    UsageFilter
+		f    store.UsageFilter
 		want []metering.Usage
 	}{
-		{"all", UsageFilter{}, []metering.Usage{want1, want2}},
-		{"owner", UsageFilter{Owner: "bob"}, []metering.Usage{want2}},
-		{"sandbox", UsageFilter{SandboxID: "sb1"}, []metering.Usage{want1}},
-		{"since truncates to the hour", UsageFilter{Since: h0.Add(time.Hour + 30*time.Minute)}, []metering.Usage{since, empty}},
-		{"nobody", UsageFilter{Owner: "carol"}, nil},
+		{"all", store.UsageFilter{}, []metering.Usage{want1, want2}},
+		{"owner", store.UsageFilter{Owner: "bob"}, []metering.Usage{want2}},
+		{"sandbox", store.UsageFilter{SandboxID: "sb1"}, []metering.Usage{want1}},
+		{"since truncates to the hour", store.UsageFilter{Since: h0.Add(time.Hour + 30*time.Minute)}, []metering.Usage{since, empty}},
+		{"nobody", store.UsageFilter{Owner: "carol"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := s.ListUsage(ctx, tc.f)
@@ -78,12 +79,12 @@ func suiteUsage(t *testing.T, s Store) {
 			}
 		})
 	}
-	if err := s.RecordUsage(ctx, []UsageRecord{{Usage: metering.Usage{SandboxID: "BAD"}}}); errs.KindOf(err) != errs.InvalidArgument {
+	if err := s.RecordUsage(ctx, []store.UsageRecord{{Usage: metering.Usage{SandboxID: "BAD"}}}); errs.KindOf(err) != errs.InvalidArgument {
 		t.Errorf("RecordUsage(bad id) = %v, want invalid_argument", err)
 	}
 }
 
-func suiteQuotas(t *testing.T, s Store) {
+func suiteQuotas(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	if _, err := s.GetQuota(ctx, "alice"); errs.KindOf(err) != errs.NotFound {
 		t.Fatalf("GetQuota(missing) = %v, want not_found", err)

@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"testing"
@@ -7,20 +7,21 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // Conformance cases for handoff notes. The entry point is TestStore in
 // store_suite.go.
 
-func suiteNotes(t *testing.T, s Store) {
+func suiteNotes(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("na", "alice", suiteEpoch), suiteSandbox("nb", "bob", suiteEpoch))
-	mk := func(sb, owner string, sec int, body string) Note {
+	mk := func(sb, owner string, sec int, body string) store.Note {
 		at := suiteEpoch.Add(time.Duration(sec) * time.Second)
-		return Note{Sandbox: sb, Owner: owner, Trigger: "demand", CreatedAt: at, At: at, Body: []byte(body), Manifest: []byte("m" + body)}
+		return store.Note{Sandbox: sb, Owner: owner, Trigger: "demand", CreatedAt: at, At: at, Body: []byte(body), Manifest: []byte("m" + body)}
 	}
-	var got []Note
-	for i, n := range []Note{mk("na", "alice", 1, "a1"), mk("na", "alice", 2, "a2"), mk("nb", "bob", 1, "b1"), mk("na", "alice", 3, "a3")} {
+	var got []store.Note
+	for i, n := range []store.Note{mk("na", "alice", 1, "a1"), mk("na", "alice", 2, "a2"), mk("nb", "bob", 1, "b1"), mk("na", "alice", 3, "a3")} {
 		out, err := s.AppendNote(ctx, n, 100, 2)
 		if err != nil {
 			t.Fatalf("AppendNote %d: %v", i, err)
@@ -68,7 +69,7 @@ func suiteNotes(t *testing.T, s Store) {
 	if list, _ := s.ListNotes(ctx, "na", 0); len(list) != 2 || list[0].Seq != 4 || list[1].Seq != 3 {
 		t.Errorf("after keep=2: %d notes (first seq %d), want seqs 4 3", len(list), list[0].Seq)
 	}
-	for _, bad := range []Note{{Owner: "x", Trigger: "demand"}, {Sandbox: "na", Trigger: "demand"}, {Sandbox: "na", Owner: "x"}} {
+	for _, bad := range []store.Note{{Owner: "x", Trigger: "demand"}, {Sandbox: "na", Trigger: "demand"}, {Sandbox: "na", Owner: "x"}} {
 		if _, err := s.AppendNote(ctx, bad, 10, 1); !errs.Is(err, errs.InvalidArgument) {
 			t.Errorf("AppendNote(%+v) = %v, want InvalidArgument", bad, err)
 		}

@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"testing"
@@ -6,18 +6,19 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // Conformance cases for merges and their conflicts. The entry point is
 // TestStore in store_suite.go.
 
-func suiteMerges(t *testing.T, s Store) {
+func suiteMerges(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("parent", "alice", suiteEpoch), suiteSandbox("other", "alice", suiteEpoch))
-	m := Merge{ID: "m1", Owner: "alice", Target: "parent", Source: "child", BaseSnapshot: "s1", SourceSnapshot: "s2",
-		SourceLayer: "l2", Strategy: "three-way", State: MergeConflicted, Plan: []byte(`{"writes":[]}`), Result: []byte(`{}`),
+	m := store.Merge{ID: "m1", Owner: "alice", Target: "parent", Source: "child", BaseSnapshot: "s1", SourceSnapshot: "s2",
+		SourceLayer: "l2", Strategy: "three-way", State: store.MergeConflicted, Plan: []byte(`{"writes":[]}`), Result: []byte(`{}`),
 		CreatedAt: suiteEpoch, UpdatedAt: suiteEpoch}
-	cs := []MergeConflict{
+	cs := []store.MergeConflict{
 		{ID: "cb", Path: "b", Kind: "content", Message: "both", Data: []byte(`{"x":1}`)},
 		{ID: "ca", Path: "a", Kind: "binary", Message: "both", Data: []byte(`{"x":2}`)},
 	}
@@ -42,7 +43,7 @@ func suiteMerges(t *testing.T, s Store) {
 	if err := s.CreateMerge(ctx, other, nil); err != nil {
 		t.Errorf("open merge of another target: %v", err)
 	}
-	if err := s.CreateMerge(ctx, Merge{ID: "Bad", Owner: "a", Target: "parent"}, nil); errs.KindOf(err) != errs.InvalidArgument {
+	if err := s.CreateMerge(ctx, store.Merge{ID: "Bad", Owner: "a", Target: "parent"}, nil); errs.KindOf(err) != errs.InvalidArgument {
 		t.Errorf("bad id = %v, want InvalidArgument", err)
 	}
 	list, err := s.ListMergeConflicts(ctx, "m1")
@@ -74,22 +75,22 @@ func suiteMerges(t *testing.T, s Store) {
 		t.Errorf("plan after resolve = %s", got.Plan)
 	}
 	// Applied is final; a new merge of the target may then open.
-	got.State, got.Reason = MergeApplied, "done"
+	got.State, got.Reason = store.MergeApplied, "done"
 	if err := s.UpdateMerge(ctx, got); err != nil {
 		t.Fatalf("UpdateMerge: %v", err)
 	}
-	got.State = MergeAborted
+	got.State = store.MergeAborted
 	if err := s.UpdateMerge(ctx, got); errs.KindOf(err) != errs.Conflict {
 		t.Errorf("UpdateMerge of an applied merge = %v, want Conflict", err)
 	}
-	if err := s.UpdateMerge(ctx, Merge{ID: "m9"}); errs.KindOf(err) != errs.NotFound {
+	if err := s.UpdateMerge(ctx, store.Merge{ID: "m9"}); errs.KindOf(err) != errs.NotFound {
 		t.Errorf("UpdateMerge of an unknown merge = %v, want NotFound", err)
 	}
 	if err := s.CreateMerge(ctx, second, nil); err != nil {
 		t.Errorf("new merge after the first was applied: %v", err)
 	}
 	all, err := s.ListMerges(ctx, "parent")
-	if err != nil || len(all) != 2 || all[0].ID != "m1" || all[0].State != MergeApplied {
+	if err != nil || len(all) != 2 || all[0].ID != "m1" || all[0].State != store.MergeApplied {
 		t.Errorf("ListMerges(parent) = %+v, %v", all, err)
 	}
 	// Deleting the target deletes its merges and their conflicts.

@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"testing"
@@ -6,18 +6,19 @@ import (
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // suiteActivity: recorded entries, the events and egress entries that join
 // a sandbox's timeline by themselves, the kind filter, pruning, and
 // deletion with the sandbox.
-func suiteActivity(t *testing.T, s Store) {
+func suiteActivity(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("a", "alice", suiteEpoch), suiteSandbox("b", "bob", suiteEpoch))
 	if _, err := s.Transition(ctx, "a", sandbox.Running, sandbox.Event{Time: suiteEpoch, Actor: "alice", Reason: "created"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	rec := []ActivityEntry{
+	rec := []store.ActivityEntry{
 		{SandboxID: "a", Time: suiteEpoch.Add(time.Second), Kind: "exec", Actor: "alice", Summary: "true", Data: []byte(`{"pid":7}`)},
 		{SandboxID: "b", Time: suiteEpoch.Add(time.Second), Kind: "exec", Actor: "bob", Summary: "b's"},
 		{SandboxID: "gone", Time: suiteEpoch.Add(time.Second), Kind: "exec", Summary: "no such sandbox: dropped"},
@@ -25,7 +26,7 @@ func suiteActivity(t *testing.T, s Store) {
 	if err := s.AppendActivity(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AppendEgress(ctx, []EgressEntry{{SandboxID: "a", Owner: "alice", Time: suiteEpoch.Add(2 * time.Second),
+	if err := s.AppendEgress(ctx, []store.EgressEntry{{SandboxID: "a", Owner: "alice", Time: suiteEpoch.Add(2 * time.Second),
 		Proto: "tcp", DstIP: "203.0.113.1", DstPort: 443, Host: "x.test", Verdict: "deny", Rule: "default-deny", BytesOut: 5}}); err != nil {
 		t.Fatal(err)
 	}
@@ -41,10 +42,10 @@ func suiteActivity(t *testing.T, s Store) {
 		Actor: "reaper", Type: "reaper", Reason: "idle", Data: map[string]string{"cpu": "0"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AppendActivity(ctx, []ActivityEntry{{Kind: "exec"}}); errs.KindOf(err) != errs.InvalidArgument {
+	if err := s.AppendActivity(ctx, []store.ActivityEntry{{Kind: "exec"}}); errs.KindOf(err) != errs.InvalidArgument {
 		t.Errorf("AppendActivity without sandbox id: err = %v, want InvalidArgument", err)
 	}
-	got, err := s.ListActivity(ctx, ActivityFilter{SandboxID: "a"})
+	got, err := s.ListActivity(ctx, store.ActivityFilter{SandboxID: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,14 +81,14 @@ func suiteActivity(t *testing.T, s Store) {
 	if e := got[5]; e.Event == nil || e.Event.Data["cpu"] != "0" || e.Actor != "reaper" {
 		t.Errorf("reaper entry = %+v", e)
 	}
-	only, err := s.ListActivity(ctx, ActivityFilter{SandboxID: "a", Kinds: []string{"exec", "egress"}, AfterSeq: got[0].Seq, Limit: 1})
+	only, err := s.ListActivity(ctx, store.ActivityFilter{SandboxID: "a", Kinds: []string{"exec", "egress"}, AfterSeq: got[0].Seq, Limit: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(only) != 1 || only[0].Kind != "exec" {
 		t.Errorf("kind filter + after + limit = %+v, want the exec", only)
 	}
-	if _, err := s.ListActivity(ctx, ActivityFilter{}); errs.KindOf(err) != errs.InvalidArgument {
+	if _, err := s.ListActivity(ctx, store.ActivityFilter{}); errs.KindOf(err) != errs.InvalidArgument {
 		t.Errorf("ListActivity without sandbox: err = %v, want InvalidArgument", err)
 	}
 
@@ -106,7 +107,7 @@ func suiteActivity(t *testing.T, s Store) {
 	if err != nil || n != 4 {
 		t.Fatalf("PruneActivity(a, 2) = %d, %v; want 4 deleted", n, err)
 	}
-	kept, err := s.ListActivity(ctx, ActivityFilter{SandboxID: "a"})
+	kept, err := s.ListActivity(ctx, store.ActivityFilter{SandboxID: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,10 +132,10 @@ func suiteActivity(t *testing.T, s Store) {
 	if err := s.AppendActivity(ctx, rec[:1]); err != nil {
 		t.Fatal(err)
 	}
-	if left, err := s.ListActivity(ctx, ActivityFilter{SandboxID: "a"}); err != nil || len(left) != 0 {
+	if left, err := s.ListActivity(ctx, store.ActivityFilter{SandboxID: "a"}); err != nil || len(left) != 0 {
 		t.Errorf("activity of a deleted sandbox = %+v, %v; want none", left, err)
 	}
-	if bs, err := s.ListActivity(ctx, ActivityFilter{SandboxID: "b"}); err != nil || len(bs) != 1 || bs[0].Summary != "b's" {
+	if bs, err := s.ListActivity(ctx, store.ActivityFilter{SandboxID: "b"}); err != nil || len(bs) != 1 || bs[0].Summary != "b's" {
 		t.Errorf("activity of b = %+v, %v; want its one entry", bs, err)
 	}
 }

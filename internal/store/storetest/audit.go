@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"testing"
@@ -8,12 +8,13 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // suiteAudit: the audit chain's rows keep what was appended, in seq order,
 // continue only from the stored end, carry the head with them, and survive
 // the deletion of their sandbox.
-func suiteAudit(t *testing.T, s Store) {
+func suiteAudit(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	if _, err := s.AuditHead(ctx); errs.KindOf(err) != errs.NotFound {
 		t.Fatalf("AuditHead of an empty chain: err = %v, want NotFound", err)
@@ -25,7 +26,7 @@ func suiteAudit(t *testing.T, s Store) {
 	if err := s.CreateSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
-	in := []AuditEntry{
+	in := []store.AuditEntry{
 		{Seq: 1, Time: suiteEpoch, Actor: "alice", Action: "api", SandboxID: "auditsb", Owner: "alice",
 			Data: map[string]string{"method": "POST", "status": "200"}, PrevHash: "00", Hash: "h1", MAC: "m1"},
 		{Seq: 2, Time: suiteEpoch.Add(time.Second), Actor: "berth", Action: "sandbox.paused", SandboxID: "auditsb", Owner: "alice",
@@ -33,26 +34,26 @@ func suiteAudit(t *testing.T, s Store) {
 		{Seq: 3, Time: suiteEpoch.Add(2 * time.Second), Actor: "bob", Action: "api", Owner: "bob",
 			Data: map[string]string{"route": "GET /v1/sandboxes"}, PrevHash: "h2", Hash: "h3"},
 	}
-	if err := s.AppendAudit(ctx, in[:1], AuditHead{Seq: 1, Hash: "h1", MAC: "m1"}); err != nil {
+	if err := s.AppendAudit(ctx, in[:1], store.AuditHead{Seq: 1, Hash: "h1", MAC: "m1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AppendAudit(ctx, in[2:], AuditHead{Seq: 3, Hash: "h3", MAC: "m3"}); errs.KindOf(err) != errs.Conflict {
+	if err := s.AppendAudit(ctx, in[2:], store.AuditHead{Seq: 3, Hash: "h3", MAC: "m3"}); errs.KindOf(err) != errs.Conflict {
 		t.Errorf("AppendAudit leaving a gap: err = %v, want Conflict", err)
 	}
-	if err := s.AppendAudit(ctx, in[:1], AuditHead{Seq: 1, Hash: "h1", MAC: "m1"}); errs.KindOf(err) != errs.Conflict {
+	if err := s.AppendAudit(ctx, in[:1], store.AuditHead{Seq: 1, Hash: "h1", MAC: "m1"}); errs.KindOf(err) != errs.Conflict {
 		t.Errorf("AppendAudit of a stored seq: err = %v, want Conflict", err)
 	}
-	if err := s.AppendAudit(ctx, in[1:], AuditHead{Seq: 2, Hash: "h2", MAC: "m2"}); errs.KindOf(err) != errs.InvalidArgument {
+	if err := s.AppendAudit(ctx, in[1:], store.AuditHead{Seq: 2, Hash: "h2", MAC: "m2"}); errs.KindOf(err) != errs.InvalidArgument {
 		t.Errorf("AppendAudit with a head that is not the last entry: err = %v, want InvalidArgument", err)
 	}
-	if err := s.AppendAudit(ctx, in[1:], AuditHead{Seq: 3, Hash: "h3", MAC: "m3"}); err != nil {
+	if err := s.AppendAudit(ctx, in[1:], store.AuditHead{Seq: 3, Hash: "h3", MAC: "m3"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.DeleteSandbox(ctx, "auditsb"); err != nil {
 		t.Fatal(err)
 	}
-	opts := cmp.Options{suiteOpts, cmpopts.IgnoreFields(AuditEntry{}, "DataRaw")}
-	got, err := s.ListAudit(ctx, AuditFilter{})
+	opts := cmp.Options{suiteOpts, cmpopts.IgnoreFields(store.AuditEntry{}, "DataRaw")}
+	got, err := s.ListAudit(ctx, store.AuditFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,14 +62,14 @@ func suiteAudit(t *testing.T, s Store) {
 	}
 	for _, tc := range []struct {
 		name string
-		f    AuditFilter
-		want []AuditEntry
+		f    store.AuditFilter
+		want []store.AuditEntry
 	}{
-		{"after", AuditFilter{AfterSeq: 1}, in[1:]},
-		{"since", AuditFilter{Since: suiteEpoch.Add(time.Second)}, in[1:]},
-		{"sandbox", AuditFilter{SandboxID: "auditsb"}, in[:2]},
-		{"owner", AuditFilter{Owner: "bob"}, in[2:]},
-		{"limit", AuditFilter{Limit: 2}, in[:2]},
+		{"after", store.AuditFilter{AfterSeq: 1}, in[1:]},
+		{"since", store.AuditFilter{Since: suiteEpoch.Add(time.Second)}, in[1:]},
+		{"sandbox", store.AuditFilter{SandboxID: "auditsb"}, in[:2]},
+		{"owner", store.AuditFilter{Owner: "bob"}, in[2:]},
+		{"limit", store.AuditFilter{Limit: 2}, in[:2]},
 	} {
 		got, err := s.ListAudit(ctx, tc.f)
 		if err != nil {
@@ -79,7 +80,7 @@ func suiteAudit(t *testing.T, s Store) {
 		}
 	}
 	head, err := s.AuditHead(ctx)
-	if err != nil || head != (AuditHead{Seq: 3, Hash: "h3", MAC: "m3"}) {
+	if err != nil || head != (store.AuditHead{Seq: 3, Hash: "h3", MAC: "m3"}) {
 		t.Errorf("AuditHead = %+v, %v; want seq 3 h3 m3", head, err)
 	}
 	last, err := s.AuditLast(ctx)

@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"fmt"
@@ -9,12 +9,13 @@ import (
 
 	"github.com/berth-dev/berth/internal/errs"
 	"github.com/berth-dev/berth/internal/sandbox"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // Conformance cases for the non-sandbox records: events, API keys,
 // templates, settings. The entry point is TestStore in store_suite.go.
 
-func suiteEvents(t *testing.T, s Store) {
+func suiteEvents(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	var all []sandbox.Event
 	for i, e := range []struct{ sb, owner string }{
@@ -41,17 +42,17 @@ func suiteEvents(t *testing.T, s Store) {
 	}
 	for _, tc := range []struct {
 		name string
-		f    EventFilter
+		f    store.EventFilter
 		want []sandbox.Event
 	}{
-		{"all", EventFilter{}, all},
-		{"sandbox", EventFilter{SandboxID: "a"}, pick(0, 2, 5)},
-		{"owner", EventFilter{Owner: "bob"}, pick(1, 4)},
-		{"after seq", EventFilter{AfterSeq: all[2].Seq}, pick(3, 4, 5)},
-		{"owner after seq", EventFilter{Owner: "alice", AfterSeq: all[2].Seq}, pick(3, 5)},
-		{"limit", EventFilter{Limit: 2}, pick(0, 1)},
-		{"sandbox limit after", EventFilter{SandboxID: "a", AfterSeq: all[0].Seq, Limit: 1}, pick(2)},
-		{"none", EventFilter{SandboxID: "zzz"}, []sandbox.Event{}},
+		{"all", store.EventFilter{}, all},
+		{"sandbox", store.EventFilter{SandboxID: "a"}, pick(0, 2, 5)},
+		{"owner", store.EventFilter{Owner: "bob"}, pick(1, 4)},
+		{"after seq", store.EventFilter{AfterSeq: all[2].Seq}, pick(3, 4, 5)},
+		{"owner after seq", store.EventFilter{Owner: "alice", AfterSeq: all[2].Seq}, pick(3, 5)},
+		{"limit", store.EventFilter{Limit: 2}, pick(0, 1)},
+		{"sandbox limit after", store.EventFilter{SandboxID: "a", AfterSeq: all[0].Seq, Limit: 1}, pick(2)},
+		{"none", store.EventFilter{SandboxID: "zzz"}, []sandbox.Event{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := s.ListEvents(ctx, tc.f)
@@ -71,7 +72,7 @@ func suiteEvents(t *testing.T, s Store) {
 		if err := s.DeleteSandbox(ctx, "gone"); err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.ListEvents(ctx, EventFilter{SandboxID: "gone"})
+		got, err := s.ListEvents(ctx, store.EventFilter{SandboxID: "gone"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +85,7 @@ func suiteEvents(t *testing.T, s Store) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.ListEvents(ctx, EventFilter{AfterSeq: seq - 1, Limit: 1})
+		got, err := s.ListEvents(ctx, store.EventFilter{AfterSeq: seq - 1, Limit: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,9 +95,9 @@ func suiteEvents(t *testing.T, s Store) {
 	})
 }
 
-func suiteAPIKeys(t *testing.T, s Store) {
+func suiteAPIKeys(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	keys := []APIKey{
+	keys := []store.APIKey{
 		{ID: "k1", Owner: "alice", Hash: []byte{1, 2, 3}, Admin: true, CreatedAt: suiteEpoch},
 		{ID: "k2", Owner: "bob", Hash: []byte{4, 5, 6}, CreatedAt: suiteEpoch.Add(time.Second)},
 		{ID: "k3", Owner: "alice", Hash: []byte{0, 0, 0}, CreatedAt: suiteEpoch.Add(2 * time.Second)},
@@ -117,12 +118,12 @@ func suiteAPIKeys(t *testing.T, s Store) {
 	}
 	for _, tc := range []struct {
 		owner string
-		want  []APIKey
+		want  []store.APIKey
 	}{
-		{"alice", []APIKey{keys[0], keys[2]}},
-		{"bob", []APIKey{keys[1]}},
+		{"alice", []store.APIKey{keys[0], keys[2]}},
+		{"bob", []store.APIKey{keys[1]}},
 		{"", keys},
-		{"nobody", []APIKey{}},
+		{"nobody", []store.APIKey{}},
 	} {
 		t.Run("list owner="+tc.owner, func(t *testing.T) {
 			got, err := s.ListAPIKeys(ctx, tc.owner)
@@ -142,13 +143,13 @@ func suiteAPIKeys(t *testing.T, s Store) {
 	}
 }
 
-func suiteTemplates(t *testing.T, s Store) {
+func suiteTemplates(t *testing.T, s store.Store) {
 	ctx := t.Context()
-	py := Template{
+	py := store.Template{
 		Name: "python", Fingerprint: "sha256:p1", Layers: []string{"sha256:top", "sha256:base"},
 		StartCmd: []string{"/bin/sh", "-c", "sleep infinity"}, Env: map[string]string{"LANG": "C.UTF-8"},
 		Workdir: "/work", User: "1000:1000", Resources: sandbox.Resources{CPUMillis: 1000, MemoryMiB: 512},
-		State: TemplateBuilding, Progress: "layer 1/2", Source: "oci:python:3.12",
+		State: store.TemplateBuilding, Progress: "layer 1/2", Source: "oci:python:3.12",
 		CreatedAt: suiteEpoch, UpdatedAt: suiteEpoch,
 	}
 	got, err := s.PutTemplate(ctx, py)
@@ -160,7 +161,7 @@ func suiteTemplates(t *testing.T, s Store) {
 	}
 	// An upsert keeps the original CreatedAt.
 	py2 := py
-	py2.State, py2.Progress, py2.Fingerprint = TemplateReady, "", "sha256:p2"
+	py2.State, py2.Progress, py2.Fingerprint = store.TemplateReady, "", "sha256:p2"
 	py2.CreatedAt, py2.UpdatedAt = suiteEpoch.Add(time.Hour), suiteEpoch.Add(time.Minute)
 	if _, err := s.PutTemplate(ctx, py2); err != nil {
 		t.Fatalf("PutTemplate (update): %v", err)
@@ -174,7 +175,7 @@ func suiteTemplates(t *testing.T, s Store) {
 		t.Errorf("GetTemplate after upsert (-want +got):\n%s", diff)
 	}
 	// Zero timestamps are filled in.
-	alpine, err := s.PutTemplate(ctx, Template{Name: "alpine", State: TemplateFailed, Error: "pull: 404"})
+	alpine, err := s.PutTemplate(ctx, store.Template{Name: "alpine", State: store.TemplateFailed, Error: "pull: 404"})
 	if err != nil {
 		t.Fatalf("PutTemplate(alpine): %v", err)
 	}
@@ -185,7 +186,7 @@ func suiteTemplates(t *testing.T, s Store) {
 	if err != nil {
 		t.Fatalf("ListTemplates: %v", err)
 	}
-	if diff := cmp.Diff([]Template{alpine, py2}, list, suiteOpts); diff != "" {
+	if diff := cmp.Diff([]store.Template{alpine, py2}, list, suiteOpts); diff != "" {
 		t.Errorf("ListTemplates (-want +got):\n%s", diff)
 	}
 	if err := s.DeleteTemplate(ctx, "python"); err != nil {
@@ -196,7 +197,7 @@ func suiteTemplates(t *testing.T, s Store) {
 	}
 }
 
-func suiteSettings(t *testing.T, s Store) {
+func suiteSettings(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	for _, kv := range [][2]string{{"a", "1"}, {"b", ""}, {"a", "2"}} {
 		if err := s.PutSetting(ctx, kv[0], kv[1]); err != nil {

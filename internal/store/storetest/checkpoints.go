@@ -1,4 +1,4 @@
-package store
+package storetest
 
 import (
 	"testing"
@@ -7,24 +7,25 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/store"
 )
 
 // Conformance cases for checkpoints and timeline heads. The entry point is
 // TestStore in store_suite.go.
 
-func suiteCheckpoints(t *testing.T, s Store) {
+func suiteCheckpoints(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	mustCreate(t, s, suiteSandbox("sba", "alice", suiteEpoch), suiteSandbox("sbb", "bob", suiteEpoch))
-	mk := func(id, sb, owner, name string, layers ...string) Checkpoint {
-		return Checkpoint{ID: id, Sandbox: sb, Owner: owner, Name: name, Layer: layers[0], Layers: layers,
+	mk := func(id, sb, owner, name string, layers ...string) store.Checkpoint {
+		return store.Checkpoint{ID: id, Sandbox: sb, Owner: owner, Name: name, Layer: layers[0], Layers: layers,
 			Runtime: "runc", Mode: "files", Bytes: 10, Entries: 2, CreatedAt: suiteEpoch}
 	}
 	c1 := mk("ck1", "sba", "alice", "one", "d1", "t1")
 	c2 := mk("ck2", "sba", "alice", "", "d2", "d1", "t1")
 	c2.Prev, c2.MemoryPath, c2.Mode, c2.CreatedAt = "ck1", "/x/memory", "memory", suiteEpoch.Add(time.Second)
 	c3 := mk("ck3", "sbb", "bob", "one", "d3", "t1")
-	var got []Checkpoint
-	for _, c := range []Checkpoint{c1, c2, c3} {
+	var got []store.Checkpoint
+	for _, c := range []store.Checkpoint{c1, c2, c3} {
 		out, err := s.CreateCheckpoint(ctx, c)
 		if err != nil {
 			t.Fatalf("CreateCheckpoint(%s): %v", c.ID, err)
@@ -32,13 +33,13 @@ func suiteCheckpoints(t *testing.T, s Store) {
 		got = append(got, out)
 	}
 	c1.Seq, c2.Seq, c3.Seq = 1, 2, 1 // seq counts per sandbox
-	if d := cmp.Diff([]Checkpoint{c1, c2, c3}, got, suiteOpts); d != "" {
+	if d := cmp.Diff([]store.Checkpoint{c1, c2, c3}, got, suiteOpts); d != "" {
 		t.Errorf("CreateCheckpoint results (-want +got):\n%s", d)
 	}
 	if g, err := s.GetCheckpoint(ctx, "ck2"); err != nil || cmp.Diff(c2, g, suiteOpts) != "" {
 		t.Errorf("GetCheckpoint(ck2) = %+v, %v; want %+v", g, err, c2)
 	}
-	if list, err := s.ListCheckpoints(ctx, "sba"); err != nil || cmp.Diff([]Checkpoint{c1, c2}, list, suiteOpts) != "" {
+	if list, err := s.ListCheckpoints(ctx, "sba"); err != nil || cmp.Diff([]store.Checkpoint{c1, c2}, list, suiteOpts) != "" {
 		t.Errorf("ListCheckpoints(sba) = %+v, %v", list, err)
 	}
 	if list, err := s.ListCheckpoints(ctx, ""); err != nil || len(list) != 3 {
@@ -49,7 +50,7 @@ func suiteCheckpoints(t *testing.T, s Store) {
 	}
 	for _, tc := range []struct {
 		name string
-		c    Checkpoint
+		c    store.Checkpoint
 		kind errs.Kind
 	}{
 		{"duplicate id", mk("ck1", "sbb", "bob", "", "x"), errs.AlreadyExists},
@@ -57,7 +58,7 @@ func suiteCheckpoints(t *testing.T, s Store) {
 		{"bad id", mk("Bad-ID", "sba", "alice", "", "x"), errs.InvalidArgument},
 		{"no sandbox", mk("ck8", "", "alice", "", "x"), errs.InvalidArgument},
 		{"no owner", mk("ck7", "sba", "", "", "x"), errs.InvalidArgument},
-		{"view not topped by its layer", Checkpoint{ID: "ck6", Sandbox: "sba", Owner: "alice", Layer: "x", Layers: []string{"y"}}, errs.InvalidArgument},
+		{"view not topped by its layer", store.Checkpoint{ID: "ck6", Sandbox: "sba", Owner: "alice", Layer: "x", Layers: []string{"y"}}, errs.InvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := s.CreateCheckpoint(ctx, tc.c); errs.KindOf(err) != tc.kind {
@@ -68,7 +69,7 @@ func suiteCheckpoints(t *testing.T, s Store) {
 	if _, err := s.GetTimelineHead(ctx, "sba"); errs.KindOf(err) != errs.NotFound {
 		t.Errorf("GetTimelineHead before any = %v, want NotFound", err)
 	}
-	h := TimelineHead{Sandbox: "sba", Checkpoint: "ck1", Layers: []string{"d1", "t1"}}
+	h := store.TimelineHead{Sandbox: "sba", Checkpoint: "ck1", Layers: []string{"d1", "t1"}}
 	if err := s.SetTimelineHead(ctx, h); err != nil {
 		t.Fatal(err)
 	}
@@ -79,11 +80,11 @@ func suiteCheckpoints(t *testing.T, s Store) {
 	if g, err := s.GetTimelineHead(ctx, "sba"); err != nil || cmp.Diff(h, g, suiteOpts) != "" {
 		t.Errorf("GetTimelineHead = %+v, %v; want %+v", g, err, h)
 	}
-	hb := TimelineHead{Sandbox: "sbb", Checkpoint: "ck3", Layers: c3.Layers}
+	hb := store.TimelineHead{Sandbox: "sbb", Checkpoint: "ck3", Layers: c3.Layers}
 	if err := s.SetTimelineHead(ctx, hb); err != nil {
 		t.Fatal(err)
 	}
-	if hs, err := s.ListTimelineHeads(ctx); err != nil || cmp.Diff([]TimelineHead{h, hb}, hs, suiteOpts) != "" {
+	if hs, err := s.ListTimelineHeads(ctx); err != nil || cmp.Diff([]store.TimelineHead{h, hb}, hs, suiteOpts) != "" {
 		t.Errorf("ListTimelineHeads = %+v, %v", hs, err)
 	}
 	if err := s.DeleteCheckpoint(ctx, "ck1"); err != nil {
