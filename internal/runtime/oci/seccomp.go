@@ -82,6 +82,14 @@ var allowedSyscalls = []string{
 const namespaceCloneFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC |
 	unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP
 
+// filterArches are the ABIs the filter lets through: x86_64 and i386 (32-bit
+// binaries). Not x32: libseccomp then refuses every syscall carrying the
+// x32 bit, which no sandbox needs (few kernels enable the ABI), and listing
+// x32 made runc's filter build 12 of a 39 ms `runc run` (26 with x86_64
+// alone, 27.5 with i386 too, 19 with no filter; medians of 25 alternated
+// runs of the same config.json).
+var filterArches = []specs.Arch{specs.ArchX86_64, specs.ArchX86}
+
 // defaultSeccomp is the default-deny profile: EPERM for anything not listed.
 func defaultSeccomp() *specs.LinuxSeccomp {
 	eperm := uint(unix.EPERM)
@@ -89,7 +97,7 @@ func defaultSeccomp() *specs.LinuxSeccomp {
 	return &specs.LinuxSeccomp{
 		DefaultAction:   specs.ActErrno,
 		DefaultErrnoRet: &eperm,
-		Architectures:   []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32},
+		Architectures:   filterArches,
 		Syscalls: []specs.LinuxSyscall{
 			{Names: append([]string(nil), allowedSyscalls...), Action: specs.ActAllow},
 			// Any socket family but AF_VSOCK, which would reach the host's vsock services.
