@@ -44,6 +44,10 @@ func openTemp(t *testing.T) *SQLite {
 	return s
 }
 
+// OpenTemp is openTemp for suite_test.go (package store_test): exported
+// by a test file, so it exists only in the test binary.
+var OpenTemp = openTemp
+
 func TestSQLitePragmas(t *testing.T) {
 	s := openTemp(t)
 	for _, tc := range []struct {
