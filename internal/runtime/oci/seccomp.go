@@ -97,7 +97,7 @@ func defaultSeccomp() *specs.LinuxSeccomp {
 	return &specs.LinuxSeccomp{
 		DefaultAction:   specs.ActErrno,
 		DefaultErrnoRet: &eperm,
-		Architectures:   filterArches,
+		Architectures:   append([]specs.Arch(nil), filterArches...),
 		Syscalls: []specs.LinuxSyscall{
 			{Names: append([]string(nil), allowedSyscalls...), Action: specs.ActAllow},
 			// Any socket family but AF_VSOCK, which would reach the host's vsock services.
