@@ -82,7 +82,8 @@ func (spares *Spares) Prepare(ctx context.Context, dir string, lowers []string, 
 	if err := ignoreNotExist(os.Remove(scratch)); err != nil { // an earlier crash's, spare or not
 		return "", errs.Wrap(errs.Internal, err, "remove %s", scratch)
 	}
-	if !spares.placeImage(l.Image, diskMiB) {
+	placed, mnt := spares.take(l.Image, diskMiB)
+	if !placed {
 		if err := formatImage(ctx, scratch, diskMiB); err != nil {
 			return fail(err)
 		}
@@ -95,7 +96,7 @@ func (spares *Spares) Prepare(ctx context.Context, dir string, lowers []string, 
 		}
 	}
 	cleanup.Push(func(context.Context) error { return ignoreNotExist(os.Remove(l.Image)) })
-	if err := mountWS(l); err != nil {
+	if err := attachWS(ctx, l, mnt); err != nil {
 		return fail(err)
 	}
 	cleanup.Push(func(context.Context) error { return unmount(l.WS) })
@@ -229,6 +230,24 @@ func mkdirsIn(l Layout) error {
 		}
 	}
 	return nil
+}
+
+// attachWS puts the workspace image at l.WS: a spare's detached mount (mnt
+// ≥ 0, which it closes) is moved there; with none, or if the move fails,
+// the image is mounted (once the spare's own device has gone).
+func attachWS(ctx context.Context, l Layout, mnt int) error {
+	if mnt < 0 {
+		return mountWS(l)
+	}
+	err := unix.MoveMount(mnt, "", unix.AT_FDCWD, l.WS, unix.MOVE_MOUNT_F_EMPTY_PATH)
+	_ = unix.Close(mnt)
+	if err == nil {
+		return nil
+	}
+	if werr := waitDetached(ctx, l.Image, detachTimeout); werr != nil {
+		return errors.Join(errs.Wrap(errs.Internal, err, "move the spare workspace to %s", l.WS), werr)
+	}
+	return mountWS(l)
 }
 
 func mountWS(l Layout) error {

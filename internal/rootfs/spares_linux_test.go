@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // fsUUID is the ext4 UUID of image (blkid, from its superblock).
@@ -172,6 +174,9 @@ func TestSparesRunRefillsAndStops(t *testing.T) {
 	// next create asks, even one that finds none ready.
 	for s.Ready() > 0 {
 		s.mu.Lock()
+		if s.ready[0].mnt >= 0 {
+			_ = unix.Close(s.ready[0].mnt)
+		}
 		s.ready = s.ready[1:]
 		s.mu.Unlock()
 	}
@@ -197,5 +202,172 @@ func TestSparesRunRefillsAndStops(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+// readyMounts returns the ready spares' images and mount fds.
+func readyMounts(s *Spares) map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for _, sp := range s.ready {
+		out[sp.path] = sp.mnt
+	}
+	return out
+}
+
+// TestSparesMountedAhead: while Run runs, each ready image is mounted
+// detached (a loop device is bound to it, yet no mountinfo line shows it),
+// a Prepare moves that mount to the workspace as mkdirsIn would have made
+// it, and when Run returns the spares still ready are unmounted and their
+// devices gone, to be mounted again by the next Run.
+func TestSparesMountedAhead(t *testing.T) {
+	requireHost(t, "mkfs.ext4", "blkid")
+	dir := filepath.Join(t.TempDir(), "spares")
+	s, err := NewSpares(dir, 64, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	stop := func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+	}
+	defer stop()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(readyMounts(s)) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ready, want 2", s.Ready())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuids := map[string]string{}
+	for image, mnt := range readyMounts(s) {
+		if mnt < 0 {
+			t.Fatalf("spare %s is not mounted ahead (noMount %v)", image, s.noMount)
+		}
+		devs := attachedLoops(image)
+		if len(devs) != 1 {
+			t.Fatalf("spare %s: loop devices %v, want one", image, devs)
+		}
+		if strings.Contains(string(mountinfo), "/dev/"+devs[0]+" ") {
+			t.Errorf("spare %s's mount (/dev/%s) is in mountinfo: it should be detached", image, devs[0])
+		}
+		uuids[fsUUID(t, image)] = image
+	}
+
+	d := t.TempDir()
+	root, err := s.Prepare(context.Background(), d, newLowers(t), 64, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := LayoutOf(d)
+	if _, ok := uuids[fsUUID(t, l.Image)]; !ok {
+		t.Fatalf("the workspace %s is not one of the spares %v", l.Image, uuids)
+	}
+	dev := loopNamed(mountedDevice(l.WS))
+	if dev == "" || !backedBy(dev, l.Image) {
+		t.Fatalf("ws is mounted from %q, not a loop device backed by %s", dev, l.Image)
+	}
+	for path, mode := range map[string]os.FileMode{l.WS: 0o700, l.Upper: 0o755, l.Work: 0o700} {
+		if st, err := os.Stat(path); err != nil || !st.IsDir() || st.Mode().Perm() != mode {
+			t.Errorf("%s: %v %v, want a dir of mode %o", path, st, err, mode)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "x"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(l.Upper, "x")); err != nil || string(b) != "x" {
+		t.Errorf("a write in the rootfs is not in the moved workspace's upper: %q %v", b, err)
+	}
+	if err := Teardown(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if devs := attachedLoops(l.Image); len(devs) != 0 {
+		t.Errorf("after Teardown %s is still attached to %v", l.Image, devs)
+	}
+
+	// The refill mounts a new one; stopping Run unmounts every ready one.
+	deadline = time.Now().Add(20 * time.Second)
+	for s.Ready() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ready after the take, want 2", s.Ready())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	for image, mnt := range readyMounts(s) {
+		if mnt >= 0 {
+			t.Errorf("spare %s still has its mount fd after Run returned", image)
+		}
+		if devs := attachedLoops(image); len(devs) != 0 {
+			t.Errorf("spare %s still attached to %v after Run returned", image, devs)
+		}
+	}
+	s2, err := NewSpares(dir, 64, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s2.Ready() != 2 {
+		t.Errorf("the next NewSpares found %d spares, want the 2 left unmounted", s2.Ready())
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	done2 := make(chan struct{})
+	go func() { s2.Run(ctx2); close(done2) }()
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		n := 0
+		for _, mnt := range readyMounts(s2) {
+			if mnt >= 0 {
+				n++
+			}
+		}
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the next Run mounted %d of the spares it found, want 2", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel2()
+	<-done2
+}
+
+// TestAttachWSFallsBackToMount: a spare's fd that cannot be moved (here
+// not a mount at all) is closed and the image is mounted instead.
+func TestAttachWSFallsBackToMount(t *testing.T) {
+	requireHost(t, "mkfs.ext4")
+	d := t.TempDir()
+	l := LayoutOf(d)
+	if err := os.MkdirAll(l.WS, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := formatImage(context.Background(), l.Image, 64); err != nil {
+		t.Fatal(err)
+	}
+	notMount, err := unix.Open(t.TempDir(), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := attachWS(context.Background(), l, notMount); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = Teardown(context.Background(), d) }()
+	if dev := loopNamed(mountedDevice(l.WS)); dev == "" || !backedBy(dev, l.Image) {
+		t.Errorf("ws is mounted from %q, want a loop device backed by %s", dev, l.Image)
+	}
+	if err := unix.Fstat(notMount, &unix.Stat_t{}); err == nil {
+		t.Error("attachWS left the spare's fd open")
 	}
 }
