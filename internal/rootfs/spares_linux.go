@@ -157,21 +157,20 @@ func (s *Spares) make(ctx context.Context) error {
 }
 
 // mountReady mounts ahead the ready images that are not (those NewSpares
-// found). Each is out of the ready set while it is mounted: a create must
-// never take an image that is being mounted, or it would mount it a second
-// time through another loop device.
+// found), one at a time. Each is out of the ready set while it is mounted:
+// a create must never take an image that is being mounted, or it would
+// mount it a second time through another loop device.
 func (s *Spares) mountReady() {
-	s.mu.Lock()
-	var todo []spare
-	s.ready = slices.DeleteFunc(s.ready, func(sp spare) bool {
-		if sp.mnt < 0 {
-			todo = append(todo, sp)
-			return true
+	for {
+		s.mu.Lock()
+		i := slices.IndexFunc(s.ready, func(sp spare) bool { return sp.mnt < 0 })
+		if i < 0 || s.noMount {
+			s.mu.Unlock()
+			return
 		}
-		return false
-	})
-	s.mu.Unlock()
-	for _, sp := range todo {
+		sp := s.ready[i]
+		s.ready = slices.Delete(s.ready, i, i+1)
+		s.mu.Unlock()
 		sp.mnt = s.mountAhead(sp.path)
 		s.mu.Lock()
 		s.ready = append(s.ready, sp)
