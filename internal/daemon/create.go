@@ -12,6 +12,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentapi"
 	"github.com/berth-dev/berth/internal/checkpoint"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/hostnet"
 	"github.com/berth-dev/berth/internal/phases"
 	"github.com/berth-dev/berth/internal/runtime"
 	"github.com/berth-dev/berth/internal/sandbox"
@@ -289,11 +290,21 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	defer cleanup.Unwind(ctx, teardownTimeout, &err)
 	t0 := time.Now()
 	// The network namespace and the filesystem are independent: attach the
-	// one while the other is mounted (the network's few ip/nft commands
-	// are the slowest part of a cold create).
+	// one while the other is mounted. A runtime that only joins the
+	// namespace (runc) starts once it exists; the rest of the attach runs
+	// beside the start (hostnet.Starting).
+	late := !runtime.ReadsNetworkAtStart(rt)
+	var up *hostnet.Starting
 	netErr := make(chan error, 1)
 	go func() {
-		netErr <- trace.Do(ctx, "boot.net", func(ctx context.Context) error { return d.net.Up(ctx, sb, "") })
+		netErr <- trace.Do(ctx, "boot.net", func(ctx context.Context) error {
+			if late {
+				var err error
+				up, err = d.net.Begin(ctx, sb)
+				return err
+			}
+			return d.net.Up(ctx, sb, "")
+		})
 	}()
 	var root string
 	fsCtx, fsSpan := trace.Phase(ctx, "boot.fs")
@@ -307,7 +318,11 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	nerr := <-netErr
 	t2 := time.Now()
 	if nerr == nil {
-		cleanup.Push(func(c context.Context) error { return d.net.Down(c, sb) })
+		if up != nil {
+			cleanup.Push(up.Undo)
+		} else {
+			cleanup.Push(func(c context.Context) error { return d.net.Down(c, sb) })
+		}
 	}
 	if err != nil {
 		return errors.Join(errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "prepare filesystem"), nerr)
@@ -327,12 +342,31 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	}
 	cleanup.Push(func(context.Context) error { d.chans.drop(sb.ID); return nil })
 	spec := d.spec(sb, tpl, root)
-	tRun := time.Now()
-	if err := trace.Do(ctx, "boot.runtime", func(ctx context.Context) error { return rt.Run(ctx, spec) }); err != nil {
-		return errs.Wrap(errs.Internal, errs.Hide(err, errs.Internal, errs.NotFound), "start sandbox")
+	var finished chan error
+	if up != nil {
+		spec.NetNSPath = up.NetNSPath()
+		spec.Mounts = append(spec.Mounts, up.Mounts()...) // what d.net.Mounts adds once attached
+		finished = make(chan error, 1)
+		go func() { finished <- trace.Do(ctx, "boot.net_finish", up.Finish) }()
 	}
-	cleanup.Push(func(c context.Context) error { return rt.Delete(c, sb.ID) })
+	tRun := time.Now()
+	runErr := trace.Do(ctx, "boot.runtime", func(ctx context.Context) error { return rt.Run(ctx, spec) })
+	if runErr == nil {
+		cleanup.Push(func(c context.Context) error { return rt.Delete(c, sb.ID) })
+	}
 	t3 := time.Now()
+	var netFinish time.Duration
+	if finished != nil {
+		ferr := <-finished
+		netFinish = time.Since(t3)
+		if ferr != nil && runErr == nil {
+			return ferr
+		}
+	}
+	if runErr != nil {
+		return errs.Wrap(errs.Internal, errs.Hide(runErr, errs.Internal, errs.NotFound), "start sandbox")
+	}
+	t4 := time.Now()
 
 	wctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
 	defer cancel()
@@ -345,7 +379,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	runStartCommand(ctx, d, sb, tpl)
 	d.log.DebugContext(ctx, "sandbox booted", "sandbox_id", sb.ID, "runtime", sb.Runtime,
 		"pre_ms", ms(t0.Sub(tBoot)), "fs_ms", ms(t1.Sub(t0)), "net_wait_ms", ms(t2.Sub(t1)), "chan_ms", ms(tRun.Sub(t2)),
-		"run_ms", ms(t3.Sub(tRun)), "ready_ms", ms(time.Since(t3)))
+		"run_ms", ms(t3.Sub(tRun)), "net_finish_wait_ms", ms(netFinish), "ready_ms", ms(time.Since(t4)))
 	return nil
 }
 

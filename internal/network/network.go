@@ -28,6 +28,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/egress"
 	"github.com/berth-dev/berth/internal/errs"
+	"github.com/berth-dev/berth/internal/phases"
 	"github.com/berth-dev/berth/internal/sandbox"
 	"github.com/berth-dev/berth/internal/undo"
 )
@@ -232,75 +233,142 @@ func (m *Manager) Setup(ctx context.Context) error {
 // Attach creates the sandbox's namespace, veth, address, route and rules.
 // On error nothing is left behind.
 func (m *Manager) Attach(ctx context.Context, id string, pol Policy) (Attachment, error) {
-	att, gen, err := m.attach(ctx, id, pol)
+	p, err := m.Begin(ctx, id, pol)
 	if err != nil {
 		return Attachment{}, err
 	}
-	// The ruleset with this sandbox in it, loaded with the changes of
-	// the attaches and detaches beside it (loads.go).
-	if err := m.sync(ctx, gen); err != nil {
-		m.mu.Lock()
-		derr := m.detachLocked(ctx, id)
-		dgen := m.gen
-		m.mu.Unlock()
-		return Attachment{}, errors.Join(err, derr, m.sync(ctx, dgen))
-	}
-	m.log.Info("network attached", "sandbox_id", id, "ip", att.IP.String(), "mode", string(pol.Mode))
-	return att, nil
+	return p.Finish(ctx)
 }
 
-// attach is Attach up to the ruleset load; gen is the change that load
-// must render. The address and the record are taken under m.mu (intent
-// first: after a crash, Reconcile finds and removes what follows); the
-// namespace, veth and addresses are made outside it, where only this
-// sandbox's boot, which waits for Attach, could see them.
-func (m *Manager) attach(ctx context.Context, id string, pol Policy) (att Attachment, gen uint64, err error) {
+// Pending is an attachment begun: its address is taken (intent first:
+// after a crash, Reconcile finds and removes what follows) and its network
+// namespace exists, with nothing in it but a loopback device that is down,
+// so whatever runs there reaches nothing. A runtime that joins the
+// namespace by its path and reads nothing of it at start (runc) can start
+// the sandbox while Finish adds the veth, the addresses and the ruleset.
+// The caller ends it with exactly one Finish or Abort.
+type Pending struct {
+	m       *Manager
+	id      string
+	pol     Policy
+	r       *record
+	ph      *phases.Timer
+	cleanup undo.Stack
+}
+
+// NetNSPath is the path of the pending attachment's namespace.
+func (p *Pending) NetNSPath() string { return p.m.netnsPath(p.id) }
+
+// ResolvConf is what the sandbox's /etc/resolv.conf will hold.
+func (p *Pending) ResolvConf() string { return p.m.attachmentLocked(p.id, p.r).ResolvConf }
+
+// Begin takes id's address and makes its namespace: the first part of
+// Attach. The address and the record are taken under m.mu; the namespace,
+// veth and addresses are made outside it, where only this sandbox's boot,
+// which waits for the attach, could see them.
+func (m *Manager) Begin(ctx context.Context, id string, pol Policy) (p *Pending, err error) {
 	if !sandbox.ValidID(id) {
-		return Attachment{}, 0, errs.Field("sandbox_id", "%q is not a sandbox id", id)
+		return nil, errs.Field("sandbox_id", "%q is not a sandbox id", id)
 	}
 	if err := pol.Validate(); err != nil {
-		return Attachment{}, 0, err
+		return nil, err
 	}
 	if m.cfg.Egress == nil {
-		return Attachment{}, 0, errs.E(errs.FailedPrecondition, "network: no egress proxy configured")
+		return nil, errs.E(errs.FailedPrecondition, "network: no egress proxy configured")
 	}
+	ph := phases.Start("network attach")
+	p = &Pending{m: m, id: id, pol: pol, ph: ph}
+	defer func() {
+		if err != nil {
+			ph.Log(ctx, m.log, id, err)
+		}
+	}()
 	m.mu.Lock()
-	r, err := m.reserveLocked(ctx, id, pol)
+	p.r, err = m.reserveLocked(ctx, id, pol)
 	m.mu.Unlock()
+	p.ph.Mark("reserve")
 	if err != nil {
-		return Attachment{}, 0, err
+		return nil, err
 	}
-	var cleanup undo.Stack
-	defer cleanup.Unwind(ctx, 30*time.Second, &err)
-	cleanup.Push(func(context.Context) error {
+	p.cleanup.Push(func(context.Context) error {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		delete(m.sbs, id)
 		return m.saveLocked()
 	})
 	nsPath := m.netnsPath(id)
-	if err = createNetns(ctx, nsPath); err != nil {
+	err = createNetns(ctx, nsPath)
+	p.ph.Mark("netns")
+	if err != nil {
+		return nil, errors.Join(err, p.Abort(ctx))
+	}
+	p.cleanup.Push(func(context.Context) error { return deleteNetns(nsPath) })
+	return p, nil
+}
+
+// Abort removes what Begin made.
+func (p *Pending) Abort(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return p.cleanup.Run(ctx)
+}
+
+// Finish makes the veth, configures the namespace, registers the sandbox
+// with the proxy and loads its part of the ruleset, with the changes of the
+// attaches and detaches beside it (loads.go). On error nothing of the
+// attachment is left, Begin's part included.
+func (p *Pending) Finish(ctx context.Context) (Attachment, error) {
+	att, gen, err := p.link(ctx)
+	m, id := p.m, p.id
+	if err != nil {
+		p.ph.Log(ctx, m.log, id, err)
+		return Attachment{}, err
+	}
+	err = m.sync(ctx, gen)
+	p.ph.Mark("ruleset")
+	p.ph.Log(ctx, m.log, id, err)
+	if err != nil {
+		m.mu.Lock()
+		derr := m.detachLocked(ctx, id)
+		dgen := m.gen
+		m.mu.Unlock()
+		return Attachment{}, errors.Join(err, derr, m.sync(ctx, dgen))
+	}
+	m.log.Info("network attached", "sandbox_id", id, "ip", att.IP.String(), "mode", string(p.pol.Mode))
+	return att, nil
+}
+
+// link is Finish up to the ruleset load; gen is the change that load must
+// render. On error it unwinds Begin's part too.
+func (p *Pending) link(ctx context.Context) (att Attachment, gen uint64, err error) {
+	m, id, r := p.m, p.id, p.r
+	defer p.cleanup.Unwind(ctx, 30*time.Second, &err)
+	nsPath := m.netnsPath(id)
+	err = createVeth(ctx, r.Veth, nsPath, m.cfg.BridgeName)
+	p.ph.Mark("veth")
+	if err != nil {
 		return Attachment{}, 0, err
 	}
-	cleanup.Push(func(context.Context) error { return deleteNetns(nsPath) })
-	if err = createVeth(ctx, r.Veth, nsPath, m.cfg.BridgeName); err != nil {
-		return Attachment{}, 0, err
-	}
-	cleanup.Push(func(ctx context.Context) error { return deleteLink(ctx, r.Veth) })
-	if err = configureInside(ctx, nsPath, netip.PrefixFrom(r.IP, m.cfg.Subnet.Bits()), m.cfg.Gateway()); err != nil {
+	p.cleanup.Push(func(ctx context.Context) error { return deleteLink(ctx, r.Veth) })
+	err = configureInside(ctx, nsPath, netip.PrefixFrom(r.IP, m.cfg.Subnet.Bits()), m.cfg.Gateway())
+	p.ph.Mark("inside")
+	if err != nil {
 		return Attachment{}, 0, err
 	}
 	if err = forgetNeighbour(m.cfg.BridgeName, r.IP); err != nil {
 		return Attachment{}, 0, err
 	}
-	if err = m.cfg.Egress.SetSandbox(id, r.IP, pol); err != nil {
+	err = m.cfg.Egress.SetSandbox(id, r.IP, p.pol)
+	p.ph.Mark("neighbour_egress")
+	if err != nil {
 		return Attachment{}, 0, err
 	}
-	cleanup.Push(func(context.Context) error { m.cfg.Egress.RemoveSandbox(id); return nil })
+	p.cleanup.Push(func(context.Context) error { m.cfg.Egress.RemoveSandbox(id); return nil })
 	outsideLock("attaching", id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r.attaching = false
+	p.cleanup.Release() // from here on a failure is a detach (Finish)
 	return m.attachmentLocked(id, r), m.changedLocked(delta{opAttach, sandboxNet(id, r)}), nil
 }
 

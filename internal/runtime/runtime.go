@@ -83,6 +83,23 @@ type Stats struct {
 	OOMKills      uint64
 }
 
+// NetworkReader is a Runtime that says whether it reads the configuration
+// of the sandbox's network namespace when it starts. gVisor does (its
+// netstack copies the namespace's links, addresses and routes at boot);
+// runc only joins the namespace by its path, so the network can be
+// finished while it starts. A Runtime that is not a NetworkReader is taken
+// to read it.
+type NetworkReader interface {
+	ReadsNetworkAtStart() bool
+}
+
+// ReadsNetworkAtStart says whether rt needs the sandbox's network complete
+// before Run.
+func ReadsNetworkAtStart(rt Runtime) bool {
+	nr, ok := rt.(NetworkReader)
+	return !ok || nr.ReadsNetworkAtStart()
+}
+
 // Runtime is one OCI backend.
 type Runtime interface {
 	Name() string

@@ -108,6 +108,10 @@ func New(name string, cfg Config) (*OCI, error) {
 // Name is "runc" or "runsc".
 func (o *OCI) Name() string { return o.name }
 
+// ReadsNetworkAtStart: runsc copies the network namespace's configuration
+// into its netstack when it starts; runc only joins the namespace.
+func (o *OCI) ReadsNetworkAtStart() bool { return o.name != Runc }
+
 // globalArgs are the flags every invocation gets. For runsc the network
 // mode is a global flag: "sandbox" joins the netns named in the spec,
 // "none" gives the sandbox loopback only. --host-uds=open lets the agent
