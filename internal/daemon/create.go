@@ -345,7 +345,7 @@ func (d *Daemon) boot(ctx context.Context, sb *sandbox.Sandbox, tpl *store.Templ
 	var finished chan error
 	if up != nil {
 		spec.NetNSPath = up.NetNSPath()
-		spec.Mounts = append(spec.Mounts, up.Mounts()...) // what d.net.Mounts adds once attached
+		spec.Mounts = append(spec.Mounts, up.Mounts()...) // d.net.Mounts adds them once attached
 		finished = make(chan error, 1)
 		go func() { finished <- trace.Do(ctx, "boot.net_finish", up.Finish) }()
 	}

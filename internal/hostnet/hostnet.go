@@ -468,20 +468,20 @@ func (h *Service) writeFiles(id, resolvConf string) error {
 type Starting struct {
 	h        *Service
 	sb       *sandbox.Sandbox
-	p        *network.Pending // nil: nothing pending (no network, or Up done whole)
-	attached bool             // Finish attached it: undone by Down
+	p        *network.Pending
+	attached bool // Finish attached it: undone by Down
 }
 
 // Begin is the first half of Up (see Starting). A sandbox already attached
-// (a memory pause kept it) or with no network to attach gets all of Up at
-// once, and its Finish does nothing.
+// (a memory pause or a rewind kept it), or a server without networking,
+// gets all of Up at once: then Begin answers a nil Starting, and the caller
+// undoes it with Down as it would an Up.
 func (h *Service) Begin(ctx context.Context, sb *sandbox.Sandbox) (*Starting, error) {
-	st := &Starting{h: h, sb: sb}
 	if h.net == nil {
-		return st, h.Up(ctx, sb, "")
+		return nil, h.Up(ctx, sb, "")
 	}
 	if _, ok := h.net.mgr.Get(sb.ID); ok {
-		return st, h.Up(ctx, sb, "")
+		return nil, h.Up(ctx, sb, "")
 	}
 	pol, err := policyOf(sb)
 	if err != nil {
@@ -496,7 +496,7 @@ func (h *Service) Begin(ctx context.Context, sb *sandbox.Sandbox) (*Starting, er
 		h.forgetOwner(sb.ID)
 		return nil, err
 	}
-	st.p = p
+	st := &Starting{h: h, sb: sb, p: p}
 	if err := h.writeFiles(sb.ID, p.ResolvConf()); err != nil {
 		return nil, errors.Join(err, st.Undo(ctx))
 	}
@@ -511,28 +511,15 @@ func (h *Service) forgetOwner(id string) {
 }
 
 // NetNSPath is the namespace the sandbox's spec joins.
-func (st *Starting) NetNSPath() string {
-	if st.p != nil {
-		return st.p.NetNSPath()
-	}
-	return st.h.NetNSPath(st.sb)
-}
+func (st *Starting) NetNSPath() string { return st.p.NetNSPath() }
 
-// Mounts are the files the sandbox's spec mounts beyond Service.Mounts,
-// which knows no attachment until Finish: none once Up was done whole.
-func (st *Starting) Mounts() []runtime.Mount {
-	if st.p == nil {
-		return nil
-	}
-	return st.h.fileMounts(st.sb.ID)
-}
+// Mounts are the files the sandbox's spec mounts, which Service.Mounts
+// does not know of until Finish.
+func (st *Starting) Mounts() []runtime.Mount { return st.h.fileMounts(st.sb.ID) }
 
 // Finish is the second half of Up. On error the attachment is gone, or
 // left for Undo to remove.
 func (st *Starting) Finish(ctx context.Context) error {
-	if st.p == nil {
-		return nil
-	}
 	if _, err := st.p.Finish(ctx); err != nil {
 		return err
 	}
@@ -543,7 +530,7 @@ func (st *Starting) Finish(ctx context.Context) error {
 // Undo removes what Begin and Finish made: Down once attached, else
 // Begin's half.
 func (st *Starting) Undo(ctx context.Context) error {
-	if st.p == nil || st.attached {
+	if st.attached {
 		return st.h.Down(ctx, st.sb)
 	}
 	st.h.forgetOwner(st.sb.ID)

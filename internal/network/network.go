@@ -260,12 +260,12 @@ type Pending struct {
 func (p *Pending) NetNSPath() string { return p.m.netnsPath(p.id) }
 
 // ResolvConf is what the sandbox's /etc/resolv.conf will hold.
-func (p *Pending) ResolvConf() string { return p.m.attachmentLocked(p.id, p.r).ResolvConf }
+func (p *Pending) ResolvConf() string { return p.m.resolvConf() }
 
 // Begin takes id's address and makes its namespace: the first part of
-// Attach. The address and the record are taken under m.mu; the namespace,
-// veth and addresses are made outside it, where only this sandbox's boot,
-// which waits for the attach, could see them.
+// Attach. The address and the record are taken under m.mu; the namespace
+// is made outside it (as Finish makes the veth and addresses), where only
+// this sandbox's boot, which waits for the attach, could see it.
 func (m *Manager) Begin(ctx context.Context, id string, pol Policy) (p *Pending, err error) {
 	if !sandbox.ValidID(id) {
 		return nil, errs.Field("sandbox_id", "%q is not a sandbox id", id)
@@ -410,8 +410,12 @@ func (m *Manager) Get(id string) (Attachment, bool) {
 
 func (m *Manager) attachmentLocked(id string, r *record) Attachment {
 	gw := m.cfg.Gateway()
-	return Attachment{NetNSPath: m.netnsPath(id), IP: r.IP, Gateway: gw, DNS: gw,
-		ResolvConf: "nameserver " + gw.String() + "\noptions edns0\n"}
+	return Attachment{NetNSPath: m.netnsPath(id), IP: r.IP, Gateway: gw, DNS: gw, ResolvConf: m.resolvConf()}
+}
+
+// resolvConf is every sandbox's /etc/resolv.conf: the gateway's DNS.
+func (m *Manager) resolvConf() string {
+	return "nameserver " + m.cfg.Gateway().String() + "\noptions edns0\n"
 }
 
 // UpdatePolicy replaces a running sandbox's policy. The nftables part is one
